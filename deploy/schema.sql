@@ -1,0 +1,258 @@
+-- pginbox: schema inbox, its types and tables, and the small helpers every module shares.
+-- Everything here is owned by inbox_owner. Consumers get no table privileges at all: they reach
+-- the tables only through the SECURITY DEFINER functions of the later modules.
+BEGIN;
+
+CREATE SCHEMA inbox AUTHORIZATION inbox_owner;
+COMMENT ON SCHEMA inbox IS 'pginbox: claim message identities in the same transaction as the business change they cause';
+REVOKE ALL ON SCHEMA inbox FROM PUBLIC;
+GRANT USAGE ON SCHEMA inbox TO inbox_consumer, inbox_operator, inbox_reader;
+
+-- No function created by inbox_owner is ever executable by PUBLIC, not even for the instant
+-- between CREATE FUNCTION and its REVOKE.
+ALTER DEFAULT PRIVILEGES FOR ROLE inbox_owner REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
+
+SET LOCAL ROLE inbox_owner;
+
+-- What one delivery came to. outcome is one of:
+--   claimed      this transaction owns first processing (inbox.claim): make the change, then commit
+--   applied      the registered handler ran and its change commits with the caller's transaction
+--   duplicate    same identity and same payload hash as an identity already processed (or discarded)
+--   conflict     same identity, different payload hash: quarantined, nothing applied
+--   failed       the handler raised a permanent error: its writes and the claim rolled back, attempt recorded
+--   quarantined  the identity sits in quarantine: nothing applied, the handler did not run
+--   proceed      (inbox.record_start only) go on and process the delivery
+CREATE TYPE inbox.delivery_result AS (
+    outcome text,
+    payload_sha256 text,
+    stored_sha256 text,
+    handler_version text,
+    processed_at timestamptz,
+    quarantine_id bigint,
+    attempts integer,
+    reason_code text,
+    error_message text
+);
+COMMENT ON TYPE inbox.delivery_result IS 'What one delivery came to: outcome plus the facts behind it';
+
+-- The identity of the message a handler is running for (second, optional handler argument).
+CREATE TYPE inbox.message_context AS (
+    tenant text,
+    consumer text,
+    producer text,
+    message_id text,
+    message_type text,
+    produced_at timestamptz,
+    handler_version text
+);
+COMMENT ON TYPE inbox.message_context IS 'Identity of the message a handler runs for: handler(payload jsonb, ctx inbox.message_context)';
+
+-- internal: what the privileged half of claim_and_apply / repair hands to the invoker half.
+CREATE TYPE inbox._handler_call AS (
+    claim inbox.delivery_result,
+    handler_schema name,
+    handler_name name,
+    takes_context boolean,
+    payload jsonb,
+    context inbox.message_context
+);
+COMMENT ON TYPE inbox._handler_call IS 'internal: a claimed delivery and the handler call to make for it';
+
+CREATE TABLE inbox.consumer_config (
+    consumer text PRIMARY KEY,
+    hash_exclude_keys text[] NOT NULL DEFAULT '{}',
+    max_attempts integer NOT NULL DEFAULT 5 CHECK (max_attempts BETWEEN 1 AND 1000),
+    store_payloads boolean NOT NULL DEFAULT true,
+    max_payload_bytes integer NOT NULL DEFAULT 1048576 CHECK (max_payload_bytes BETWEEN 1 AND 104857600),
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    updated_by text NOT NULL DEFAULT session_user
+);
+COMMENT ON TABLE inbox.consumer_config IS 'Per-consumer settings; a consumer without a row uses the column defaults';
+
+CREATE TABLE inbox.handler (
+    consumer text NOT NULL,
+    message_type text NOT NULL,
+    handler regprocedure NOT NULL,
+    handler_version text NOT NULL,
+    takes_context boolean NOT NULL,
+    registered_at timestamptz NOT NULL DEFAULT now(),
+    registered_by text NOT NULL DEFAULT session_user,
+    CONSTRAINT handler_pkey PRIMARY KEY (consumer, message_type)
+);
+COMMENT ON TABLE inbox.handler IS 'SQL handlers run by inbox.claim_and_apply, one per (consumer, message_type)';
+
+CREATE TABLE inbox.handler_registration (
+    registration_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    consumer text NOT NULL,
+    message_type text NOT NULL,
+    handler text NOT NULL,
+    handler_version text NOT NULL,
+    registered_at timestamptz NOT NULL DEFAULT now(),
+    registered_by text NOT NULL DEFAULT session_user
+);
+COMMENT ON TABLE inbox.handler_registration IS 'Audit trail of every handler registration';
+
+-- The claims. One row per identity that was processed, discarded, or is held in quarantine.
+-- The primary key is the concurrency control: INSERT ... ON CONFLICT DO NOTHING on it decides
+-- which transaction owns first processing.
+CREATE TABLE inbox.message (
+    consumer text NOT NULL,
+    tenant text NOT NULL,
+    producer text NOT NULL,
+    message_id text NOT NULL,
+    payload_sha256 bytea NOT NULL,
+    handler_version text NOT NULL,
+    status text NOT NULL DEFAULT 'processed' CHECK (status IN ('processed', 'quarantined', 'discarded')),
+    produced_at timestamptz,
+    received_at timestamptz NOT NULL DEFAULT now(),
+    processed_at timestamptz,
+    CONSTRAINT message_pkey PRIMARY KEY (consumer, tenant, producer, message_id)
+);
+COMMENT ON TABLE inbox.message IS 'Claimed message identities: processed, discarded, or held by quarantine';
+
+-- Attempts that did not commit. Written outside the rolled-back work so that it survives it.
+CREATE TABLE inbox.attempt (
+    consumer text NOT NULL,
+    tenant text NOT NULL,
+    producer text NOT NULL,
+    message_id text NOT NULL,
+    started integer NOT NULL DEFAULT 0,
+    failed integer NOT NULL DEFAULT 0,
+    last_started_at timestamptz,
+    first_failure_at timestamptz,
+    last_failure_at timestamptz,
+    reason_code text,
+    error_message text,
+    handler_version text,
+    message_type text,
+    payload_sha256 bytea,
+    CONSTRAINT attempt_pkey PRIMARY KEY (consumer, tenant, producer, message_id)
+);
+COMMENT ON TABLE inbox.attempt IS 'Redelivered attempts announced (started) and permanent failures recorded (failed), per identity';
+
+CREATE TABLE inbox.quarantine (
+    quarantine_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    consumer text NOT NULL,
+    tenant text NOT NULL,
+    producer text NOT NULL,
+    message_id text NOT NULL,
+    kind text NOT NULL CHECK (kind IN ('conflict', 'failure')),
+    message_type text,
+    payload_sha256 bytea,
+    stored_sha256 bytea,
+    payload jsonb,
+    payload_bytes bytea,
+    payload_ref text,
+    reason_code text NOT NULL,
+    error_message text,
+    attempts integer NOT NULL DEFAULT 0,
+    crashes integer NOT NULL DEFAULT 0,
+    deliveries integer NOT NULL DEFAULT 1,
+    first_failure_at timestamptz,
+    last_failure_at timestamptz,
+    handler_version text NOT NULL,
+    status text NOT NULL DEFAULT 'open' CHECK (status IN ('open', 'recovered', 'discarded', 'released')),
+    created_at timestamptz NOT NULL DEFAULT now(),
+    last_seen_at timestamptz NOT NULL DEFAULT now(),
+    decided_at timestamptz,
+    decided_by text,
+    CONSTRAINT quarantine_entry_key UNIQUE NULLS NOT DISTINCT (consumer, tenant, producer, message_id, kind, payload_sha256)
+);
+COMMENT ON TABLE inbox.quarantine IS 'Messages whose ownership moved to operators: identity conflicts and exhausted attempts';
+CREATE INDEX quarantine_open_idx ON inbox.quarantine (consumer, created_at) WHERE status = 'open';
+
+CREATE TABLE inbox.quarantine_decision (
+    decision_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    quarantine_id bigint NOT NULL REFERENCES inbox.quarantine (quarantine_id),
+    decision text NOT NULL CHECK (decision IN ('repair', 'discard', 'release')),
+    result text NOT NULL CHECK (result IN ('recovered', 'discarded', 'released', 'repair_failed')),
+    decided_by text NOT NULL DEFAULT session_user,
+    decided_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    note text NOT NULL,
+    reason_code text,
+    error_message text
+);
+COMMENT ON TABLE inbox.quarantine_decision IS 'Audit trail: every operator decision on a quarantine entry (who, when, note, result)';
+CREATE INDEX quarantine_decision_entry_idx ON inbox.quarantine_decision (quarantine_id);
+
+-- Readers see everything but payloads.
+GRANT SELECT ON inbox.consumer_config, inbox.handler, inbox.handler_registration, inbox.message,
+    inbox.attempt, inbox.quarantine_decision TO inbox_reader, inbox_operator;
+GRANT SELECT (quarantine_id, consumer, tenant, producer, message_id, kind, message_type, payload_sha256,
+    stored_sha256, payload_ref, reason_code, error_message, attempts, crashes, deliveries, first_failure_at,
+    last_failure_at, handler_version, status, created_at, last_seen_at, decided_at, decided_by)
+    ON inbox.quarantine TO inbox_reader;
+GRANT SELECT ON inbox.quarantine TO inbox_operator;
+
+-- The schema version a client checks before it runs (bumped with every change clients depend on).
+CREATE FUNCTION inbox.schema_version() RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN 1;
+COMMENT ON FUNCTION inbox.schema_version() IS 'Version of the inbox SQL API; clients refuse to run against one they do not know';
+
+-- The semantic hash: SHA-256 of jsonb's canonical text (key order and whitespace normalised),
+-- with the named top-level keys of an object left out. Number scale is not normalised: 1.0 and
+-- 1.00 hash differently.
+CREATE FUNCTION inbox.payload_hash(payload jsonb, exclude_keys text[] DEFAULT '{}') RETURNS bytea
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    RETURN pg_catalog.sha256(pg_catalog.convert_to(
+        (CASE WHEN pg_catalog.cardinality(exclude_keys) > 0 AND pg_catalog.jsonb_typeof(payload) = 'object'
+              THEN payload OPERATOR(pg_catalog.-) exclude_keys
+              ELSE payload END)::text,
+        'UTF8'));
+COMMENT ON FUNCTION inbox.payload_hash(jsonb, text[]) IS 'SHA-256 of the canonical payload text, without the excluded top-level keys';
+
+-- Rejects a bad identity before anything is written. fn names the public function in messages.
+CREATE FUNCTION inbox._check_identity(fn text, consumer text, producer text, message_id text, tenant text)
+    RETURNS void
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+BEGIN
+    IF consumer IS NULL OR producer IS NULL OR message_id IS NULL OR tenant IS NULL THEN
+        RAISE EXCEPTION '%: % must not be NULL', fn,
+            CASE WHEN consumer IS NULL THEN 'consumer' WHEN producer IS NULL THEN 'producer'
+                 WHEN message_id IS NULL THEN 'message_id' ELSE 'tenant' END
+            USING ERRCODE = 'null_value_not_allowed',
+                  HINT = 'Pass the producer-assigned id of the message; use tenant '''' when ids are global.';
+    END IF;
+    IF consumer = '' OR producer = '' OR message_id = '' THEN
+        RAISE EXCEPTION '%: % must not be empty', fn,
+            CASE WHEN consumer = '' THEN 'consumer' WHEN producer = '' THEN 'producer' ELSE 'message_id' END
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'An empty id cannot tell one message from another.';
+    END IF;
+    IF pg_catalog.octet_length(consumer) > 128 OR pg_catalog.octet_length(producer) > 128
+       OR pg_catalog.octet_length(tenant) > 128 THEN
+        RAISE EXCEPTION '%: % is longer than 128 bytes', fn,
+            CASE WHEN pg_catalog.octet_length(consumer) > 128 THEN 'consumer'
+                 WHEN pg_catalog.octet_length(producer) > 128 THEN 'producer' ELSE 'tenant' END
+            USING ERRCODE = 'string_data_right_truncation',
+                  HINT = 'consumer, producer and tenant are names: keep them to 128 bytes.';
+    END IF;
+    IF pg_catalog.octet_length(message_id) > 256 THEN
+        RAISE EXCEPTION '%: message_id is % bytes long, the limit is 256', fn, pg_catalog.octet_length(message_id)
+            USING ERRCODE = 'string_data_right_truncation',
+                  HINT = 'Use the producer''s event or command id, not the payload, as message_id.';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION inbox._check_identity(text, text, text, text, text) IS 'internal: validates an identity (22004, 22023, 22001)';
+
+-- A consumer's settings; the column defaults of inbox.consumer_config when it has no row
+-- (a pgTAP test keeps the two in step).
+CREATE FUNCTION inbox._settings(consumer text) RETURNS inbox.consumer_config
+    LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    settings inbox.consumer_config;
+BEGIN
+    SELECT c.* INTO settings FROM inbox.consumer_config c WHERE c.consumer = _settings.consumer;
+    IF NOT FOUND THEN
+        settings := ROW(_settings.consumer, '{}'::text[], 5, true, 1048576, NULL::timestamptz, NULL::text)::inbox.consumer_config;
+    END IF;
+    RETURN settings;
+END
+$$;
+COMMENT ON FUNCTION inbox._settings(text) IS 'internal: a consumer''s settings, defaults when unconfigured';
+
+COMMIT;

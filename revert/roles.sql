@@ -1,0 +1,20 @@
+-- Revert pginbox:roles
+-- Roles are cluster-wide. A role that another database still uses (pginbox deployed there too)
+-- cannot be dropped and is kept, with a notice.
+BEGIN;
+
+DO $roles$
+DECLARE
+    role_name text;
+BEGIN
+    FOREACH role_name IN ARRAY ARRAY['inbox_reader', 'inbox_operator', 'inbox_consumer', 'inbox_owner'] LOOP
+        BEGIN
+            EXECUTE format('DROP ROLE IF EXISTS %I', role_name);
+        EXCEPTION WHEN dependent_objects_still_exist THEN
+            RAISE NOTICE 'role % kept: another database still uses it (%)', role_name, SQLERRM;
+        END;
+    END LOOP;
+END
+$roles$;
+
+COMMIT;
