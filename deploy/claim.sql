@@ -5,7 +5,15 @@ BEGIN;
 
 SET LOCAL ROLE inbox_owner;
 
--- Rejects a bad payload or handler version before anything is written.
+-- Rejects a bad payload or handler version before anything is written. _delivery_ok is the fast,
+-- inlined check of the hot paths; _check_delivery names what is wrong.
+CREATE FUNCTION inbox._delivery_ok(payload_size integer, max_payload_bytes integer, handler_version text)
+    RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN payload_size <= max_payload_bytes AND handler_version <> ''
+       AND pg_catalog.octet_length(handler_version) <= 128;
+COMMENT ON FUNCTION inbox._delivery_ok(integer, integer, text) IS 'internal: true when inbox._check_delivery would accept the delivery';
+
 CREATE FUNCTION inbox._check_delivery(fn text, payload_size integer, max_payload_bytes integer, handler_version text)
     RETURNS void
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
@@ -60,7 +68,6 @@ BEGIN
             result.outcome := 'claimed';
             result.handler_version := _claim_core.handler_version;
             result.processed_at := now();
-            result.attempts := 0;
             RETURN result;
         END IF;
         SELECT m.* INTO existing
@@ -129,10 +136,17 @@ AS $$
 DECLARE
     settings inbox.consumer_config;
 BEGIN
-    PERFORM inbox._check_identity('inbox.claim', claim.consumer, claim.producer, claim.message_id, claim.tenant);
-    settings := inbox._settings(claim.consumer);
-    PERFORM inbox._check_delivery('inbox.claim', pg_column_size(claim.payload), settings.max_payload_bytes,
-                                  claim.handler_version);
+    IF inbox._identity_ok(claim.consumer, claim.producer, claim.message_id, claim.tenant) IS NOT TRUE THEN
+        PERFORM inbox._check_identity('inbox.claim', claim.consumer, claim.producer, claim.message_id, claim.tenant);
+    END IF;
+    SELECT c.* INTO settings FROM inbox.consumer_config c WHERE c.consumer = claim.consumer;
+    IF NOT FOUND THEN
+        settings := inbox._default_settings(claim.consumer);
+    END IF;
+    IF inbox._delivery_ok(pg_column_size(claim.payload), settings.max_payload_bytes, claim.handler_version) IS NOT TRUE THEN
+        PERFORM inbox._check_delivery('inbox.claim', pg_column_size(claim.payload), settings.max_payload_bytes,
+                                      claim.handler_version);
+    END IF;
     RETURN inbox._claim_core(claim.consumer, claim.tenant, claim.producer, claim.message_id,
                              inbox.payload_hash(claim.payload, settings.hash_exclude_keys),
                              claim.handler_version, claim.produced_at, claim.payload, NULL, settings.store_payloads);

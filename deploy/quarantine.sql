@@ -129,12 +129,11 @@ BEGIN
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'Release it so that the consumer processes its next delivery, or discard it.';
     END IF;
-    SELECT h.handler_version, h.takes_context, n.nspname, p.proname
-      INTO version, plan.takes_context, plan.handler_schema, plan.handler_name
+    SELECT h.handler_version, h.takes_context, h.handler
+      INTO version, plan.takes_context, plan.handler
       FROM inbox.handler h
-      JOIN pg_catalog.pg_proc p ON p.oid = h.handler
-      JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-     WHERE h.consumer = entry.consumer AND h.message_type = entry.message_type;
+     WHERE h.consumer = entry.consumer AND h.message_type = entry.message_type
+       AND pg_catalog.pg_get_function_result(h.handler) IS NOT NULL;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'inbox.repair: no handler registered for consumer % and message type %',
             pg_catalog.quote_literal(entry.consumer), pg_catalog.quote_literal(entry.message_type)
@@ -199,10 +198,10 @@ BEGIN
         result := prepared.claim;
         handler_running := true;
         IF prepared.takes_context THEN
-            EXECUTE pg_catalog.format('SELECT %I.%I($1, $2)', prepared.handler_schema, prepared.handler_name)
+            EXECUTE pg_catalog.format('SELECT %s($1, $2)', prepared.handler::regproc)
               USING prepared.payload, prepared.context;
         ELSE
-            EXECUTE pg_catalog.format('SELECT %I.%I($1)', prepared.handler_schema, prepared.handler_name)
+            EXECUTE pg_catalog.format('SELECT %s($1)', prepared.handler::regproc)
               USING prepared.payload;
         END IF;
         result.outcome := 'applied';

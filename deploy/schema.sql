@@ -50,8 +50,7 @@ COMMENT ON TYPE inbox.message_context IS 'Identity of the message a handler runs
 -- internal: what the privileged half of claim_and_apply / repair hands to the invoker half.
 CREATE TYPE inbox._handler_call AS (
     claim inbox.delivery_result,
-    handler_schema name,
-    handler_name name,
+    handler regprocedure,
     takes_context boolean,
     payload jsonb,
     context inbox.message_context
@@ -193,8 +192,11 @@ COMMENT ON FUNCTION inbox.schema_version() IS 'Version of the inbox SQL API; cli
 -- The semantic hash: SHA-256 of jsonb's canonical text (key order and whitespace normalised),
 -- with the named top-level keys of an object left out. Number scale is not normalised: 1.0 and
 -- 1.00 hash differently.
+-- It runs on every claim, so it must be inlined by the planner: hence not STRICT (a strict body
+-- with a CASE is never inlined) and STABLE, like convert_to (an immutable function calling a
+-- stable one is not inlined either). NULL in, NULL out all the same.
 CREATE FUNCTION inbox.payload_hash(payload jsonb, exclude_keys text[] DEFAULT '{}') RETURNS bytea
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    LANGUAGE sql STABLE PARALLEL SAFE
     RETURN pg_catalog.sha256(pg_catalog.convert_to(
         (CASE WHEN pg_catalog.cardinality(exclude_keys) > 0 AND pg_catalog.jsonb_typeof(payload) = 'object'
               THEN payload OPERATOR(pg_catalog.-) exclude_keys
@@ -238,8 +240,22 @@ END
 $$;
 COMMENT ON FUNCTION inbox._check_identity(text, text, text, text, text) IS 'internal: validates an identity (22004, 22023, 22001)';
 
--- A consumer's settings; the column defaults of inbox.consumer_config when it has no row
+-- The fast checks of the hot paths: inlined by the planner into one boolean expression. Only when
+-- one says no does the caller run the _check_* function, which names what is wrong.
+CREATE FUNCTION inbox._identity_ok(consumer text, producer text, message_id text, tenant text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN consumer <> '' AND producer <> '' AND message_id <> '' AND tenant IS NOT NULL
+       AND pg_catalog.octet_length(consumer) <= 128 AND pg_catalog.octet_length(producer) <= 128
+       AND pg_catalog.octet_length(tenant) <= 128 AND pg_catalog.octet_length(message_id) <= 256;
+COMMENT ON FUNCTION inbox._identity_ok(text, text, text, text) IS 'internal: true when inbox._check_identity would accept the identity';
+
+-- The settings of a consumer that has no row: the column defaults of inbox.consumer_config
 -- (a pgTAP test keeps the two in step).
+CREATE FUNCTION inbox._default_settings(consumer text) RETURNS inbox.consumer_config
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN ROW(consumer, '{}'::text[], 5, true, 1048576, NULL::timestamptz, NULL::text)::inbox.consumer_config;
+COMMENT ON FUNCTION inbox._default_settings(text) IS 'internal: settings of an unconfigured consumer';
+
 CREATE FUNCTION inbox._settings(consumer text) RETURNS inbox.consumer_config
     LANGUAGE plpgsql STABLE
 AS $$
@@ -248,7 +264,7 @@ DECLARE
 BEGIN
     SELECT c.* INTO settings FROM inbox.consumer_config c WHERE c.consumer = _settings.consumer;
     IF NOT FOUND THEN
-        settings := ROW(_settings.consumer, '{}'::text[], 5, true, 1048576, NULL::timestamptz, NULL::text)::inbox.consumer_config;
+        settings := inbox._default_settings(_settings.consumer);
     END IF;
     RETURN settings;
 END

@@ -11,5 +11,6 @@ DROP FUNCTION inbox.claim_bytea(text, text, text, bytea, text, text, timestamptz
 DROP FUNCTION inbox.claim(text, text, text, jsonb, text, text, timestamptz);
 DROP FUNCTION inbox._claim_core(text, text, text, text, bytea, text, timestamptz, jsonb, bytea, boolean);
 DROP FUNCTION inbox._check_delivery(text, integer, integer, text);
+DROP FUNCTION inbox._delivery_ok(integer, integer, text);
 
 COMMIT;

@@ -3,6 +3,8 @@
 BEGIN;
 
 DROP FUNCTION inbox._settings(text);
+DROP FUNCTION inbox._default_settings(text);
+DROP FUNCTION inbox._identity_ok(text, text, text, text);
 DROP FUNCTION inbox._check_identity(text, text, text, text, text);
 DROP FUNCTION inbox.payload_hash(jsonb, text[]);
 DROP FUNCTION inbox.schema_version();

@@ -101,8 +101,8 @@ $$;
 COMMENT ON FUNCTION inbox.register_handler(text, text, regprocedure, text) IS
     'Bind a SQL handler function (payload jsonb[, ctx inbox.message_context]) to a consumer and message type';
 
--- The definer half of claim_and_apply: validate, find the handler, hash, claim. Returns the call to
--- make; the caller's (invoker) half makes it, so the handler never runs with the owner's rights.
+-- The definer half of claim_and_apply: validate, find the handler, hash, claim. Returns the handler
+-- to call; the caller's (invoker) half calls it, so the handler never runs with the owner's rights.
 CREATE FUNCTION inbox._begin_apply(
     consumer text, producer text, message_id text, message_type text, payload jsonb, tenant text,
     produced_at timestamptz)
@@ -112,19 +112,25 @@ CREATE FUNCTION inbox._begin_apply(
 AS $$
 DECLARE
     settings inbox.consumer_config;
-    handler_oid oid;
-    handler_name text;
     version text;
     plan inbox._handler_call;
 BEGIN
-    PERFORM inbox._check_identity('inbox.claim_and_apply', _begin_apply.consumer, _begin_apply.producer,
-                                  _begin_apply.message_id, _begin_apply.tenant);
-    PERFORM inbox._check_message_type('inbox.claim_and_apply', _begin_apply.message_type);
-    SELECT p.oid, h.handler::text, h.handler_version, h.takes_context, n.nspname, p.proname
-      INTO handler_oid, handler_name, version, plan.takes_context, plan.handler_schema, plan.handler_name
+    IF inbox._identity_ok(_begin_apply.consumer, _begin_apply.producer, _begin_apply.message_id,
+                          _begin_apply.tenant) IS NOT TRUE THEN
+        PERFORM inbox._check_identity('inbox.claim_and_apply', _begin_apply.consumer, _begin_apply.producer,
+                                      _begin_apply.message_id, _begin_apply.tenant);
+    END IF;
+    IF _begin_apply.message_type IS NULL OR _begin_apply.message_type = ''
+       OR pg_catalog.octet_length(_begin_apply.message_type) > 128 THEN
+        PERFORM inbox._check_message_type('inbox.claim_and_apply', _begin_apply.message_type);
+    END IF;
+    -- One query for the handler and the consumer's settings (NULL when unconfigured).
+    SELECT h.handler, h.handler_version, h.takes_context,
+           c.consumer, c.hash_exclude_keys, c.max_payload_bytes, c.store_payloads
+      INTO plan.handler, version, plan.takes_context,
+           settings.consumer, settings.hash_exclude_keys, settings.max_payload_bytes, settings.store_payloads
       FROM inbox.handler h
-      LEFT JOIN pg_catalog.pg_proc p ON p.oid = h.handler
-      LEFT JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+      LEFT JOIN inbox.consumer_config c ON c.consumer = h.consumer
      WHERE h.consumer = _begin_apply.consumer AND h.message_type = _begin_apply.message_type;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'inbox.claim_and_apply: no handler registered for consumer % and message type %',
@@ -132,14 +138,20 @@ BEGIN
             USING ERRCODE = 'undefined_object',
                   HINT = 'An operator registers one: SELECT inbox.register_handler(consumer, message_type, ''f(jsonb)''::regprocedure, version).';
     END IF;
-    IF handler_oid IS NULL THEN
-        RAISE EXCEPTION 'inbox.claim_and_apply: the handler function % registered for consumer % and message type % no longer exists',
-            handler_name, pg_catalog.quote_literal(_begin_apply.consumer), pg_catalog.quote_literal(_begin_apply.message_type)
+    -- A syscache probe, NULL when the function was dropped after registration.
+    IF pg_catalog.pg_get_function_result(plan.handler) IS NULL THEN
+        RAISE EXCEPTION 'inbox.claim_and_apply: the handler function (OID %) registered for consumer % and message type % no longer exists',
+            plan.handler::oid, pg_catalog.quote_literal(_begin_apply.consumer),
+            pg_catalog.quote_literal(_begin_apply.message_type)
             USING ERRCODE = 'undefined_function', HINT = 'Register the handler again with inbox.register_handler.';
     END IF;
-    settings := inbox._settings(_begin_apply.consumer);
-    PERFORM inbox._check_delivery('inbox.claim_and_apply', pg_column_size(_begin_apply.payload),
-                                  settings.max_payload_bytes, version);
+    IF settings.consumer IS NULL THEN
+        settings := inbox._default_settings(_begin_apply.consumer);
+    END IF;
+    IF inbox._delivery_ok(pg_column_size(_begin_apply.payload), settings.max_payload_bytes, version) IS NOT TRUE THEN
+        PERFORM inbox._check_delivery('inbox.claim_and_apply', pg_column_size(_begin_apply.payload),
+                                      settings.max_payload_bytes, version);
+    END IF;
     plan.claim := inbox._claim_core(_begin_apply.consumer, _begin_apply.tenant, _begin_apply.producer,
                                     _begin_apply.message_id,
                                     inbox.payload_hash(_begin_apply.payload, settings.hash_exclude_keys),
@@ -175,13 +187,13 @@ BEGIN
         END IF;
         handler_running := true;
         IF prepared.takes_context THEN
-            EXECUTE pg_catalog.format('SELECT %I.%I($1, $2)', prepared.handler_schema, prepared.handler_name)
+            EXECUTE pg_catalog.format('SELECT %s($1, $2)', prepared.handler::regproc)
               USING claim_and_apply.payload,
                     ROW(claim_and_apply.tenant, claim_and_apply.consumer, claim_and_apply.producer, claim_and_apply.message_id,
                         claim_and_apply.message_type, claim_and_apply.produced_at,
                         result.handler_version)::inbox.message_context;
         ELSE
-            EXECUTE pg_catalog.format('SELECT %I.%I($1)', prepared.handler_schema, prepared.handler_name)
+            EXECUTE pg_catalog.format('SELECT %s($1)', prepared.handler::regproc)
               USING claim_and_apply.payload;
         END IF;
         result.outcome := 'applied';

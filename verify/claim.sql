@@ -1,6 +1,8 @@
 -- Verify pginbox:claim
 BEGIN;
 
+SELECT 'inbox._delivery_ok(integer, integer, text)'::regprocedure;
+
 DO $verify$
 BEGIN
     IF pg_catalog.has_function_privilege('public', 'inbox._check_delivery(text, integer, integer, text)', 'EXECUTE') THEN

@@ -22,7 +22,8 @@ SELECT quarantine_id, consumer, tenant, producer, message_id, kind, message_type
 SELECT decision_id, quarantine_id, decision, result, decided_by, decided_at, note, reason_code, error_message
   FROM inbox.quarantine_decision WHERE false;
 SELECT inbox.schema_version(), inbox.payload_hash('{}'::jsonb);
-SELECT 'inbox._check_identity(text, text, text, text, text)'::regprocedure, 'inbox._settings(text)'::regprocedure;
+SELECT 'inbox._check_identity(text, text, text, text, text)'::regprocedure, 'inbox._settings(text)'::regprocedure,
+       'inbox._default_settings(text)'::regprocedure, 'inbox._identity_ok(text, text, text, text)'::regprocedure;
 
 DO $verify$
 BEGIN

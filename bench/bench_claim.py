@@ -1,0 +1,181 @@
+"""Claim throughput against baselines measured in the same run (issue: the inbox core).
+
+Runs pgbench (-M prepared, 8 clients by default) on a private cluster with fsync on, and prints
+messages per second and ratios:
+
+  bare      one-row business UPDATE in autocommit: the baseline
+  article   the article's statements, one round trip each: BEGIN; INSERT .. ON CONFLICT DO NOTHING
+            RETURNING; UPDATE account; UPDATE consumer_inbox SET processed_at; COMMIT
+  claim     inbox.claim + the UPDATE in one transaction (two round trips)
+  apply     inbox.claim_and_apply with a PL/pgSQL handler running the same UPDATE (one round trip)
+  batch     inbox.claim_and_apply_batch, --batch messages per call
+
+Workloads are interleaved over --rounds rounds and the median of each is reported, because
+this machine is noisy. Usage:  .venv/bin/python bench/bench_claim.py [--seconds 10] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "python"))
+
+from pginbox.cluster import Cluster, find_bindir  # noqa: E402
+
+ACCOUNTS = 100_000
+
+SETUP = """
+CREATE TABLE account (id integer PRIMARY KEY, balance bigint NOT NULL DEFAULT 0);
+INSERT INTO account (id) SELECT g FROM generate_series(1, %(accounts)s) g;
+CREATE TABLE consumer_inbox (
+  consumer_name text NOT NULL, producer_name text NOT NULL, message_id text NOT NULL,
+  payload_sha256 text NOT NULL, received_at timestamptz NOT NULL DEFAULT now(),
+  processed_at timestamptz, handler_version text NOT NULL,
+  PRIMARY KEY (consumer_name, producer_name, message_id));
+CREATE FUNCTION credit(payload jsonb) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+  UPDATE account SET balance = balance + (payload->>'amount')::bigint WHERE id = (payload->>'account')::integer;
+END $$;
+SELECT inbox.register_handler('bench', 'credit', 'credit(jsonb)'::regprocedure, 'v1');
+"""
+
+# Message ids: client id plus a random 60-bit number; a collision would show up as a duplicate
+# (the counts below check there were none).
+SCRIPTS = {
+    "bare": """
+\\set aid random(1, {accounts})
+UPDATE account SET balance = balance + 1 WHERE id = :aid::integer;
+""",
+    "article": """
+\\set aid random(1, {accounts})
+\\set mid random(1, 1152921504606846976)
+BEGIN;
+INSERT INTO consumer_inbox (consumer_name, producer_name, message_id, payload_sha256, handler_version)
+  VALUES ('bench', 'shop', :client_id::text || '-' || :mid::text, encode(sha256(convert_to(jsonb_build_object('account', :aid::integer, 'amount', 1)::text, 'UTF8')), 'hex'), 'v1')
+  ON CONFLICT DO NOTHING RETURNING message_id;
+UPDATE account SET balance = balance + 1 WHERE id = :aid::integer;
+UPDATE consumer_inbox SET processed_at = now()
+  WHERE consumer_name = 'bench' AND producer_name = 'shop' AND message_id = :client_id::text || '-' || :mid::text;
+COMMIT;
+""",
+    "claim": """
+\\set aid random(1, {accounts})
+\\set mid random(1, 1152921504606846976)
+BEGIN;
+SELECT outcome FROM inbox.claim('bench', 'shop', :client_id::text || '-' || :mid::text, jsonb_build_object('account', :aid::integer, 'amount', 1), 'v1');
+UPDATE account SET balance = balance + 1 WHERE id = :aid::integer;
+COMMIT;
+""",
+    "apply": """
+\\set aid random(1, {accounts})
+\\set mid random(1, 1152921504606846976)
+SELECT outcome FROM inbox.claim_and_apply('bench', 'shop', :client_id::text || '-' || :mid::text, 'credit', jsonb_build_object('account', :aid::integer, 'amount', 1));
+""",
+    "batch": """
+\\set aid random(1, {accounts_less_batch})
+\\set mid random(1, 1152921504606846976)
+SELECT count(*) FROM inbox.claim_and_apply_batch('bench', (
+  SELECT jsonb_agg(jsonb_build_object('producer', 'shop', 'message_id', :client_id::text || '-' || :mid::text || '-' || g::text,
+                                      'message_type', 'credit',
+                                      'payload', jsonb_build_object('account', :aid::integer + g, 'amount', 1)) ORDER BY g)
+    FROM generate_series(1, {batch}) g));
+""",
+}
+
+
+def run_pgbench(cluster: Cluster, db: str, script: str, clients: int, seconds: int) -> float:
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
+        f.write(script)
+        path = f.name
+    Path(path).chmod(0o644)
+    cmd = [
+        str(find_bindir() / "pgbench"), "-n", "-M", "prepared", "-c", str(clients), "-j", str(clients),
+        "-T", str(seconds), "--max-tries=20", "-f", path,
+        "-h", "127.0.0.1", "-p", str(cluster.port), "-U", "postgres", db,
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    Path(path).unlink()
+    if out.returncode != 0:
+        raise SystemExit(f"pgbench failed:\n{out.stdout}\n{out.stderr}")
+    match = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out.stdout)
+    if not match:
+        raise SystemExit(f"no tps in pgbench output:\n{out.stdout}")
+    return float(match.group(1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=int, default=10, help="duration of each pgbench run")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=50, help="messages per claim_and_apply_batch call")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="pginbox-bench-") as tmp:
+        Path(tmp).chmod(0o755)
+        cluster = Cluster(Path(tmp) / "data")
+        cluster.ensure()
+        cluster.start()
+        try:
+            cluster.create_database("bench")
+            dsn = cluster.dsn("bench")
+            for module in sorted((ROOT / "sql").glob("*.sql")):
+                subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", str(module)],
+                               check=True, capture_output=True)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(SETUP % {"accounts": ACCOUNTS})  # type: ignore[arg-type]
+                conn.execute("VACUUM ANALYZE")
+            scripts = {
+                name: s.format(accounts=ACCOUNTS, accounts_less_batch=ACCOUNTS - args.batch, batch=args.batch)
+                for name, s in SCRIPTS.items()
+            }
+            samples: dict[str, list[float]] = {name: [] for name in scripts}
+            for rnd in range(args.rounds):
+                for name, script in scripts.items():
+                    tps = run_pgbench(cluster, "bench", script, args.clients, args.seconds)
+                    msgs = tps * (args.batch if name == "batch" else 1)
+                    samples[name].append(msgs)
+                    print(f"round {rnd + 1}: {name:8s} {msgs:10.0f} msgs/s", flush=True)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                row = conn.execute(
+                    "SELECT count(*), count(DISTINCT (producer, message_id)) FROM inbox.message").fetchone()
+                assert row is not None and row[0] == row[1]
+        finally:
+            cluster.stop("fast")
+
+    med = {name: statistics.median(v) for name, v in samples.items()}
+    ratios = {
+        "apply / bare": med["apply"] / med["bare"],
+        "apply / article": med["apply"] / med["article"],
+        "claim / article": med["claim"] / med["article"],
+        "article / bare": med["article"] / med["bare"],
+        "batch / apply": med["batch"] / med["apply"],
+    }
+    targets = {"apply / bare": 0.65, "apply / article": 1.5, "batch / apply": 3.5}
+    print()
+    print(f"medians over {args.rounds} rounds of {args.seconds}s, {args.clients} clients, batch {args.batch}:")
+    for name, value in med.items():
+        print(f"  {name:8s} {value:10.0f} msgs/s")
+    print("ratios:")
+    for name, value in ratios.items():
+        target = targets.get(name)
+        verdict = "" if target is None else (f"  target >= {target}: " + ("met" if value >= target else "MISSED"))
+        print(f"  {name:16s} {value:5.2f}x{verdict}")
+    if args.json:
+        args.json.write_text(json.dumps({"medians": med, "ratios": ratios, "args": vars(args) | {"json": None}},
+                                        indent=2))
+
+
+if __name__ == "__main__":
+    main()
