@@ -113,6 +113,7 @@ AS $$
 DECLARE
     settings inbox.consumer_config;
     version text;
+    hash bytea;
     plan inbox._handler_call;
 BEGIN
     IF inbox._identity_ok(_begin_apply.consumer, _begin_apply.producer, _begin_apply.message_id,
@@ -152,11 +153,21 @@ BEGIN
         PERFORM inbox._check_delivery('inbox.claim_and_apply', pg_column_size(_begin_apply.payload),
                                       settings.max_payload_bytes, version);
     END IF;
-    plan.claim := inbox._claim_core(_begin_apply.consumer, _begin_apply.tenant, _begin_apply.producer,
-                                    _begin_apply.message_id,
-                                    inbox.payload_hash(_begin_apply.payload, settings.hash_exclude_keys),
-                                    version, _begin_apply.produced_at, _begin_apply.payload, NULL,
-                                    settings.store_payloads);
+    hash := inbox.payload_hash(_begin_apply.payload, settings.hash_exclude_keys);
+    -- The first delivery, inline: it is the path every message takes once.
+    INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version,
+                               produced_at, processed_at)
+    VALUES (_begin_apply.consumer, _begin_apply.tenant, _begin_apply.producer, _begin_apply.message_id, hash,
+            version, _begin_apply.produced_at, now())
+    ON CONFLICT ON CONSTRAINT message_pkey DO NOTHING;
+    IF FOUND THEN
+        plan.claim := ROW('claimed', pg_catalog.encode(hash, 'hex'), NULL, version, now(), NULL, NULL, NULL,
+                          NULL)::inbox.delivery_result;
+    ELSE
+        plan.claim := inbox._claim_core(_begin_apply.consumer, _begin_apply.tenant, _begin_apply.producer,
+                                        _begin_apply.message_id, hash, version, _begin_apply.produced_at,
+                                        _begin_apply.payload, NULL, settings.store_payloads);
+    END IF;
     RETURN plan;
 END
 $$;

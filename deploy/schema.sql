@@ -91,6 +91,11 @@ CREATE TABLE inbox.handler_registration (
 );
 COMMENT ON TABLE inbox.handler_registration IS 'Audit trail of every handler registration';
 
+-- An enum rather than a CHECK constraint: PostgreSQL 15 re-reads a CHECK expression on every
+-- INSERT, and this table takes one insert per message.
+CREATE TYPE inbox.message_status AS ENUM ('processed', 'quarantined', 'discarded');
+COMMENT ON TYPE inbox.message_status IS 'processed: applied once; quarantined: held by an open quarantine entry; discarded: closed by an operator without effect';
+
 -- The claims. One row per identity that was processed, discarded, or is held in quarantine.
 -- The primary key is the concurrency control: INSERT ... ON CONFLICT DO NOTHING on it decides
 -- which transaction owns first processing.
@@ -101,7 +106,7 @@ CREATE TABLE inbox.message (
     message_id text NOT NULL,
     payload_sha256 bytea NOT NULL,
     handler_version text NOT NULL,
-    status text NOT NULL DEFAULT 'processed' CHECK (status IN ('processed', 'quarantined', 'discarded')),
+    status inbox.message_status NOT NULL DEFAULT 'processed',
     produced_at timestamptz,
     received_at timestamptz NOT NULL DEFAULT now(),
     processed_at timestamptz,

@@ -16,6 +16,7 @@ DROP TABLE inbox.handler_registration;
 DROP TABLE inbox.handler;
 DROP TABLE inbox.consumer_config;
 DROP TYPE inbox._handler_call;
+DROP TYPE inbox.message_status;
 DROP TYPE inbox.message_context;
 DROP TYPE inbox.delivery_result;
 DROP SCHEMA inbox;

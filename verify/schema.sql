@@ -2,7 +2,7 @@
 BEGIN;
 
 SELECT pg_catalog.has_schema_privilege('inbox', 'usage');
-SELECT NULL::inbox.delivery_result, NULL::inbox.message_context, NULL::inbox._handler_call;
+SELECT NULL::inbox.delivery_result, NULL::inbox.message_context, NULL::inbox._handler_call, NULL::inbox.message_status;
 SELECT consumer, hash_exclude_keys, max_attempts, store_payloads, max_payload_bytes, updated_at, updated_by
   FROM inbox.consumer_config WHERE false;
 SELECT consumer, message_type, handler, handler_version, takes_context, registered_at, registered_by
