@@ -24,8 +24,9 @@ COMMENT ON FUNCTION inbox._check_message_type(text, text) IS 'internal: validate
 
 -- Binds a SQL function to (consumer, message_type). The function takes (payload jsonb) or
 -- (payload jsonb, ctx inbox.message_context); its result is ignored. It runs with the rights of
--- whoever calls inbox.claim_and_apply, so a SECURITY DEFINER function owned by the inbox owner or
--- a superuser is refused: it would run with rights no consumer has.
+-- whoever calls inbox.claim_and_apply, so a SECURITY DEFINER function owned by a role with the
+-- inbox owner's rights (inbox_owner, its members, superusers) is refused: it would run with rights
+-- no consumer has.
 CREATE FUNCTION inbox.register_handler(consumer text, message_type text, handler regprocedure, handler_version text)
     RETURNS inbox.handler
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -45,7 +46,8 @@ BEGIN
     END IF;
 
     SELECT p.oid, p.proname, n.nspname, p.prokind, p.proretset, p.pronargs, p.proargtypes, p.prosecdef,
-           r.rolname AS owner_name, r.rolsuper AS owner_is_superuser
+           r.rolname AS owner_name,
+           pg_catalog.pg_has_role(p.proowner, 'inbox_owner', 'MEMBER') AS owner_has_inbox_rights
       INTO fn
       FROM pg_catalog.pg_proc p
       JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
@@ -78,7 +80,7 @@ BEGIN
             USING ERRCODE = 'datatype_mismatch',
                   HINT = 'A handler takes (payload jsonb) or (payload jsonb, ctx inbox.message_context).';
     END IF;
-    IF fn.prosecdef AND (fn.owner_is_superuser OR fn.owner_name = 'inbox_owner') THEN
+    IF fn.prosecdef AND fn.owner_has_inbox_rights THEN
         RAISE EXCEPTION 'inbox.register_handler: % is SECURITY DEFINER owned by %', register_handler.handler, fn.owner_name
             USING ERRCODE = 'insufficient_privilege',
                   DETAIL = 'It would run with its owner''s rights instead of the consumer''s.',
@@ -209,7 +211,7 @@ BEGIN
         END IF;
         result.outcome := 'applied';
         RETURN result;
-    EXCEPTION WHEN OTHERS THEN
+    EXCEPTION WHEN OTHERS OR assert_failure THEN
         GET STACKED DIAGNOSTICS err_state = RETURNED_SQLSTATE, err_message = MESSAGE_TEXT,
                                 err_constraint = CONSTRAINT_NAME;
         -- Bad input fails before the handler: the caller gets the error. Transient errors
@@ -222,7 +224,7 @@ BEGIN
     -- The subtransaction rolled back the handler's writes and the claim; the attempt is recorded
     -- in the caller's transaction, which goes on.
     RETURN inbox.record_failure(claim_and_apply.consumer, claim_and_apply.producer, claim_and_apply.message_id,
-                                claim_and_apply.payload, coalesce(nullif(err_constraint, ''), err_state),
+                                claim_and_apply.payload, inbox._reason_code(err_state, err_constraint),
                                 err_message, result.handler_version, claim_and_apply.tenant,
                                 claim_and_apply.message_type);
 END
@@ -231,8 +233,10 @@ COMMENT ON FUNCTION inbox.claim_and_apply(text, text, text, text, jsonb, text, t
     'Claim and run the registered handler in one call: applied | duplicate | conflict | failed | quarantined';
 
 -- Up to 64 messages in one transaction, each in its own subtransaction (more would overflow the
--- per-backend subtransaction cache and slow every snapshot). Every element is validated before
--- the first is applied; a bad one raises and the caller's transaction writes nothing.
+-- per-backend subtransaction cache and slow every snapshot). The shape and identity of every
+-- element are validated before the first is applied; an unknown message type or an oversize
+-- payload raises when its element's turn comes. Either way the call fails as a whole, so the
+-- caller's transaction keeps nothing of it. An empty array returns no rows.
 CREATE FUNCTION inbox.claim_and_apply_batch(consumer text, messages jsonb)
     RETURNS TABLE (ordinal integer, tenant text, producer text, message_id text, outcome text,
                    payload_sha256 text, stored_sha256 text, handler_version text, processed_at timestamptz,

@@ -287,6 +287,32 @@ END
 $$;
 COMMENT ON FUNCTION inbox._check_reason(text, text) IS 'internal: validates a failure reason code';
 
+-- The reason code of a handler error: the constraint it names (a violated named constraint, or
+-- RAISE ... USING CONSTRAINT = 'my_code') when that is a valid code, else its SQLSTATE.
+CREATE FUNCTION inbox._reason_code(sqlstate text, constraint_name text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN CASE WHEN pg_catalog.octet_length(constraint_name) BETWEEN 1 AND 64 THEN constraint_name ELSE sqlstate END;
+COMMENT ON FUNCTION inbox._reason_code(text, text) IS 'internal: reason code of a handler error (constraint name or SQLSTATE)';
+
+-- The optional fields of record_failure / record_start.
+CREATE FUNCTION inbox._check_optional(fn text, message_type text, payload_ref text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+BEGIN
+    IF message_type IS NOT NULL AND (message_type = '' OR pg_catalog.octet_length(message_type) > 128) THEN
+        RAISE EXCEPTION '%: message_type must be NULL or a name of 1 to 128 bytes', fn
+            USING ERRCODE = CASE WHEN message_type = '' THEN 'invalid_parameter_value'
+                                 ELSE 'string_data_right_truncation' END;
+    END IF;
+    IF pg_catalog.octet_length(payload_ref) > 1024 THEN
+        RAISE EXCEPTION '%: payload_ref is longer than 1024 bytes', fn
+            USING ERRCODE = 'string_data_right_truncation',
+                  HINT = 'A payload_ref points to where the payload is kept (a URL or a key), it is not the payload.';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION inbox._check_optional(text, text, text) IS 'internal: validates message_type and payload_ref of record_failure / record_start';
+
 -- For clients that run handlers outside SQL: after rolling back the failed attempt, record it in
 -- a new transaction. payload may be NULL when the body cannot be represented as jsonb.
 CREATE FUNCTION inbox.record_failure(
@@ -303,6 +329,7 @@ BEGIN
     PERFORM inbox._check_identity('inbox.record_failure', record_failure.consumer, record_failure.producer,
                                   record_failure.message_id, record_failure.tenant);
     PERFORM inbox._check_reason('inbox.record_failure', record_failure.reason_code);
+    PERFORM inbox._check_optional('inbox.record_failure', record_failure.message_type, record_failure.payload_ref);
     settings := inbox._settings(record_failure.consumer);
     PERFORM inbox._check_delivery('inbox.record_failure', coalesce(pg_column_size(record_failure.payload), 0),
                                   settings.max_payload_bytes, record_failure.handler_version);
@@ -336,6 +363,7 @@ DECLARE
 BEGIN
     PERFORM inbox._check_identity('inbox.record_start', record_start.consumer, record_start.producer,
                                   record_start.message_id, record_start.tenant);
+    PERFORM inbox._check_optional('inbox.record_start', record_start.message_type, record_start.payload_ref);
     settings := inbox._settings(record_start.consumer);
     PERFORM inbox._check_delivery('inbox.record_start', coalesce(pg_column_size(record_start.payload), 0),
                                   settings.max_payload_bytes, record_start.handler_version);
@@ -447,5 +475,6 @@ GRANT EXECUTE ON FUNCTION inbox.claim(text, text, text, jsonb, text, text, times
 GRANT EXECUTE ON FUNCTION inbox.configure_consumer(text, text[], integer, boolean, integer, boolean) TO inbox_operator;
 GRANT EXECUTE ON FUNCTION inbox.payload_hash(jsonb, text[]), inbox.schema_version()
     TO inbox_consumer, inbox_operator, inbox_reader;
+GRANT EXECUTE ON FUNCTION inbox._reason_code(text, text) TO inbox_consumer, inbox_operator;
 
 COMMIT;

@@ -5,6 +5,8 @@ DROP FUNCTION inbox.configure_consumer(text, text[], integer, boolean, integer, 
 DROP FUNCTION inbox.record_start(text, text, text, text, text, jsonb, text, text);
 DROP FUNCTION inbox.record_failure(text, text, text, jsonb, text, text, text, text, text, text);
 DROP FUNCTION inbox._check_reason(text, text);
+DROP FUNCTION inbox._check_optional(text, text, text);
+DROP FUNCTION inbox._reason_code(text, text);
 DROP FUNCTION inbox._record_failure_core(inbox.consumer_config, text, text, text, text, jsonb, bytea, text, text, text, text);
 DROP FUNCTION inbox._quarantine_failure(inbox.attempt, text, text, integer, jsonb, text, boolean);
 DROP FUNCTION inbox.claim_bytea(text, text, text, bytea, text, text, timestamptz);

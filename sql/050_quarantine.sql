@@ -6,6 +6,9 @@
 --   discard  close without effect: redeliveries of the identity become 'duplicate'
 --   release  forget the hold: the next delivery is processed normally (failure entries only)
 -- A conflict entry can only be discarded: its identity was already applied once.
+-- repair runs the handler with the operator's rights, so its two privileged halves
+-- (_begin_repair, _repair_failed) are executable by operators too: the audit trail is as
+-- trustworthy as the operators, who can already register handlers that consumers run.
 BEGIN;
 
 SET LOCAL ROLE inbox_owner;
@@ -20,7 +23,7 @@ BEGIN
     IF _lock_open_entry.quarantine_id IS NULL THEN
         RAISE EXCEPTION '%: quarantine_id must not be NULL', fn USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF note IS NULL OR pg_catalog.btrim(note) = '' THEN
+    IF note IS NULL OR note !~ '\S' THEN
         RAISE EXCEPTION '%: a decision needs a note saying why', fn
             USING ERRCODE = CASE WHEN note IS NULL THEN 'null_value_not_allowed' ELSE 'invalid_parameter_value' END,
                   HINT = 'The note goes into the audit trail (inbox.quarantine_decision).';
@@ -206,18 +209,17 @@ BEGIN
         END IF;
         result.outcome := 'applied';
         RETURN result;
-    EXCEPTION WHEN OTHERS THEN
+    EXCEPTION WHEN OTHERS OR assert_failure THEN
         GET STACKED DIAGNOSTICS err_state = RETURNED_SQLSTATE, err_message = MESSAGE_TEXT,
                                 err_constraint = CONSTRAINT_NAME;
         IF NOT handler_running OR pg_catalog.left(err_state, 2) IN ('40', '08', '53', '57') OR err_state = '55P03' THEN
             RAISE;
         END IF;
     END;
-    PERFORM inbox._repair_failed(repair.quarantine_id, repair.note, coalesce(nullif(err_constraint, ''), err_state),
-                                 pg_catalog.left(err_message, 2000));
     result.outcome := 'failed';
-    result.reason_code := coalesce(nullif(err_constraint, ''), err_state);
+    result.reason_code := inbox._reason_code(err_state, err_constraint);
     result.error_message := pg_catalog.left(err_message, 2000);
+    PERFORM inbox._repair_failed(repair.quarantine_id, repair.note, result.reason_code, result.error_message);
     RETURN result;
 END
 $$;

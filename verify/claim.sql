@@ -1,7 +1,7 @@
 -- Verify pginbox:claim
 BEGIN;
 
-SELECT 'inbox._delivery_ok(integer, integer, text)'::regprocedure;
+SELECT 'inbox._delivery_ok(integer, integer, text)'::regprocedure, 'inbox._check_optional(text, text, text)'::regprocedure;
 
 DO $verify$
 BEGIN
@@ -49,6 +49,9 @@ BEGIN
     END IF;
     IF NOT pg_catalog.has_function_privilege('inbox_operator', 'inbox.configure_consumer(text, text[], integer, boolean, integer, boolean)', 'EXECUTE') THEN
         RAISE EXCEPTION 'inbox_operator cannot execute inbox.configure_consumer(text, text[], integer, boolean, integer, boolean)';
+    END IF;
+    IF NOT pg_catalog.has_function_privilege('inbox_consumer', 'inbox._reason_code(text, text)', 'EXECUTE') THEN
+        RAISE EXCEPTION 'inbox_consumer cannot execute inbox._reason_code(text, text)';
     END IF;
 END
 $verify$;
