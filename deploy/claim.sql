@@ -81,7 +81,8 @@ BEGIN
             USING ERRCODE = 'serialization_failure', HINT = 'Retry the transaction.';
     END IF;
 
-    result.stored_sha256 := pg_catalog.encode(existing.payload_sha256, 'hex');
+    -- A hold announced by record_start without a payload has no hash: report NULL, not ''.
+    result.stored_sha256 := pg_catalog.encode(nullif(existing.payload_sha256, '\x'::bytea), 'hex');
     result.handler_version := existing.handler_version;
     result.processed_at := existing.processed_at;
 
@@ -115,9 +116,11 @@ BEGIN
     -- Held by quarantine: count the delivery on the open entry, run nothing.
     UPDATE inbox.quarantine q
        SET deliveries = q.deliveries + 1, last_seen_at = now()
-     WHERE q.consumer = _claim_core.consumer AND q.tenant = _claim_core.tenant
-       AND q.producer = _claim_core.producer AND q.message_id = _claim_core.message_id
-       AND q.kind = 'failure' AND q.status = 'open'
+     WHERE q.quarantine_id = (
+            SELECT max(o.quarantine_id) FROM inbox.quarantine o
+             WHERE o.consumer = _claim_core.consumer AND o.tenant = _claim_core.tenant
+               AND o.producer = _claim_core.producer AND o.message_id = _claim_core.message_id
+               AND o.kind = 'failure' AND o.status = 'open')
     RETURNING q.quarantine_id, q.attempts, q.reason_code
          INTO result.quarantine_id, result.attempts, result.reason_code;
     result.outcome := 'quarantined';
@@ -180,6 +183,8 @@ COMMENT ON FUNCTION inbox.claim_bytea(text, text, text, bytea, text, text, times
 
 -- Moves an identity into quarantine for exhausted attempts. The placeholder row in inbox.message
 -- makes every later claim of the identity answer 'quarantined' through the same unique key.
+-- An identity has at most one open failure entry: when it is held already (a concurrent failure,
+-- or redeliveries announced after the hold), the open entry is updated, never doubled.
 -- Returns NULL when the identity was meanwhile processed or discarded: nothing to hold then.
 CREATE FUNCTION inbox._quarantine_failure(
     attempt inbox.attempt, reason_code text, error_message text, crashes integer,
@@ -195,11 +200,26 @@ BEGIN
             coalesce(attempt.payload_sha256, '\x'::bytea), coalesce(attempt.handler_version, 'unversioned'),
             'quarantined')
     ON CONFLICT ON CONSTRAINT message_pkey DO NOTHING;
-    IF NOT FOUND AND NOT EXISTS (
-        SELECT 1 FROM inbox.message m
-         WHERE m.consumer = attempt.consumer AND m.tenant = attempt.tenant AND m.producer = attempt.producer
-           AND m.message_id = attempt.message_id AND m.status = 'quarantined') THEN
-        RETURN NULL;
+    IF NOT FOUND THEN
+        IF NOT EXISTS (
+            SELECT 1 FROM inbox.message m
+             WHERE m.consumer = attempt.consumer AND m.tenant = attempt.tenant AND m.producer = attempt.producer
+               AND m.message_id = attempt.message_id AND m.status = 'quarantined') THEN
+            RETURN NULL;
+        END IF;
+        -- Held already: count on the open entry, keep its reason and payload.
+        UPDATE inbox.quarantine q
+           SET deliveries = q.deliveries + 1, last_seen_at = now(),
+               attempts = greatest(q.attempts, attempt.failed), crashes = greatest(q.crashes, _quarantine_failure.crashes),
+               last_failure_at = coalesce(attempt.last_failure_at, q.last_failure_at)
+         WHERE q.quarantine_id = (
+                SELECT max(o.quarantine_id) FROM inbox.quarantine o
+                 WHERE o.consumer = attempt.consumer AND o.tenant = attempt.tenant AND o.producer = attempt.producer
+                   AND o.message_id = attempt.message_id AND o.kind = 'failure' AND o.status = 'open')
+        RETURNING q.quarantine_id INTO entry_id;
+        IF FOUND THEN
+            RETURN entry_id;
+        END IF;
     END IF;
 
     INSERT INTO inbox.quarantine AS q (consumer, tenant, producer, message_id, kind, message_type, payload_sha256,
@@ -382,7 +402,8 @@ BEGIN
     result.outcome := 'proceed';
     result.payload_sha256 := pg_catalog.encode(hash, 'hex');
     result.handler_version := record_start.handler_version;
-    result.attempts := att.failed;
+    -- Attempts so far: the first delivery plus each announced redelivery before this one.
+    result.attempts := att.started;
     -- Below max_attempts failures (else the identity is quarantined already), so at least one of
     -- the attempts so far ended without recording anything: a crash.
     IF att.started >= settings.max_attempts THEN
@@ -395,6 +416,10 @@ BEGIN
             record_start.payload_ref, settings.store_payloads);
         IF result.quarantine_id IS NOT NULL THEN
             result.outcome := 'quarantined';
+        ELSE
+            -- Processed or discarded meanwhile: nothing to hold, the claim will say duplicate.
+            result.reason_code := NULL;
+            result.error_message := NULL;
         END IF;
     END IF;
     RETURN result;
@@ -403,11 +428,12 @@ $$;
 COMMENT ON FUNCTION inbox.record_start(text, text, text, text, text, jsonb, text, text) IS
     'Announce a redelivered attempt in its own transaction: proceed | quarantined (crash loop)';
 
--- Per-consumer settings. Changing hash_exclude_keys after messages were processed would turn their
--- redeliveries into conflicts, so it needs allow_hash_change => true (or a new consumer name).
+-- Per-consumer settings. An argument left out (or NULL) keeps the consumer's current value (the
+-- default for a new consumer). Changing hash_exclude_keys after messages were processed would turn
+-- their redeliveries into conflicts, so it needs allow_hash_change => true (or a new consumer name).
 CREATE FUNCTION inbox.configure_consumer(
-    consumer text, hash_exclude_keys text[] DEFAULT '{}', max_attempts integer DEFAULT 5,
-    store_payloads boolean DEFAULT true, max_payload_bytes integer DEFAULT 1048576,
+    consumer text, hash_exclude_keys text[] DEFAULT NULL, max_attempts integer DEFAULT NULL,
+    store_payloads boolean DEFAULT NULL, max_payload_bytes integer DEFAULT NULL,
     allow_hash_change boolean DEFAULT false)
     RETURNS inbox.consumer_config
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -415,31 +441,36 @@ CREATE FUNCTION inbox.configure_consumer(
 AS $$
 DECLARE
     previous inbox.consumer_config;
+    wanted inbox.consumer_config;
     saved inbox.consumer_config;
 BEGIN
     PERFORM inbox._check_identity('inbox.configure_consumer', configure_consumer.consumer, '-', '-', '');
-    IF hash_exclude_keys IS NULL OR max_attempts IS NULL OR store_payloads IS NULL OR max_payload_bytes IS NULL
-       OR allow_hash_change IS NULL THEN
-        RAISE EXCEPTION 'inbox.configure_consumer: settings must not be NULL'
-            USING ERRCODE = 'null_value_not_allowed', HINT = 'Leave an argument out to get its default.';
+    IF allow_hash_change IS NULL THEN
+        RAISE EXCEPTION 'inbox.configure_consumer: allow_hash_change must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF array_position(hash_exclude_keys, NULL) IS NOT NULL OR '' = ANY (hash_exclude_keys) THEN
+    previous := inbox._settings(configure_consumer.consumer);
+    wanted := previous;
+    wanted.hash_exclude_keys := coalesce(configure_consumer.hash_exclude_keys, previous.hash_exclude_keys);
+    wanted.max_attempts := coalesce(configure_consumer.max_attempts, previous.max_attempts);
+    wanted.store_payloads := coalesce(configure_consumer.store_payloads, previous.store_payloads);
+    wanted.max_payload_bytes := coalesce(configure_consumer.max_payload_bytes, previous.max_payload_bytes);
+
+    IF array_position(wanted.hash_exclude_keys, NULL) IS NOT NULL OR '' = ANY (wanted.hash_exclude_keys) THEN
         RAISE EXCEPTION 'inbox.configure_consumer: hash_exclude_keys must not contain NULL or empty keys'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF max_attempts NOT BETWEEN 1 AND 1000 THEN
-        RAISE EXCEPTION 'inbox.configure_consumer: max_attempts must be between 1 and 1000, got %', max_attempts
+    IF wanted.max_attempts NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION 'inbox.configure_consumer: max_attempts must be between 1 and 1000, got %', wanted.max_attempts
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF max_payload_bytes NOT BETWEEN 1 AND 104857600 THEN
+    IF wanted.max_payload_bytes NOT BETWEEN 1 AND 104857600 THEN
         RAISE EXCEPTION 'inbox.configure_consumer: max_payload_bytes must be between 1 and 104857600, got %',
-            max_payload_bytes USING ERRCODE = 'invalid_parameter_value';
+            wanted.max_payload_bytes USING ERRCODE = 'invalid_parameter_value';
     END IF;
-
-    previous := inbox._settings(configure_consumer.consumer);
     IF NOT allow_hash_change
-       AND (SELECT array_agg(k ORDER BY k) FROM unnest(previous.hash_exclude_keys) k)
-           IS DISTINCT FROM (SELECT array_agg(k ORDER BY k) FROM unnest(configure_consumer.hash_exclude_keys) k)
+       AND (SELECT array_agg(DISTINCT k ORDER BY k) FROM unnest(previous.hash_exclude_keys) k)
+           IS DISTINCT FROM (SELECT array_agg(DISTINCT k ORDER BY k) FROM unnest(wanted.hash_exclude_keys) k)
        AND EXISTS (SELECT 1 FROM inbox.message m WHERE m.consumer = configure_consumer.consumer) THEN
         RAISE EXCEPTION 'inbox.configure_consumer: consumer % already processed messages under other hash_exclude_keys',
             configure_consumer.consumer
@@ -450,8 +481,8 @@ BEGIN
 
     INSERT INTO inbox.consumer_config AS c (consumer, hash_exclude_keys, max_attempts, store_payloads,
                                             max_payload_bytes)
-    VALUES (configure_consumer.consumer, configure_consumer.hash_exclude_keys, configure_consumer.max_attempts,
-            configure_consumer.store_payloads, configure_consumer.max_payload_bytes)
+    VALUES (configure_consumer.consumer, wanted.hash_exclude_keys, wanted.max_attempts, wanted.store_payloads,
+            wanted.max_payload_bytes)
     ON CONFLICT ON CONSTRAINT consumer_config_pkey DO UPDATE
        SET hash_exclude_keys = EXCLUDED.hash_exclude_keys, max_attempts = EXCLUDED.max_attempts,
            store_payloads = EXCLUDED.store_payloads, max_payload_bytes = EXCLUDED.max_payload_bytes,

@@ -3,7 +3,9 @@
 -- leaves an audit row in inbox.quarantine_decision (who, when, note, result).
 --   repair   run the stored payload through the current handler now; on success the identity is
 --            processed and the entry closes as recovered (failure entries only)
---   discard  close without effect: redeliveries of the identity become 'duplicate'
+--   discard  close without effect. A failure entry's identity becomes 'discarded': its redeliveries
+--            are 'duplicate'. A conflict entry just closes: the identity was applied with the first
+--            payload, and redeliveries of the conflicting one stay 'conflict' (counted on the entry)
 --   release  forget the hold: the next delivery is processed normally (failure entries only)
 -- A conflict entry can only be discarded: its identity was already applied once.
 -- repair runs the handler with the operator's rights, so its two privileged halves
@@ -217,6 +219,7 @@ BEGIN
         END IF;
     END;
     result.outcome := 'failed';
+    result.processed_at := NULL;
     result.reason_code := inbox._reason_code(err_state, err_constraint);
     result.error_message := pg_catalog.left(err_message, 2000);
     PERFORM inbox._repair_failed(repair.quarantine_id, repair.note, result.reason_code, result.error_message);

@@ -1,6 +1,6 @@
 -- Revert pginbox:roles
--- Roles are cluster-wide. A role that another database still uses (pginbox deployed there too)
--- cannot be dropped and is kept, with a notice.
+-- Roles are cluster-wide. A role that something still depends on (usually pginbox deployed in
+-- another database of the cluster) cannot be dropped and is kept, with a notice saying why.
 BEGIN;
 
 DO $roles$
@@ -11,7 +11,7 @@ BEGIN
         BEGIN
             EXECUTE format('DROP ROLE IF EXISTS %I', role_name);
         EXCEPTION WHEN dependent_objects_still_exist THEN
-            RAISE NOTICE 'role % kept: another database still uses it (%)', role_name, SQLERRM;
+            RAISE NOTICE 'role % kept: % (pginbox deployed in another database of this cluster?)', role_name, SQLERRM;
         END;
     END LOOP;
 END

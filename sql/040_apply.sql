@@ -257,6 +257,7 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Each element: {"producer": ..., "message_id": ..., "message_type": ..., "payload": ..., "tenant"?: ..., "produced_at"?: ...}';
     END IF;
+    PERFORM inbox._check_identity('inbox.claim_and_apply_batch', claim_and_apply_batch.consumer, '-', '-', '');
     n := pg_catalog.jsonb_array_length(claim_and_apply_batch.messages);
     IF n > 64 THEN
         RAISE EXCEPTION 'inbox.claim_and_apply_batch: a batch holds at most 64 messages, got %', n

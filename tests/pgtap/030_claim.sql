@@ -287,7 +287,7 @@ SELECT throws_ok($$SELECT inbox.claim_bytea('tap-cfg', 'p', 'x-big', decode(repe
 SELECT throws_ok($$SELECT inbox.configure_consumer('tap-cfg', '{trace_id}', 3, false, 200)$$, '55000',
                  'inbox.configure_consumer: consumer tap-cfg already processed messages under other hash_exclude_keys',
                  'configure_consumer: changing hash_exclude_keys once messages exist is 55000');
-SELECT throws_ok($$SELECT inbox.configure_consumer('tap-cfg')$$, '55000',
+SELECT throws_ok($$SELECT inbox.configure_consumer('tap-cfg', '{}')$$, '55000',
                  'inbox.configure_consumer: consumer tap-cfg already processed messages under other hash_exclude_keys',
                  'configure_consumer: dropping all hash_exclude_keys once messages exist is 55000');
 SELECT throws_ok($$SELECT inbox.configure_consumer(NULL)$$, '22004', 'inbox.configure_consumer: consumer must not be NULL',
@@ -296,16 +296,9 @@ SELECT throws_ok($$SELECT inbox.configure_consumer('')$$, '22023', 'inbox.config
                  'configure_consumer: empty consumer is 22023');
 SELECT throws_ok($$SELECT inbox.configure_consumer(repeat('c', 129))$$, '22001',
                  'inbox.configure_consumer: consumer is longer than 128 bytes', 'configure_consumer: a consumer of 129 bytes is 22001');
-SELECT throws_ok($$SELECT inbox.configure_consumer('tap-new', hash_exclude_keys => NULL)$$, '22004',
-                 'inbox.configure_consumer: settings must not be NULL', 'configure_consumer: NULL hash_exclude_keys is 22004');
-SELECT throws_ok($$SELECT inbox.configure_consumer('tap-new', max_attempts => NULL)$$, '22004',
-                 'inbox.configure_consumer: settings must not be NULL', 'configure_consumer: NULL max_attempts is 22004');
-SELECT throws_ok($$SELECT inbox.configure_consumer('tap-new', store_payloads => NULL)$$, '22004',
-                 'inbox.configure_consumer: settings must not be NULL', 'configure_consumer: NULL store_payloads is 22004');
-SELECT throws_ok($$SELECT inbox.configure_consumer('tap-new', max_payload_bytes => NULL)$$, '22004',
-                 'inbox.configure_consumer: settings must not be NULL', 'configure_consumer: NULL max_payload_bytes is 22004');
 SELECT throws_ok($$SELECT inbox.configure_consumer('tap-new', allow_hash_change => NULL)$$, '22004',
-                 'inbox.configure_consumer: settings must not be NULL', 'configure_consumer: NULL allow_hash_change is 22004');
+                 'inbox.configure_consumer: allow_hash_change must not be NULL',
+                 'configure_consumer: NULL allow_hash_change is 22004');
 SELECT throws_ok($$SELECT inbox.configure_consumer('tap-new', ARRAY['a', NULL])$$, '22023',
                  'inbox.configure_consumer: hash_exclude_keys must not contain NULL or empty keys',
                  'configure_consumer: a NULL key in hash_exclude_keys is 22023');
@@ -330,6 +323,13 @@ SELECT lives_ok($$SELECT inbox.configure_consumer('tap-cfg', '{sent_at,trace_id}
                 'configure_consumer: the same hash_exclude_keys in another order is no change');
 SELECT is((SELECT max_attempts FROM inbox.consumer_config WHERE consumer = 'tap-cfg'), 4,
           'configure_consumer: other settings change while messages exist');
+-- An argument left out keeps the current value: configuring one setting touches no other.
+SELECT is((SELECT (hash_exclude_keys, max_attempts, store_payloads, max_payload_bytes)::text
+             FROM inbox.configure_consumer('tap-cfg', max_attempts => 7)),
+          '("{sent_at,trace_id}",7,f,200)', 'configure_consumer: omitted settings keep their current values');
+SELECT is((SELECT (hash_exclude_keys, max_attempts, store_payloads, max_payload_bytes)::text
+             FROM inbox.configure_consumer('tap-brand-new', store_payloads => false)),
+          '({},5,f,1048576)', 'configure_consumer: a new consumer gets the defaults for omitted settings');
 SELECT lives_ok($$SELECT inbox.configure_consumer('tap-cfg', '{trace_id}', 4, false, 200, allow_hash_change => true)$$,
                 'configure_consumer: allow_hash_change => true permits the change');
 SELECT is((SELECT hash_exclude_keys FROM inbox.consumer_config WHERE consumer = 'tap-cfg'), '{trace_id}'::text[],
@@ -467,7 +467,8 @@ SELECT inbox.configure_consumer('tap-rs', max_attempts => 3) \g /dev/null
 INSERT INTO res SELECT 'rs1', c.* FROM inbox.record_start('tap-rs', 'p', 'r1', message_type => 'order',
                                                          payload => '{"r": 1}', handler_version => 'v1') c;
 SELECT is((SELECT (outcome, attempts, quarantine_id IS NULL, reason_code IS NULL, payload_sha256 = pg_temp.hex('{"r": 1}'))::text
-             FROM res WHERE step = 'rs1'), '(proceed,0,t,t,t)', 'record_start: first redelivery: proceed');
+             FROM res WHERE step = 'rs1'), '(proceed,1,t,t,t)',
+          'record_start: first redelivery: proceed, 1 attempt so far (the first delivery)');
 SELECT is((SELECT (started, failed, last_started_at = now(), message_type)::text
              FROM inbox.attempt WHERE consumer = 'tap-rs' AND message_id = 'r1'),
           '(1,0,t,order)', 'record_start: counts a started attempt');
@@ -478,7 +479,7 @@ SELECT is((SELECT count(*)::integer FROM inbox.quarantine WHERE consumer = 'tap-
           'record_start: nothing quarantined below the limit');
 INSERT INTO res SELECT 'rs3', c.* FROM inbox.record_start('tap-rs', 'p', 'r1', payload => '{"r": 1}') c;
 SELECT is((SELECT (outcome, reason_code, attempts, quarantine_id IS NOT NULL)::text FROM res WHERE step = 'rs3'),
-          '(quarantined,crash_loop,0,t)',
+          '(quarantined,crash_loop,3,t)',
           'record_start: once started reaches max_attempts without failures: quarantined, reason crash_loop');
 SELECT is((SELECT error_message FROM res WHERE step = 'rs3'),
           '3 attempts so far, 0 recorded a failure: the others ended without a word (the consumer probably crashed)',
@@ -495,12 +496,23 @@ INSERT INTO res SELECT 'rs4', c.* FROM inbox.record_start('tap-rs', 'p', 'r1', p
 SELECT is((SELECT (outcome, quarantine_id = (SELECT quarantine_id FROM res WHERE step = 'rs3'))::text
              FROM res WHERE step = 'rs4'), '(quarantined,t)', 'record_start: further redeliveries stay quarantined');
 
+-- An identity held by quarantine keeps ONE open failure entry, whatever later redeliveries carry
+-- (two open entries once made every claim of it fail with P0003).
+SELECT inbox.configure_consumer('tap-2q', max_attempts => 1) \g /dev/null
+SELECT inbox.record_failure('tap-2q', 'p', 'q1', '{"v": 1}', 'X1') \g /dev/null
+SELECT inbox.record_start('tap-2q', 'p', 'q1', payload => '{"v": 2}') \g /dev/null
+SELECT inbox.record_failure('tap-2q', 'p', 'q1', '{"v": 3}', 'X2') \g /dev/null
+SELECT is((SELECT count(*)::integer FROM inbox.quarantine WHERE consumer = 'tap-2q' AND status = 'open'), 1,
+          'quarantine: one open failure entry per identity, whatever later redeliveries carry');
+SELECT is((SELECT (outcome, reason_code)::text FROM inbox.claim('tap-2q', 'p', 'q1', '{"v": 2}')), '(quarantined,X1)',
+          'quarantine: a held identity claims as quarantined, with the reason it was held for');
+
 -- Mixed: first delivery failed (recorded), second crashed, third failed (recorded): 3 attempts, 1 crash.
 SELECT inbox.record_failure('tap-rs', 'p', 'r2', '{}', 'X1') \g /dev/null
 SELECT inbox.record_start('tap-rs', 'p', 'r2') \g /dev/null
 INSERT INTO res SELECT 'mix-start2', c.* FROM inbox.record_start('tap-rs', 'p', 'r2') c;
-SELECT is((SELECT (outcome, attempts)::text FROM res WHERE step = 'mix-start2'), '(proceed,1)',
-          'record_start: reports the failures recorded so far');
+SELECT is((SELECT (outcome, attempts)::text FROM res WHERE step = 'mix-start2'), '(proceed,2)',
+          'record_start: reports the attempts so far (first delivery + announced redeliveries)');
 INSERT INTO res SELECT 'mix-fail', c.* FROM inbox.record_failure('tap-rs', 'p', 'r2', '{}', 'X1') c;
 SELECT is((SELECT (outcome, attempts)::text FROM res WHERE step = 'mix-fail'), '(failed,2)',
           'record_start: started attempts do not count as failures');

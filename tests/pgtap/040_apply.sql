@@ -553,7 +553,7 @@ SELECT throws_ok($$SELECT * FROM inbox.claim_and_apply_batch('tap-b', '[
                  'batch: an unparsable produced_at is 22007');
 SELECT throws_ok($$SELECT * FROM inbox.claim_and_apply_batch(NULL, '[
                      {"producer": "p", "message_id": "v1", "message_type": "credit", "payload": {}}]')$$,
-                 '22004', 'inbox.claim_and_apply_batch: messages[0]: consumer must not be NULL',
+                 '22004', 'inbox.claim_and_apply_batch: consumer must not be NULL',
                  'batch: NULL consumer is 22004');
 SELECT is(public.tap_writes(), :w0::bigint,
           'batch: a bad element anywhere: nothing written for any element, not even the valid ones before it');
