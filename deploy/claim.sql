@@ -451,7 +451,10 @@ BEGIN
     END IF;
     previous := inbox._settings(configure_consumer.consumer);
     wanted := previous;
-    wanted.hash_exclude_keys := coalesce(configure_consumer.hash_exclude_keys, previous.hash_exclude_keys);
+    -- Stored as a sorted set: the order and repetition of keys do not matter to the hash.
+    wanted.hash_exclude_keys := coalesce(
+        (SELECT array_agg(DISTINCT k ORDER BY k) FROM unnest(configure_consumer.hash_exclude_keys) k),
+        CASE WHEN configure_consumer.hash_exclude_keys IS NULL THEN previous.hash_exclude_keys ELSE '{}' END);
     wanted.max_attempts := coalesce(configure_consumer.max_attempts, previous.max_attempts);
     wanted.store_payloads := coalesce(configure_consumer.store_payloads, previous.store_payloads);
     wanted.max_payload_bytes := coalesce(configure_consumer.max_payload_bytes, previous.max_payload_bytes);

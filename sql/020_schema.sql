@@ -220,7 +220,9 @@ BEGIN
             CASE WHEN consumer IS NULL THEN 'consumer' WHEN producer IS NULL THEN 'producer'
                  WHEN message_id IS NULL THEN 'message_id' ELSE 'tenant' END
             USING ERRCODE = 'null_value_not_allowed',
-                  HINT = 'Pass the producer-assigned id of the message; use tenant '''' when ids are global.';
+                  HINT = CASE WHEN message_id IS NULL THEN 'Pass the producer-assigned id of the message.'
+                              WHEN tenant IS NULL THEN 'Use tenant '''' when message ids are global.'
+                              ELSE 'consumer and producer name who applies and who sent the message.' END;
     END IF;
     IF consumer = '' OR producer = '' OR message_id = '' THEN
         RAISE EXCEPTION '%: % must not be empty', fn,
