@@ -258,7 +258,7 @@ SELECT is((SELECT (hash_exclude_keys, max_attempts, store_payloads, max_payload_
 
 SELECT is((SELECT (c.hash_exclude_keys, c.max_attempts, c.store_payloads, c.max_payload_bytes)::text
              FROM inbox.configure_consumer('tap-cfg', '{trace_id,sent_at}', 3, false, 200) c),
-          '("{trace_id,sent_at}",3,f,200)', 'configure_consumer: stores the settings');
+          '("{sent_at,trace_id}",3,f,200)', 'configure_consumer: stores the settings (keys as a sorted set)');
 SELECT is((SELECT count(*)::integer FROM inbox.consumer_config WHERE consumer = 'tap-cfg'), 1,
           'configure_consumer: one row per consumer');
 
