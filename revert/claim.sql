@@ -8,6 +8,7 @@ DROP FUNCTION inbox._check_reason(text, text);
 DROP FUNCTION inbox._check_optional(text, text, text);
 DROP FUNCTION inbox._reason_code(text, text);
 DROP FUNCTION inbox._record_failure_core(inbox.consumer_config, text, text, text, text, jsonb, bytea, text, text, text, text);
+DROP FUNCTION inbox._held_by(inbox.delivery_result);
 DROP FUNCTION inbox._quarantine_failure(inbox.attempt, text, text, integer, jsonb, text, boolean);
 DROP FUNCTION inbox.claim_bytea(text, text, text, bytea, text, text, timestamptz);
 DROP FUNCTION inbox.claim(text, text, text, jsonb, text, text, timestamptz);

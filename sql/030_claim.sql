@@ -245,6 +245,19 @@ END
 $$;
 COMMENT ON FUNCTION inbox._quarantine_failure(inbox.attempt, text, text, integer, jsonb, text, boolean) IS 'internal: holds an identity in quarantine after exhausted attempts';
 
+-- A 'quarantined' result names what the identity is held for: the entry's reason and message,
+-- which a later failure or announced redelivery does not change.
+CREATE FUNCTION inbox._held_by(result inbox.delivery_result) RETURNS inbox.delivery_result
+    LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    SELECT q.reason_code, q.error_message, q.attempts INTO result.reason_code, result.error_message, result.attempts
+      FROM inbox.quarantine q WHERE q.quarantine_id = result.quarantine_id;
+    RETURN result;
+END
+$$;
+COMMENT ON FUNCTION inbox._held_by(inbox.delivery_result) IS 'internal: fills a quarantined result from its entry';
+
 -- Records a permanent failure outside the rolled-back work; quarantines at max_attempts.
 CREATE FUNCTION inbox._record_failure_core(
     settings inbox.consumer_config, tenant text, producer text, message_id text, message_type text,
@@ -286,6 +299,7 @@ BEGIN
             _record_failure_core.payload_ref, settings.store_payloads);
         IF result.quarantine_id IS NOT NULL THEN
             result.outcome := 'quarantined';
+            result := inbox._held_by(result);
         END IF;
     END IF;
     RETURN result;
@@ -416,6 +430,7 @@ BEGIN
             record_start.payload_ref, settings.store_payloads);
         IF result.quarantine_id IS NOT NULL THEN
             result.outcome := 'quarantined';
+            result := inbox._held_by(result);
         ELSE
             -- Processed or discarded meanwhile: nothing to hold, the claim will say duplicate.
             result.reason_code := NULL;

@@ -479,7 +479,7 @@ SELECT is((SELECT count(*)::integer FROM inbox.quarantine WHERE consumer = 'tap-
           'record_start: nothing quarantined below the limit');
 INSERT INTO res SELECT 'rs3', c.* FROM inbox.record_start('tap-rs', 'p', 'r1', payload => '{"r": 1}') c;
 SELECT is((SELECT (outcome, reason_code, attempts, quarantine_id IS NOT NULL)::text FROM res WHERE step = 'rs3'),
-          '(quarantined,crash_loop,3,t)',
+          '(quarantined,crash_loop,0,t)',
           'record_start: once started reaches max_attempts without failures: quarantined, reason crash_loop');
 SELECT is((SELECT error_message FROM res WHERE step = 'rs3'),
           '3 attempts so far, 0 recorded a failure: the others ended without a word (the consumer probably crashed)',
