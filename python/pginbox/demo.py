@@ -5,6 +5,10 @@ schema `pginbox_demo` (recreated on every run), and delivers messages the way a 
 redelivered, raced by two workers, sent again with another payload, rejected by the handler,
 killed mid-flight. Every step prints what happened and why; the last step proves the invariant
 from the domain tables: no message was applied twice, none that committed was lost.
+
+Act 2 (pginbox.simulation) then runs thousands of messages through a simulated broker that
+redelivers, loses acks, crashes consumers and races duplicates, and proves the same invariant.
+Both acts use a new consumer name on every run, so the demo can run again on the same database.
 """
 
 from __future__ import annotations
@@ -18,9 +22,14 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from pginbox import sqitch
+from pginbox import simulation, sqitch
+from pginbox.errors import PginboxError
 
 Row = dict[str, Any]
+
+
+class InvariantBroken(PginboxError):
+    """The demo found a message applied twice, or a committed one missing."""
 
 DOMAIN = """
 DROP SCHEMA IF EXISTS pginbox_demo CASCADE;
@@ -98,6 +107,7 @@ class Demo:
     def run(self) -> None:
         print("pginbox demo: at-least-once delivery in, at most one committed change out")
         print(f"consumer '{self.consumer}' credits accounts; producer 'shop' sends 'credit' messages")
+        print("\nAct 1: every outcome, one delivery at a time")
         self.conn.execute(DOMAIN)
         self.conn.execute(
             "SELECT inbox.register_handler(%s, 'credit', 'pginbox_demo.credit(jsonb, inbox.message_context)'"
@@ -282,7 +292,7 @@ class Demo:
         expected = {1: 10 + 5 - 7, 2: 3 + 1 + 2 + 3 + 4}
         ok = ok and all(c["balance"] == expected[c["id"]] for c in check)
         if not ok:
-            raise SystemExit(f"INVARIANT BROKEN: duplicates {dupes}, balances {check}")
+            raise InvariantBroken(f"invariant broken in act 1: duplicates {dupes}, balances {check}")
         print("   OK: every message applied at most once; every committed one exactly once.")
 
 
@@ -306,11 +316,15 @@ def ensure_schema(dsn: str) -> None:
         )
 
 
-def run(dsn: str) -> None:
-    """Deploy if needed, then walk through every outcome of the inbox."""
+def run(dsn: str, *, messages: int = 3000, workers: int = 4, seed: int | None = None) -> None:
+    """Deploy if needed; act 1 walks through every outcome of the inbox, act 2 simulates
+    at-least-once delivery with faults (pginbox.simulation) and proves the invariant.
+    Raises InvariantBroken (exit status 1 from the CLI) when either act finds it broken."""
     ensure_schema(dsn)
     demo = Demo(dsn)
     try:
         demo.run()
     finally:
         demo.conn.close()
+    if not simulation.run(dsn, messages=messages, workers=workers, seed=seed):
+        raise InvariantBroken("the invariant is broken: a message was applied twice or lost (see FAILED above)")

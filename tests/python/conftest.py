@@ -1,0 +1,134 @@
+"""Fixtures: every test runs against a real PostgreSQL.
+
+pg_base          (session)  conninfo without dbname: $PGINBOX_TEST_DSN_BASE (tests/run sets it),
+                            else a private cluster started for this session.
+template_db      (session)  name of a database deployed once per session with `sqitch deploy`.
+db_dsn           (function) conninfo of a fresh clone of template_db, dropped afterwards.
+conn             (function) autocommit connection to db_dsn.
+private_cluster  (function) a cluster of its own (schema deployed in database `pginbox`) that a
+                            test may crash with `stop("immediate")`; removed afterwards.
+make_cluster(path)          helper: a started private cluster under `path`.
+dsn_for(base, dbname)       helper: conninfo for `dbname`.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from pginbox import sqitch
+from pginbox.cluster import Cluster
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE_DB = "pginbox_test_template"
+PRIVATE_DB = "pginbox"
+
+
+def sqitch_project() -> Path | None:
+    """The checkout these tests belong to (None: let pginbox.sqitch find it)."""
+    if os.environ.get("PGINBOX_SQITCH_DIR"):
+        return None
+    return REPO_ROOT if (REPO_ROOT / "sqitch.plan").is_file() else None
+
+
+def dsn_for(base: str, dbname: str) -> str:
+    """`base` conninfo (without dbname) completed with `dbname`."""
+    params = {k: v for k, v in conninfo_to_dict(base).items() if v is not None}
+    params["dbname"] = dbname
+    return make_conninfo("", **params)
+
+
+def _let_postgres_in(path: Path) -> None:
+    """As root, the server runs as the postgres OS user: it must be able to traverse the
+    temporary directories (pytest makes them 0700). Only directories below the system
+    temporary directory are touched."""
+    if os.geteuid() != 0:
+        return
+    tmp_root = Path(tempfile.gettempdir()).resolve()
+    for directory in [path, *path.parents]:
+        if directory == tmp_root or tmp_root not in directory.parents:
+            break
+        mode = directory.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            directory.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+
+
+def make_cluster(path: Path) -> Cluster:
+    """A started private cluster with its data directory in `path`/cluster."""
+    path.mkdir(parents=True, exist_ok=True)
+    _let_postgres_in(path)
+    cluster = Cluster(path / "cluster")
+    cluster.start()
+    return cluster
+
+
+def create_database(base: str, name: str, template: str | None = None) -> None:
+    query = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+    if template is not None:
+        query = sql.SQL("{} TEMPLATE {}").format(query, sql.Identifier(template))
+    with psycopg.connect(dsn_for(base, "postgres"), autocommit=True) as admin:
+        admin.execute(query)
+
+
+def drop_database(base: str, name: str) -> None:
+    with psycopg.connect(dsn_for(base, "postgres"), autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="session")
+def pg_base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    base = os.environ.get("PGINBOX_TEST_DSN_BASE")
+    if base:
+        yield base
+        return
+    cluster = make_cluster(tmp_path_factory.mktemp("pg_base"))
+    try:
+        yield cluster.dsn_base()
+    finally:
+        cluster.destroy()
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_base: str) -> Iterator[str]:
+    drop_database(pg_base, TEMPLATE_DB)
+    create_database(pg_base, TEMPLATE_DB)
+    sqitch.deploy(dsn_for(pg_base, TEMPLATE_DB), project=sqitch_project())
+    yield TEMPLATE_DB
+    drop_database(pg_base, TEMPLATE_DB)
+
+
+@pytest.fixture
+def db_dsn(pg_base: str, template_db: str) -> Iterator[str]:
+    name = f"t_{uuid.uuid4().hex}"
+    create_database(pg_base, name, template=template_db)
+    try:
+        yield dsn_for(pg_base, name)
+    finally:
+        drop_database(pg_base, name)
+
+
+@pytest.fixture
+def conn(db_dsn: str) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
+    with psycopg.connect(db_dsn, autocommit=True) as connection:
+        yield connection
+
+
+@pytest.fixture
+def private_cluster(tmp_path: Path) -> Iterator[Cluster]:
+    cluster = make_cluster(tmp_path)
+    try:
+        cluster.create_database(PRIVATE_DB)
+        sqitch.deploy(cluster.dsn(PRIVATE_DB), project=sqitch_project())
+        yield cluster
+    finally:
+        cluster.destroy()
