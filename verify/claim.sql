@@ -1,7 +1,8 @@
 -- Verify pginbox:claim
 BEGIN;
 
-SELECT 'inbox._delivery_ok(integer, integer, text)'::regprocedure, 'inbox._check_optional(text, text, text)'::regprocedure;
+SELECT 'inbox._delivery_ok(integer, integer, text)'::regprocedure, 'inbox._check_optional(text, text, text)'::regprocedure,
+       'inbox._held_by(inbox.delivery_result)'::regprocedure;
 
 DO $verify$
 BEGIN
