@@ -138,6 +138,7 @@ CREATE FUNCTION inbox.claim(
 AS $$
 DECLARE
     settings inbox.consumer_config;
+    hash bytea;
 BEGIN
     IF inbox._identity_ok(claim.consumer, claim.producer, claim.message_id, claim.tenant) IS NOT TRUE THEN
         PERFORM inbox._check_identity('inbox.claim', claim.consumer, claim.producer, claim.message_id, claim.tenant);
@@ -150,8 +151,18 @@ BEGIN
         PERFORM inbox._check_delivery('inbox.claim', pg_column_size(claim.payload), settings.max_payload_bytes,
                                       claim.handler_version);
     END IF;
-    RETURN inbox._claim_core(claim.consumer, claim.tenant, claim.producer, claim.message_id,
-                             inbox.payload_hash(claim.payload, settings.hash_exclude_keys),
+    hash := inbox.payload_hash(claim.payload, settings.hash_exclude_keys);
+    -- The first delivery, inline: it is the path every message takes once.
+    INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version,
+                               produced_at, processed_at)
+    VALUES (claim.consumer, claim.tenant, claim.producer, claim.message_id, hash, claim.handler_version,
+            claim.produced_at, now())
+    ON CONFLICT ON CONSTRAINT message_pkey DO NOTHING;
+    IF FOUND THEN
+        RETURN ROW('claimed', pg_catalog.encode(hash, 'hex'), NULL, claim.handler_version, now(), NULL, NULL, NULL,
+                   NULL)::inbox.delivery_result;
+    END IF;
+    RETURN inbox._claim_core(claim.consumer, claim.tenant, claim.producer, claim.message_id, hash,
                              claim.handler_version, claim.produced_at, claim.payload, NULL, settings.store_payloads);
 END
 $$;

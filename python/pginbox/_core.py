@@ -129,13 +129,18 @@ def failure_reason(exc: BaseException) -> tuple[str, str]:
     """(reason_code, error_message) recorded for a handler exception.
 
     reason_code: the exception's `reason_code` attribute when it is a non-empty string; else, for a
-    database error, its constraint name or SQLSTATE (what inbox.claim_and_apply records for SQL
-    handlers, so both paths count failures alike); else the exception's class name."""
+    database error, its constraint name when 1-64 bytes long, else its SQLSTATE (the rule of
+    inbox.claim_and_apply for SQL handlers, so both paths count failures alike); else the
+    exception's class name. Cut to 64 bytes."""
     code = getattr(exc, "reason_code", None)
     if not (isinstance(code, str) and code.strip()):
         code = None
         if isinstance(exc, psycopg.Error):
-            code = exc.diag.constraint_name or exc.sqlstate
+            constraint = exc.diag.constraint_name
+            if constraint and len(constraint.encode()) <= _REASON_MAX_BYTES:
+                code = constraint
+            else:
+                code = exc.sqlstate
         if not code:
             code = type(exc).__name__
     message = str(exc) or type(exc).__name__

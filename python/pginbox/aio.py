@@ -253,7 +253,6 @@ class AsyncInbox:
     # ------------------------------------------------------------------------- attempts
 
     async def _handle_attempt(self, conn: AConn, message: Message, handler: AsyncHandler) -> Result | Failure:
-        _check_idle(conn)
         async with _autocommit(conn, self.pipeline):
             cur = conn.cursor(row_factory=tuple_row)
             try:
@@ -339,7 +338,6 @@ class AsyncInbox:
     async def _handle_batch_attempt(
         self, conn: AConn, messages: Sequence[Message], handler: AsyncHandler
     ) -> list[tuple[Result, BaseException | None]]:
-        _check_idle(conn)
         out: list[tuple[Result, BaseException | None]] = []
         async with _autocommit(conn):
             cur = conn.cursor(row_factory=tuple_row)
@@ -391,7 +389,6 @@ class AsyncInbox:
     async def _statement_tx(
         self, conn: AConn, query: Any, params: Any, build: Callable[[list[TupleRow]], T]
     ) -> T:
-        _check_idle(conn)
         async with _autocommit(conn, self.pipeline):
             cur = conn.cursor(row_factory=tuple_row)
             try:

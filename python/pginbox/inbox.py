@@ -293,7 +293,6 @@ class Inbox:
     # ------------------------------------------------------------------------- attempts
 
     def _handle_attempt(self, conn: Conn, message: Message, handler: Handler) -> Result | Failure:
-        _check_idle(conn)
         switched = _enter_autocommit(conn, self.pipeline)
         try:
             cur = conn.cursor(row_factory=tuple_row)
@@ -382,7 +381,6 @@ class Inbox:
     def _handle_batch_attempt(
         self, conn: Conn, messages: Sequence[Message], handler: Handler
     ) -> list[tuple[Result, BaseException | None]]:
-        _check_idle(conn)
         out: list[tuple[Result, BaseException | None]] = []
         with _autocommit(conn):
             cur = conn.cursor(row_factory=tuple_row)
@@ -433,7 +431,6 @@ class Inbox:
 
     def _statement_tx(self, conn: Conn, query: Any, params: Any, build: Callable[[list[TupleRow]], T]) -> T:
         """One statement in a transaction of its own: BEGIN + statement, then COMMIT."""
-        _check_idle(conn)
         switched = _enter_autocommit(conn, self.pipeline)
         try:
             cur = conn.cursor(row_factory=tuple_row)

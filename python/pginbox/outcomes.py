@@ -96,7 +96,7 @@ class Result:
 class InboxStats:
     """Cumulative counters of one `Inbox` / `AsyncInbox`, for metrics (a snapshot).
 
-    deliveries            messages passed to handle / apply / apply_batch / handle_batch
+    deliveries            messages that came back with a Result from handle / apply / the batch calls
     outcomes              final outcomes by kind
     retries               whole-transaction re-runs after transient errors
     lock_wait_seconds     wall time of attempts that ended in a concurrency error (class 40, 55P03)

@@ -680,7 +680,42 @@ def test_bad_input_raises_the_database_error(inbox: Inbox, domain: Conn) -> None
         inbox.handle(Message("orders", "", "credit", {}), credit())
     with pytest.raises(psycopg.errors.InvalidParameterValue):
         inbox.apply_batch([message(uid()), Message("", "x", "credit", {})])
-    assert ledger_counts(domain) == {}
+    with pytest.raises(psycopg.errors.UndefinedObject, match="no handler registered"):
+        inbox.apply(Message("orders", uid(), "no_such_type", {}))
+    with pytest.raises(TypeError):
+        inbox.handle(Message("orders", uid(), "credit", {"when": object()}), credit())
+    # The connection is still usable, and nothing was written or recorded.
+    m = message(uid())
+    assert inbox.handle(m, credit()).outcome is Outcome.APPLIED
+    assert_applied_exactly(domain, {m.message_id: 10})
+    assert domain.execute("SELECT count(*) FROM inbox.attempt").fetchone() == (0,)
+
+
+def test_interrupts_are_not_failures(inbox: Inbox, domain: Conn) -> None:
+    """KeyboardInterrupt / SystemExit in a handler: rolled back, not recorded, propagated."""
+    m = message(uid())
+
+    def interrupted(cur: psycopg.Cursor[Any], msg: Message) -> None:
+        cur.execute(CREDIT_SQL, credit_args(msg))
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        inbox.handle(m, interrupted)
+    assert ledger_counts(domain) == {} and failed_attempts(domain, m.message_id) == 0
+    assert inbox.handle(m, credit()).outcome is Outcome.APPLIED
+
+
+def test_transient_error_in_a_sql_handler_is_retried(client: Conn, domain: Conn) -> None:
+    """claim_and_apply re-raises a transient error of the SQL handler: the whole transaction is
+    retried (here it always fails, so the policy gives up), and nothing is recorded."""
+    inbox = Inbox(client, consumer="billing", retry=RetryPolicy(max_attempts=3, base_delay=0.001))
+    m = Message("orders", uid(), "raising_credit", {"id": "x", "amount": 1, "sqlstate": "40P01"})
+    with pytest.raises(RetriesExhausted) as caught:
+        inbox.apply(m)
+    assert caught.value.attempts == 3
+    assert isinstance(caught.value.__cause__, psycopg.errors.DeadlockDetected)
+    assert inbox.stats.transient_errors == {"40P01": 3}
+    assert ledger_counts(domain) == {} and failed_attempts(domain, m.message_id) == 0
 
 
 # ----------------------------------------------------------------------------- schema version
