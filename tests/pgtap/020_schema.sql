@@ -11,7 +11,8 @@ SELECT plan(89);
 -- ------------------------------------------------------------------ schema, tables, types
 SELECT has_schema('inbox', 'schema inbox exists');
 SELECT tables_are('inbox', ARRAY['consumer_config', 'handler', 'handler_registration', 'message', 'attempt',
-                                 'quarantine', 'quarantine_decision'],
+                                 'quarantine', 'quarantine_decision', 'outbox', 'outbox_destination', 'outbox_redrive',
+                                 'outbox_fenced_report', 'outbox_waiter'],
                   'schema inbox has exactly the documented tables');
 SELECT has_composite('inbox', 'delivery_result', 'type inbox.delivery_result exists');
 SELECT has_composite('inbox', 'message_context', 'type inbox.message_context exists');

@@ -8,13 +8,16 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(178);
+SELECT plan(268);
 
 -- ================================================================== catalog meta-tests
 SELECT set_eq($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc p
                  WHERE p.pronamespace = 'inbox'::regnamespace AND p.prosecdef$$,
               ARRAY['claim', 'claim_bytea', 'record_failure', 'record_start', 'configure_consumer', 'register_handler',
-                    '_begin_apply', 'discard', 'release', '_begin_repair', '_repair_failed'],
+                    '_begin_apply', 'discard', 'release', '_begin_repair', '_repair_failed',
+                    'enqueue_effect', 'claim_effects', 'complete_effect', 'fail_effect', 'extend_lease', 'dispatcher_idle',
+                    'configure_destination', 'redrive_effect', 'purge_delivered_effects', '_order_at_commit',
+                    '_signal_at_commit'],
               'exactly the expected functions in schema inbox are SECURITY DEFINER');
 SELECT is_empty($$SELECT p.oid::regprocedure::text, p.proconfig::text FROM pg_catalog.pg_proc p
                    WHERE p.pronamespace = 'inbox'::regnamespace AND p.prosecdef
@@ -62,23 +65,35 @@ DROP FUNCTION inbox.tap_probe();
 
 -- ================================================================== function privileges per role
 SELECT function_privs_are('inbox', f.name, f.args, r.role,
-                          CASE WHEN f.owner_role = r.role THEN ARRAY['EXECUTE'] ELSE ARRAY[]::text[] END,
-                          format('%s %s execute inbox.%s', r.role, CASE WHEN f.owner_role = r.role THEN 'may' ELSE 'may not' END,
+                          CASE WHEN r.role = ANY (f.roles) THEN ARRAY['EXECUTE'] ELSE ARRAY[]::text[] END,
+                          format('%s %s execute inbox.%s', r.role, CASE WHEN r.role = ANY (f.roles) THEN 'may' ELSE 'may not' END,
                                  f.name))
   FROM (VALUES
-        ('claim', ARRAY['text', 'text', 'text', 'jsonb', 'text', 'text', 'timestamptz'], 'inbox_consumer', 1),
-        ('claim_bytea', ARRAY['text', 'text', 'text', 'bytea', 'text', 'text', 'timestamptz'], 'inbox_consumer', 2),
-        ('claim_and_apply', ARRAY['text', 'text', 'text', 'text', 'jsonb', 'text', 'timestamptz'], 'inbox_consumer', 3),
-        ('claim_and_apply_batch', ARRAY['text', 'jsonb'], 'inbox_consumer', 4),
-        ('record_start', ARRAY['text', 'text', 'text', 'text', 'text', 'jsonb', 'text', 'text'], 'inbox_consumer', 5),
-        ('record_failure', ARRAY['text', 'text', 'text', 'jsonb', 'text', 'text', 'text', 'text', 'text', 'text'], 'inbox_consumer', 6),
-        ('register_handler', ARRAY['text', 'text', 'regprocedure', 'text'], 'inbox_operator', 7),
-        ('configure_consumer', ARRAY['text', 'text[]', 'integer', 'boolean', 'integer', 'boolean'], 'inbox_operator', 8),
-        ('repair', ARRAY['bigint', 'text'], 'inbox_operator', 9),
-        ('discard', ARRAY['bigint', 'text'], 'inbox_operator', 10),
-        ('release', ARRAY['bigint', 'text'], 'inbox_operator', 11)
-       ) AS f(name, args, owner_role, ord)
- CROSS JOIN (VALUES ('inbox_consumer', 1), ('inbox_operator', 2), ('inbox_reader', 3)) AS r(role, ord)
+        ('claim', ARRAY['text', 'text', 'text', 'jsonb', 'text', 'text', 'timestamptz'], ARRAY['inbox_consumer'], 1),
+        ('claim_bytea', ARRAY['text', 'text', 'text', 'bytea', 'text', 'text', 'timestamptz'], ARRAY['inbox_consumer'], 2),
+        ('claim_and_apply', ARRAY['text', 'text', 'text', 'text', 'jsonb', 'text', 'timestamptz'], ARRAY['inbox_consumer'], 3),
+        ('claim_and_apply_batch', ARRAY['text', 'jsonb'], ARRAY['inbox_consumer'], 4),
+        ('record_start', ARRAY['text', 'text', 'text', 'text', 'text', 'jsonb', 'text', 'text'], ARRAY['inbox_consumer'], 5),
+        ('record_failure', ARRAY['text', 'text', 'text', 'jsonb', 'text', 'text', 'text', 'text', 'text', 'text'], ARRAY['inbox_consumer'], 6),
+        ('register_handler', ARRAY['text', 'text', 'regprocedure', 'text'], ARRAY['inbox_operator'], 7),
+        ('configure_consumer', ARRAY['text', 'text[]', 'integer', 'boolean', 'integer', 'boolean'], ARRAY['inbox_operator'], 8),
+        ('repair', ARRAY['bigint', 'text'], ARRAY['inbox_operator'], 9),
+        ('discard', ARRAY['bigint', 'text'], ARRAY['inbox_operator'], 10),
+        ('release', ARRAY['bigint', 'text'], ARRAY['inbox_operator'], 11),
+        ('enqueue_effect', ARRAY['text', 'text', 'jsonb', 'jsonb', 'text', 'timestamptz'], ARRAY['inbox_consumer'], 12),
+        ('effect_id', ARRAY['text', 'text', 'text', 'text', 'text'], ARRAY['inbox_consumer'], 13),
+        ('claim_effects', ARRAY['text', 'integer', 'interval'], ARRAY['inbox_dispatcher'], 14),
+        ('complete_effect', ARRAY['text', 'bigint', 'integer', 'text', 'integer'], ARRAY['inbox_dispatcher'], 15),
+        ('fail_effect', ARRAY['text', 'bigint', 'text', 'boolean', 'integer', 'text', 'integer'], ARRAY['inbox_dispatcher'], 16),
+        ('extend_lease', ARRAY['text', 'bigint', 'interval'], ARRAY['inbox_dispatcher'], 17),
+        ('dispatcher_idle', ARRAY['text', 'boolean'], ARRAY['inbox_dispatcher'], 18),
+        ('purge_delivered_effects', ARRAY['interval', 'integer'], ARRAY['inbox_dispatcher', 'inbox_operator'], 19),
+        ('configure_destination', ARRAY['text', 'integer', 'interval', 'interval'], ARRAY['inbox_operator'], 20),
+        ('redrive_effect', ARRAY['text', 'text'], ARRAY['inbox_operator'], 21),
+        ('_order_at_commit', ARRAY[]::text[], ARRAY[]::text[], 22),
+        ('_signal_at_commit', ARRAY[]::text[], ARRAY[]::text[], 23)
+       ) AS f(name, args, roles, ord)
+ CROSS JOIN (VALUES ('inbox_consumer', 1), ('inbox_operator', 2), ('inbox_reader', 3), ('inbox_dispatcher', 4)) AS r(role, ord)
  ORDER BY f.ord, r.ord;
 
 -- The complete set each role can execute, internal helpers included.
@@ -89,23 +104,35 @@ SELECT set_eq(format($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.
   FROM (VALUES
         ('inbox_consumer', ARRAY['claim', 'claim_bytea', 'claim_and_apply', 'claim_and_apply_batch', 'record_start',
                                  'record_failure', '_begin_apply', '_check_identity', '_check_message_type',
-                                 '_reason_code', 'payload_hash', 'schema_version'], 1),
+                                 '_reason_code', 'payload_hash', 'schema_version', 'enqueue_effect', 'effect_id',
+                                 '_check_text'], 1),
         ('inbox_operator', ARRAY['register_handler', 'configure_consumer', 'repair', 'discard', 'release',
                                  '_begin_repair', '_repair_failed', '_reason_code', 'payload_hash',
-                                 'schema_version'], 2),
-        ('inbox_reader', ARRAY['payload_hash', 'schema_version'], 3)
+                                 'schema_version', 'configure_destination', 'redrive_effect',
+                                 'purge_delivered_effects'], 2),
+        ('inbox_reader', ARRAY['payload_hash', 'schema_version'], 3),
+        ('inbox_dispatcher', ARRAY['claim_effects', 'complete_effect', 'fail_effect', 'extend_lease', 'dispatcher_idle',
+                                   'purge_delivered_effects', 'schema_version'], 4)
        ) AS r(role, expected, ord)
  ORDER BY r.ord;
 
 -- ================================================================== table privileges per role
-SELECT table_privs_are('inbox', t, 'inbox_consumer', ARRAY[]::text[], 'inbox_consumer has no privilege on inbox.' || t)
+SELECT table_privs_are('inbox', t, r, ARRAY[]::text[], r || ' has no privilege on inbox.' || t)
   FROM unnest(ARRAY['message', 'attempt', 'quarantine', 'quarantine_decision', 'consumer_config', 'handler',
-                    'handler_registration']) t;
+                    'handler_registration', 'outbox', 'outbox_destination', 'outbox_redrive', 'outbox_fenced_report',
+                    'outbox_waiter']) t
+ CROSS JOIN unnest(ARRAY['inbox_consumer', 'inbox_dispatcher']) r;
 SELECT table_privs_are('inbox', t, 'inbox_reader', ARRAY['SELECT'], 'inbox_reader may only SELECT inbox.' || t)
-  FROM unnest(ARRAY['message', 'attempt', 'quarantine_decision', 'consumer_config', 'handler', 'handler_registration']) t;
+  FROM unnest(ARRAY['message', 'attempt', 'quarantine_decision', 'consumer_config', 'handler', 'handler_registration',
+                    'outbox_destination', 'outbox_redrive', 'outbox_fenced_report', 'outbox_waiter']) t;
 SELECT table_privs_are('inbox', t, 'inbox_operator', ARRAY['SELECT'], 'inbox_operator may only SELECT inbox.' || t)
   FROM unnest(ARRAY['message', 'attempt', 'quarantine', 'quarantine_decision', 'consumer_config', 'handler',
-                    'handler_registration']) t;
+                    'handler_registration', 'outbox', 'outbox_destination', 'outbox_redrive', 'outbox_fenced_report',
+                    'outbox_waiter']) t;
+SELECT table_privs_are('inbox', 'outbox', 'inbox_reader', ARRAY[]::text[],
+                       'inbox_reader has no table-wide privilege on inbox.outbox (column grants only)');
+SELECT column_privs_are('inbox', 'outbox', c, 'inbox_reader', ARRAY[]::text[], 'inbox_reader cannot read inbox.outbox.' || c)
+  FROM unnest(ARRAY['payload', 'headers', 'last_response_excerpt']) c;
 SELECT table_privs_are('inbox', 'quarantine', 'inbox_reader', ARRAY[]::text[],
                        'inbox_reader has no table-wide privilege on inbox.quarantine (column grants only)');
 SELECT column_privs_are('inbox', 'quarantine', c, 'inbox_reader', ARRAY[]::text[],
@@ -119,8 +146,9 @@ SELECT is_empty($$SELECT c.oid::regclass::text FROM pg_catalog.pg_class c
                    WHERE c.relnamespace = 'inbox'::regnamespace AND c.relkind = 'S'
                      AND (pg_catalog.has_sequence_privilege('inbox_consumer', c.oid, 'USAGE, UPDATE, SELECT')
                           OR pg_catalog.has_sequence_privilege('inbox_operator', c.oid, 'USAGE, UPDATE, SELECT')
-                          OR pg_catalog.has_sequence_privilege('inbox_reader', c.oid, 'USAGE, UPDATE, SELECT'))$$,
-                'no working role may use the identity sequences');
+                          OR pg_catalog.has_sequence_privilege('inbox_reader', c.oid, 'USAGE, UPDATE, SELECT')
+                          OR pg_catalog.has_sequence_privilege('inbox_dispatcher', c.oid, 'USAGE, UPDATE, SELECT'))$$,
+                'no working role may use the sequences (identities, fencing tokens, commit order)');
 
 -- ================================================================== test roles and a small domain
 CREATE ROLE tap_sec_nobody NOLOGIN;

@@ -1,0 +1,48 @@
+-- Revert pginbox:outbox
+-- No CASCADE: an object some later change left behind makes this fail loudly instead of vanishing.
+-- inbox_dispatcher is cluster-wide: when something still depends on it (usually pginbox deployed in
+-- another database of the cluster) it is kept, with a notice saying why, like revert/roles.sql does.
+BEGIN;
+
+DROP FUNCTION inbox.purge_delivered_effects(interval, integer);
+DROP FUNCTION inbox.redrive_effect(text, text);
+DROP FUNCTION inbox.extend_lease(text, bigint, interval);
+DROP FUNCTION inbox.fail_effect(text, bigint, text, boolean, integer, text, integer);
+DROP FUNCTION inbox._backoff(inbox.outbox_destination, integer);
+DROP FUNCTION inbox.complete_effect(text, bigint, integer, text, integer);
+DROP FUNCTION inbox._record_fenced(text, text, bigint);
+DROP FUNCTION inbox.claim_effects(text, integer, interval);
+DROP FUNCTION inbox.configure_destination(text, integer, interval, interval);
+DROP FUNCTION inbox._default_destination(text);
+DROP FUNCTION inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz);
+DROP TRIGGER outbox_signal_at_commit ON inbox.outbox;
+DROP FUNCTION inbox._signal_at_commit();
+DROP TRIGGER outbox_order_at_commit ON inbox.outbox;
+DROP FUNCTION inbox._order_at_commit();
+DROP FUNCTION inbox.dispatcher_idle(text, boolean);
+DROP FUNCTION inbox._wake_dispatchers();
+DROP FUNCTION inbox.effect_id(text, text, text, text, text);
+DROP FUNCTION inbox._check_report(text, text, bigint, integer, integer);
+DROP FUNCTION inbox._check_lease(text, interval);
+DROP FUNCTION inbox._check_effect(text, text, text, integer, jsonb, text, timestamptz);
+DROP FUNCTION inbox._effect_ok(text, text, integer, jsonb, text, timestamptz);
+DROP FUNCTION inbox._check_text(text, text, text, integer);
+DROP TABLE inbox.outbox_waiter;
+DROP TABLE inbox.outbox_fenced_report;
+DROP TABLE inbox.outbox_redrive;
+DROP TABLE inbox.outbox_destination;
+DROP TABLE inbox.outbox;
+DROP SEQUENCE inbox.outbox_order_seq;
+DROP SEQUENCE inbox.outbox_lease_token;
+DROP TYPE inbox.effect_status;
+
+REVOKE USAGE ON SCHEMA inbox FROM inbox_dispatcher;
+DO $roles$
+BEGIN
+    DROP ROLE IF EXISTS inbox_dispatcher;
+EXCEPTION WHEN dependent_objects_still_exist THEN
+    RAISE NOTICE 'role inbox_dispatcher kept: % (pginbox deployed in another database of this cluster?)', SQLERRM;
+END
+$roles$;
+
+COMMIT;

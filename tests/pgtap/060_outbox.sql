@@ -1,0 +1,841 @@
+-- pgTAP: sql/060_outbox.sql — the transactional outbox: effect ids, enqueue, commit order, claims
+-- under leases with fencing tokens, results, backoff, dead effects and redrive, purge, the
+-- wake-up signal's waiter table, and privileges tried as an attacker.
+-- Runs as the superuser that deployed. Time stands still inside the test transaction (now()), so
+-- leases are expired and backoffs elapsed by moving available_at / delivered_at by hand.
+-- Out-of-order commits need two sessions: tests/python/test_outbox_order.py; real NOTIFY delivery
+-- needs a commit: tests/python/test_outbox_signal.py.
+\set QUIET 1
+\pset format unaligned
+\pset tuples_only true
+\pset pager off
+SET client_min_messages = warning;
+
+BEGIN;
+SELECT plan(291);
+
+-- ------------------------------------------------------------------ fixtures
+-- Every write on an outbox table (even one rolled back later) bumps a sequence that no rollback
+-- undoes: "nothing written" then means "nothing even tried".
+CREATE FUNCTION public.tap_count_write() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_catalog.nextval(pg_catalog.format('public.%I', 'tap_writes_' || TG_TABLE_NAME));
+    RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+END
+$$;
+DO $$
+DECLARE
+    t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['outbox', 'outbox_destination', 'outbox_redrive', 'outbox_fenced_report', 'outbox_waiter'] LOOP
+        EXECUTE format('CREATE SEQUENCE public.%I', 'tap_writes_' || t);
+        EXECUTE format('GRANT USAGE, SELECT, UPDATE ON SEQUENCE public.%I TO PUBLIC', 'tap_writes_' || t);
+        EXECUTE format('CREATE TRIGGER tap_count_write BEFORE INSERT OR UPDATE OR DELETE ON inbox.%I
+                        FOR EACH ROW EXECUTE FUNCTION public.tap_count_write()', t);
+    END LOOP;
+END
+$$;
+CREATE FUNCTION public.tap_writes(tbl text DEFAULT NULL) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    t text;
+    n bigint;
+    total bigint := 0;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['outbox', 'outbox_destination', 'outbox_redrive', 'outbox_fenced_report', 'outbox_waiter'] LOOP
+        CONTINUE WHEN tbl IS NOT NULL AND tbl <> t;
+        EXECUTE format('SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM public.%I', 'tap_writes_' || t) INTO n;
+        total := total + n;
+    END LOOP;
+    RETURN total;
+END
+$$;
+
+-- The current lease token of an effect.
+CREATE FUNCTION pg_temp.token(id text) RETURNS bigint LANGUAGE sql AS
+    $$SELECT o.lease_token FROM inbox.outbox o WHERE o.effect_id = id$$;
+-- Leases expire and backoffs elapse by hand (now() does not move inside the test transaction).
+CREATE FUNCTION pg_temp.make_due(id text) RETURNS void LANGUAGE sql AS $$
+    UPDATE inbox.outbox o SET available_at = now() - interval '1 second',
+                              lease_expires_at = CASE WHEN o.status = 'leased' THEN now() - interval '1 second' END
+     WHERE o.effect_id = id
+$$;
+CREATE FUNCTION pg_temp.claimed(dispatcher text, n integer DEFAULT 10) RETURNS text[] LANGUAGE sql AS
+    $$SELECT coalesce(array_agg(c.effect_id ORDER BY c.effect_id), '{}') FROM inbox.claim_effects(dispatcher, n) c$$;
+
+-- Self-test: the counter sees a write even when it is rolled back.
+SELECT public.tap_writes() AS w0 \gset
+SELECT throws_ok($q$DO $d$ BEGIN PERFORM inbox.enqueue_effect('tap-self', 'd', '{}'); RAISE EXCEPTION 'undo'; END $d$ $q$,
+                 'P0001', 'undo', 'self-test: an enqueue followed by an error');
+SELECT cmp_ok(public.tap_writes(), '>', :w0::bigint, 'self-test: the write counter saw the rolled-back enqueue');
+
+-- ================================================================== catalog
+SELECT has_table('inbox', t, 'table inbox.' || t || ' exists')
+  FROM unnest(ARRAY['outbox', 'outbox_destination', 'outbox_redrive', 'outbox_fenced_report', 'outbox_waiter']) t;
+SELECT enum_has_labels('inbox', 'effect_status', ARRAY['pending', 'leased', 'delivered', 'dead'],
+                       'inbox.effect_status is pending, leased, delivered, dead');
+SELECT is((SELECT (rolcanlogin, rolsuper, rolinherit)::text FROM pg_catalog.pg_roles WHERE rolname = 'inbox_dispatcher'),
+          '(f,f,t)', 'role inbox_dispatcher exists, NOLOGIN, not a superuser');
+SELECT ok(pg_catalog.has_schema_privilege('inbox_dispatcher', 'inbox', 'USAGE'), 'inbox_dispatcher may use schema inbox');
+SELECT is((SELECT (t.tgdeferrable, t.tginitdeferred, t.tgfoid::regprocedure::text, c.contype)::text
+             FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_constraint c ON c.oid = t.tgconstraint
+            WHERE t.tgrelid = 'inbox.outbox'::regclass AND t.tgname = 'outbox_order_at_commit'),
+          '(t,t,"inbox._order_at_commit()",t)',
+          'outbox_order_at_commit is a constraint trigger, DEFERRABLE INITIALLY DEFERRED');
+SELECT is((SELECT (t.tgdeferrable, t.tginitdeferred, t.tgfoid::regprocedure::text, c.contype)::text
+             FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_constraint c ON c.oid = t.tgconstraint
+            WHERE t.tgrelid = 'inbox.outbox'::regclass AND t.tgname = 'outbox_signal_at_commit'),
+          '(t,t,"inbox._signal_at_commit()",t)',
+          'outbox_signal_at_commit (the wake-up signal) is a constraint trigger, DEFERRABLE INITIALLY DEFERRED');
+SELECT is((SELECT pg_catalog.pg_get_indexdef(i.indexrelid) FROM pg_catalog.pg_index i
+            WHERE i.indexrelid = 'inbox.outbox_due_idx'::regclass),
+          'CREATE INDEX outbox_due_idx ON inbox.outbox USING btree (available_at) WHERE ((status = ANY (ARRAY[''pending''::inbox.effect_status, ''leased''::inbox.effect_status])) AND (NOT blocked))',
+          'the claim index: available_at of pending and leased effects not set aside behind their key');
+SELECT is((SELECT pg_catalog.pg_get_indexdef(i.indexrelid) FROM pg_catalog.pg_index i
+            WHERE i.indexrelid = 'inbox.outbox_order_idx'::regclass),
+          'CREATE INDEX outbox_order_idx ON inbox.outbox USING btree (ordering_key, order_seq) WHERE ((ordering_key IS NOT NULL) AND (status = ANY (ARRAY[''pending''::inbox.effect_status, ''leased''::inbox.effect_status, ''dead''::inbox.effect_status])))',
+          'the head-of-key index: (ordering_key, order_seq) of undelivered effects');
+SELECT has_index('inbox', 'outbox', 'outbox_delivered_idx', ARRAY['delivered_at'], 'the purge index: delivered_at');
+SELECT is((SELECT (d.destination, d.max_attempts, d.base_backoff, d.max_backoff, d.updated_at, d.updated_by)::text
+             FROM inbox._default_destination('x') d), '(x,10,00:00:01,01:00:00,,)',
+          '_default_destination: 10 attempts, backoff from 1 second up to 1 hour');
+SELECT is((SELECT string_agg(a.attname || '=' || pg_get_expr(d.adbin, d.adrelid), ' ' ORDER BY a.attnum)
+             FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+            WHERE d.adrelid = 'inbox.outbox_destination'::regclass
+              AND a.attname IN ('max_attempts', 'base_backoff', 'max_backoff')),
+          'max_attempts=10 base_backoff=''00:00:01''::interval max_backoff=''01:00:00''::interval',
+          'the column defaults of inbox.outbox_destination are the ones _default_destination returns');
+
+-- ================================================================== effect_id
+SELECT is(inbox.effect_id('billing', 'orders', 'm-1', 'email'),
+          'fx_' || encode(sha256(convert_to('pginbox.effect_id.v1', 'UTF8')
+                                 || int4send(0)
+                                 || int4send(7) || convert_to('billing', 'UTF8')
+                                 || int4send(6) || convert_to('orders', 'UTF8')
+                                 || int4send(3) || convert_to('m-1', 'UTF8')
+                                 || int4send(5) || convert_to('email', 'UTF8')), 'hex'),
+          'effect_id: fx_ + hex SHA-256 of the length-prefixed tenant, consumer, producer, message_id, effect name');
+SELECT is(inbox.effect_id('c', 'p', 'm', 'email'), 'fx_53b930c4edac6ed5121f83049b4edc6f746b65b23f77acea2d403e2136686f2a',
+          'effect_id: pinned value (the derivation never changes: a re-run handler must find its effects)');
+SELECT is(inbox.effect_id('c', 'p', 'm', 'email'), inbox.effect_id('c', 'p', 'm', 'email', ''),
+          'effect_id: tenant defaults to ''''');
+SELECT isnt(inbox.effect_id('c', 'p', 'm', 'email', 't1'), inbox.effect_id('c', 'p', 'm', 'email'),
+            'effect_id: the tenant is part of the id');
+SELECT isnt(inbox.effect_id('c', 'p', 'm', 'email'), inbox.effect_id('c', 'p', 'm', 'sms'),
+            'effect_id: the effect name is part of the id');
+SELECT is((SELECT count(DISTINCT id)::integer FROM (VALUES
+              (inbox.effect_id('ab', 'c', 'm', 'e')), (inbox.effect_id('a', 'bc', 'm', 'e')),
+              (inbox.effect_id('c', 'ab', 'm', 'e')), (inbox.effect_id('c', 'a', 'bm', 'e')),
+              (inbox.effect_id('c', 'm', 'a', 'be')), (inbox.effect_id('c', 'm', 'ab', 'e')),
+              (inbox.effect_id('c', 'm', 'e', 'x', 'a')), (inbox.effect_id('ac', 'm', 'e', 'x'))) v(id)), 8,
+          'effect_id: parts are length-prefixed, so shifting characters between neighbours changes the id');
+SELECT is(inbox.effect_id('c', 'p', 'm', 'ü'), inbox.effect_id('c', 'p', 'm', 'ü'), 'effect_id: stable for non-ASCII names');
+SELECT is(length(inbox.effect_id(repeat('c', 128), repeat('p', 128), repeat('m', 256), repeat('e', 128), repeat('t', 128))),
+          67, 'effect_id: always 67 characters, short enough for any effect_id column (256 bytes)');
+SELECT is((SELECT provolatile FROM pg_proc WHERE oid = 'inbox.effect_id(text, text, text, text, text)'::regprocedure),
+          'i', 'effect_id is IMMUTABLE');
+SELECT throws_ok($$SELECT inbox.effect_id(NULL, 'p', 'm', 'e')$$, '22004', 'inbox.effect_id: consumer must not be NULL',
+                 'effect_id: NULL consumer is 22004');
+SELECT throws_ok($$SELECT inbox.effect_id('c', '', 'm', 'e')$$, '22023', 'inbox.effect_id: producer must not be empty',
+                 'effect_id: empty producer is 22023');
+SELECT throws_ok($$SELECT inbox.effect_id('c', 'p', repeat('m', 257), 'e')$$, '22001',
+                 'inbox.effect_id: message_id is 257 bytes long, the limit is 256', 'effect_id: a 257-byte message_id is 22001');
+SELECT throws_ok($$SELECT inbox.effect_id('c', 'p', 'm', 'e', NULL)$$, '22004', 'inbox.effect_id: tenant must not be NULL',
+                 'effect_id: NULL tenant is 22004');
+SELECT throws_ok($$SELECT inbox.effect_id('c', 'p', 'm', NULL)$$, '22004', 'inbox.effect_id: effect_name must not be NULL',
+                 'effect_id: NULL effect_name is 22004');
+SELECT throws_ok($$SELECT inbox.effect_id('c', 'p', 'm', '')$$, '22023', 'inbox.effect_id: effect_name must not be empty',
+                 'effect_id: empty effect_name is 22023');
+SELECT throws_ok($$SELECT inbox.effect_id('c', 'p', 'm', repeat('é', 65))$$, '22001',
+                 'inbox.effect_id: effect_name is 130 bytes long, the limit is 128',
+                 'effect_id: the effect_name limit counts bytes (65 two-byte characters)');
+
+-- ================================================================== enqueue_effect
+SELECT is(inbox.enqueue_effect('fx-1', 'hook', '{"b": 2, "a": 1}', '{"X-Trace": "t1"}'), true,
+          'enqueue_effect: a new effect is enqueued (true)');
+SELECT is((SELECT (destination, payload, payload_sha256 = inbox.payload_hash('{"a": 1, "b": 2}'), headers, ordering_key,
+                   order_seq, status, attempts, available_at = now(), created_at = now(),
+                   created_xid = pg_current_xact_id(), lease_token, leased_by, lease_expires_at, delivered_at,
+                   dead_reason)::text
+             FROM inbox.outbox WHERE effect_id = 'fx-1'),
+          '(hook,"{""a"": 1, ""b"": 2}",t,"{""X-Trace"": ""t1""}",,,pending,0,t,t,t,,,,,)',
+          'enqueue_effect: the row: canonical payload hash, headers, pending, 0 attempts, due now, this transaction''s xid');
+SELECT public.tap_writes('outbox') AS w0 \gset
+SELECT is(inbox.enqueue_effect('fx-1', 'hook', '{"a":1,  "b":2}', '{"X-Trace": "t2"}', 'late-key', now() + interval '1 day'),
+          false, 'enqueue_effect: the same id, destination and payload (other spelling) again is a no-op (false)');
+SELECT is((SELECT (headers, ordering_key, available_at = now())::text FROM inbox.outbox WHERE effect_id = 'fx-1'),
+          '("{""X-Trace"": ""t1""}",,t)', 'enqueue_effect: a repeat''s headers, ordering_key and available_at are ignored');
+SELECT is((SELECT count(*)::integer FROM inbox.outbox WHERE effect_id = 'fx-1'), 1, 'enqueue_effect: still one row');
+SELECT is(public.tap_writes('outbox') - :w0, 1::bigint,
+          'enqueue_effect: a repeat only tried the insert (the BEFORE trigger fires before ON CONFLICT), nothing else');
+SELECT throws_ok($$SELECT inbox.enqueue_effect('fx-1', 'hook', '{"a": 1, "b": 3}')$$, '23505',
+                 format('inbox.enqueue_effect: effect ''fx-1'' was enqueued for destination ''hook'' with payload hash %s; this call has destination ''hook'' and payload hash %s',
+                        encode(inbox.payload_hash('{"a": 1, "b": 2}'), 'hex'), encode(inbox.payload_hash('{"a": 1, "b": 3}'), 'hex')),
+                 'enqueue_effect: the same id with another payload is 23505, naming the id and both hashes');
+SELECT throws_ok($$SELECT inbox.enqueue_effect('fx-1', 'other-hook', '{"a": 1, "b": 2}')$$, '23505',
+                 format('inbox.enqueue_effect: effect ''fx-1'' was enqueued for destination ''hook'' with payload hash %s; this call has destination ''other-hook'' and payload hash %s',
+                        encode(inbox.payload_hash('{"a": 1, "b": 2}'), 'hex'), encode(inbox.payload_hash('{"a": 1, "b": 2}'), 'hex')),
+                 'enqueue_effect: the same id for another destination is 23505 too');
+CREATE TEMP TABLE conflict_diag (constraint_name text, hint text);
+DO $$
+DECLARE
+    c text;
+    h text;
+BEGIN
+    PERFORM inbox.enqueue_effect('fx-1', 'hook', '[]');
+EXCEPTION WHEN unique_violation THEN
+    GET STACKED DIAGNOSTICS c = CONSTRAINT_NAME, h = PG_EXCEPTION_HINT;
+    INSERT INTO conflict_diag VALUES (c, h);
+END
+$$;
+SELECT is((SELECT (constraint_name, hint)::text FROM conflict_diag),
+          '(effect_id_conflict,"One effect id per intended effect: derive ids with inbox.effect_id(consumer, producer, message_id, effect_name).")',
+          'enqueue_effect: the conflict names CONSTRAINT effect_id_conflict and hints at inbox.effect_id');
+SELECT is((SELECT payload FROM inbox.outbox WHERE effect_id = 'fx-1'), '{"a": 1, "b": 2}'::jsonb,
+          'enqueue_effect: the conflicts changed nothing');
+SELECT is(inbox.enqueue_effect('fx-later', 'hook', '{}', available_at => now() + interval '1 hour'), true,
+          'enqueue_effect: an effect can be due later');
+SELECT is((SELECT available_at - now() FROM inbox.outbox WHERE effect_id = 'fx-later'), interval '1 hour',
+          'enqueue_effect: available_at is stored');
+SELECT is(inbox.enqueue_effect(repeat('i', 256), repeat('d', 128), jsonb_build_object('k', repeat('x', 1000000)),
+                               (SELECT jsonb_object_agg('H' || g, repeat('v', 100)) FROM generate_series(1, 100) g),
+                               repeat('k', 256)),
+          true, 'enqueue_effect: ids, destinations, keys, payloads and headers at their limits are accepted');
+
+-- A handler enqueues in the caller's transaction: a rolled-back handler leaves no effect, and a
+-- conflicting enqueue is a failure with reason code effect_id_conflict.
+CREATE SCHEMA tapob;
+CREATE FUNCTION tapob.notify_shipped(payload jsonb, ctx inbox.message_context) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM inbox.enqueue_effect(inbox.effect_id(ctx.consumer, ctx.producer, ctx.message_id, 'email', ctx.tenant),
+                                 'mailer', jsonb_build_object('to', payload ->> 'to'));
+    IF payload ? 'fail' THEN
+        RAISE EXCEPTION 'handler failed after enqueueing';
+    END IF;
+END
+$$;
+SELECT inbox.register_handler('tap-ob', 'shipped', 'tapob.notify_shipped(jsonb, inbox.message_context)', 'v1') \g /dev/null
+SELECT is((SELECT (outcome, reason_code)::text FROM inbox.claim_and_apply('tap-ob', 'p', 'm-fail', 'shipped',
+                                                                         '{"to": "a@x", "fail": true}')),
+          '(failed,P0001)', 'handler: a handler that enqueues then fails is failed');
+SELECT is((SELECT count(*)::integer FROM inbox.outbox WHERE effect_id = inbox.effect_id('tap-ob', 'p', 'm-fail', 'email')), 0,
+          'handler: its effect was rolled back with it');
+SELECT is((SELECT outcome FROM inbox.claim_and_apply('tap-ob', 'p', 'm-ok', 'shipped', '{"to": "a@x"}')), 'applied',
+          'handler: a handler that enqueues is applied');
+SELECT is((SELECT (destination, payload)::text FROM inbox.outbox
+            WHERE effect_id = inbox.effect_id('tap-ob', 'p', 'm-ok', 'email')), '(mailer,"{""to"": ""a@x""}")',
+          'handler: its effect is enqueued under the derived id');
+SELECT inbox.enqueue_effect(inbox.effect_id('tap-ob', 'p', 'm-clash', 'email'), 'mailer', '{"to": "someone-else"}') \g /dev/null
+SELECT is((SELECT (outcome, reason_code)::text FROM inbox.claim_and_apply('tap-ob', 'p', 'm-clash', 'shipped', '{"to": "a@x"}')),
+          '(failed,effect_id_conflict)', 'handler: a conflicting enqueue fails the delivery with reason code effect_id_conflict');
+
+-- Validation: a clear error and nothing written.
+SELECT public.tap_writes() AS w0 \gset
+SELECT throws_ok(c.sql, c.state, c.msg, 'enqueue_effect: ' || c.what)
+  FROM (VALUES
+        (1, $$SELECT inbox.enqueue_effect(NULL, 'd', '{}')$$, '22004', 'inbox.enqueue_effect: effect_id must not be NULL', 'NULL effect_id is 22004'),
+        (2, $$SELECT inbox.enqueue_effect('', 'd', '{}')$$, '22023', 'inbox.enqueue_effect: effect_id must not be empty', 'empty effect_id is 22023'),
+        (3, $$SELECT inbox.enqueue_effect(repeat('i', 257), 'd', '{}')$$, '22001',
+            'inbox.enqueue_effect: effect_id is 257 bytes long, the limit is 256', 'a 257-byte effect_id is 22001'),
+        (4, $$SELECT inbox.enqueue_effect('e', NULL, '{}')$$, '22004', 'inbox.enqueue_effect: destination must not be NULL', 'NULL destination is 22004'),
+        (5, $$SELECT inbox.enqueue_effect('e', '', '{}')$$, '22023', 'inbox.enqueue_effect: destination must not be empty', 'empty destination is 22023'),
+        (6, $$SELECT inbox.enqueue_effect('e', repeat('d', 129), '{}')$$, '22001',
+            'inbox.enqueue_effect: destination is 129 bytes long, the limit is 128', 'a 129-byte destination is 22001'),
+        (7, $$SELECT inbox.enqueue_effect('e', 'd', NULL)$$, '22004', 'inbox.enqueue_effect: payload must not be NULL', 'NULL payload is 22004'),
+        (8, $$SELECT inbox.enqueue_effect('e', 'd', '{}', NULL)$$, '22004', 'inbox.enqueue_effect: headers must not be NULL', 'NULL headers is 22004'),
+        (9, $$SELECT inbox.enqueue_effect('e', 'd', '{}', '["X-A"]')$$, '22023',
+            'inbox.enqueue_effect: headers must be a JSON object of strings, got a JSON array', 'headers that are not an object are 22023'),
+        (10, $$SELECT inbox.enqueue_effect('e', 'd', '{}', '{"X-A": "a", "X-N": 1}')$$, '22023',
+             'inbox.enqueue_effect: header ''X-N'' must be a string', 'a header that is not a string is 22023'),
+        (11, $$SELECT inbox.enqueue_effect('e', 'd', '{}', '{"X-A": null}')$$, '22023',
+             'inbox.enqueue_effect: header ''X-A'' must be a string', 'a null header value is 22023'),
+        (12, $$SELECT inbox.enqueue_effect('e', 'd', '{}', ordering_key => '')$$, '22023',
+             'inbox.enqueue_effect: ordering_key must not be empty', 'an empty ordering_key is 22023'),
+        (13, $$SELECT inbox.enqueue_effect('e', 'd', '{}', ordering_key => repeat('k', 257))$$, '22001',
+             'inbox.enqueue_effect: ordering_key is 257 bytes long, the limit is 256', 'a 257-byte ordering_key is 22001'),
+        (14, $$SELECT inbox.enqueue_effect('e', 'd', '{}', available_at => NULL)$$, '22004',
+             'inbox.enqueue_effect: available_at must not be NULL', 'NULL available_at is 22004'),
+        (15, $$SELECT inbox.enqueue_effect('e', 'd', '{}', available_at => 'infinity')$$, '22023',
+             'inbox.enqueue_effect: available_at must be a finite time, got infinity', 'an infinite available_at is 22023')
+       ) AS c(ord, sql, state, msg, what)
+ ORDER BY c.ord;
+SELECT throws_ok(format($$SELECT inbox.enqueue_effect('e', 'd', %L::jsonb)$$, jsonb_build_object('k', repeat('x', 1048576))),
+                 '54000', format('inbox.enqueue_effect: payload is %s bytes, the limit is 1048576 bytes',
+                                 pg_column_size(jsonb_build_object('k', repeat('x', 1048576)))),
+                 'enqueue_effect: a payload over 1 MiB is 54000');
+SELECT throws_ok(format($$SELECT inbox.enqueue_effect('e', 'd', '{}', %L::jsonb)$$, jsonb_build_object('X-Big', repeat('x', 65536))),
+                 '54000', format('inbox.enqueue_effect: headers are %s bytes, the limit is 65536 bytes',
+                                 pg_column_size(jsonb_build_object('X-Big', repeat('x', 65536)))),
+                 'enqueue_effect: headers over 64 KiB are 54000');
+SELECT is(public.tap_writes(), :w0::bigint, 'enqueue_effect: invalid input wrote nothing');
+
+-- Clean slate for the dispatch tests: only the effects created below are due.
+DELETE FROM inbox.outbox;
+
+-- ================================================================== commit order
+-- order_seq is assigned at commit. Inside this one transaction, keyed effects stay unnumbered
+-- (and unclaimable) until SET CONSTRAINTS ... IMMEDIATE fires the deferred trigger.
+SELECT inbox.enqueue_effect('a1', 'hook', '{"n": 1}', ordering_key => 'K-a') \g /dev/null
+SELECT inbox.enqueue_effect('b1', 'hook', '{"n": 1}', ordering_key => 'K-b') \g /dev/null
+SELECT inbox.enqueue_effect('a2', 'hook', '{"n": 2}', ordering_key => 'K-a') \g /dev/null
+SELECT inbox.enqueue_effect('b2', 'hook', '{"n": 2}', ordering_key => 'K-b') \g /dev/null
+SELECT inbox.enqueue_effect('a3', 'hook', '{"n": 3}', ordering_key => 'K-a') \g /dev/null
+SELECT is((SELECT count(*)::integer FROM inbox.outbox WHERE ordering_key IS NOT NULL AND order_seq IS NULL), 5,
+          'order: keyed effects have no order_seq before commit');
+SELECT is((SELECT count(*)::integer FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()
+              AND classid = 1886282358), 0, 'order: no ordering-key lock is taken before commit');
+SELECT is(pg_temp.claimed('tap-d'), '{}'::text[], 'order: unnumbered (uncommitted) keyed effects are not claimed');
+SET CONSTRAINTS inbox.outbox_order_at_commit IMMEDIATE;
+SELECT is((SELECT array_agg(effect_id ORDER BY order_seq) FROM inbox.outbox WHERE ordering_key IS NOT NULL),
+          ARRAY['a1', 'b1', 'a2', 'b2', 'a3'], 'order: numbered at commit time, in insertion order within a transaction');
+SELECT is((SELECT count(*)::integer FROM pg_locks l, unnest(ARRAY['K-a', 'K-b']) k
+            WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid() AND l.classid = 1886282358 AND l.objsubid = 2
+              AND l.objid::bigint = (hashtext(k)::bigint + 4294967296) % 4294967296
+              AND l.mode = 'ExclusiveLock' AND l.granted), 2,
+          'order: numbering holds a transaction advisory lock per ordering key (class 1886282358) until the end');
+SELECT is((SELECT count(*)::integer FROM inbox.outbox WHERE ordering_key IS NULL AND order_seq IS NOT NULL), 0,
+          'order: keyless effects get no order_seq');
+
+-- ================================================================== claim: head of key, one per key
+SELECT inbox.enqueue_effect('n1', 'hook', '{}') \g /dev/null
+SELECT inbox.enqueue_effect('n2', 'hook', '{}') \g /dev/null
+SELECT inbox.enqueue_effect('n-later', 'hook', '{}', available_at => now() + interval '1 minute') \g /dev/null
+CREATE TEMP TABLE claim1 AS SELECT * FROM inbox.claim_effects('tap-d1', 10, '45 seconds');
+SELECT is((SELECT array_agg(effect_id ORDER BY effect_id) FROM claim1), ARRAY['a1', 'b1', 'n1', 'n2'],
+          'claim: the head of each key and every due keyless effect; nothing due later, no second effect of a key');
+SELECT is((SELECT array_agg(DISTINCT (attempts, lease_expires_at = now() + interval '45 seconds')::text) FROM claim1),
+          ARRAY['(1,t)'], 'claim: attempts 1, lease_expires_at = now() + lease');
+SELECT is((SELECT count(DISTINCT lease_token)::integer FROM claim1), 4, 'claim: every claimed effect has its own fencing token');
+SELECT is((SELECT (c.destination, c.payload, c.headers, c.ordering_key, c.created_at = now())::text FROM claim1 c
+            WHERE c.effect_id = 'a1'), '(hook,"{""n"": 1}",{},K-a,t)',
+          'claim: returns destination, payload, headers, ordering_key and created_at');
+SELECT is((SELECT array_agg(DISTINCT (o.status, o.leased_by, o.lease_token = c.lease_token, o.available_at = o.lease_expires_at,
+                                      o.last_attempt_at = now())::text)
+             FROM inbox.outbox o JOIN claim1 c USING (effect_id)),
+          ARRAY['(leased,tap-d1,t,t,t)'], 'claim: the rows are leased to the dispatcher under the returned token');
+SELECT is(pg_temp.claimed('tap-d2'), '{}'::text[],
+          'claim: nothing else is claimable (leased heads block their keys, leases still valid)');
+SELECT is((SELECT array_agg(effect_id ORDER BY effect_id) FROM inbox.outbox WHERE blocked), ARRAY['a2', 'a3', 'b2'],
+          'claim: the effects found behind their key''s head were set aside (blocked), so scans skip them');
+
+SELECT is(inbox.complete_effect('a1', pg_temp.token('a1')), true, 'claim: the head of K-a is delivered');
+SELECT is((SELECT array_agg(effect_id ORDER BY effect_id) FROM inbox.outbox WHERE blocked), ARRAY['a3', 'b2'],
+          'claim: delivering a head unblocks the next effect of its key (a2), only that one');
+SELECT is(pg_temp.claimed('tap-d2'), ARRAY['a2'], 'claim: then the next effect of K-a is the head');
+SELECT is(inbox.fail_effect('b1', pg_temp.token('b1'), 'HTTP 400', retryable => false), 'dead', 'claim: the head of K-b dies');
+SELECT is(pg_temp.claimed('tap-d2'), '{}'::text[], 'claim: a dead head holds its key (b2 is not claimed)');
+SELECT is(inbox.fail_effect('a2', pg_temp.token('a2'), 'timeout'), 'pending', 'claim: a2 failed, retry later');
+SELECT is(pg_temp.claimed('tap-d2'), '{}'::text[], 'claim: a head in backoff holds its key (a3 is not claimed)');
+SELECT pg_temp.make_due('a2');
+SELECT is(pg_temp.claimed('tap-d2'), ARRAY['a2'], 'claim: once due, the same head is claimed again');
+SELECT is((SELECT (attempts, lease_token > 0)::text FROM inbox.outbox WHERE effect_id = 'a2'), '(2,t)',
+          'claim: a retry is attempt 2');
+SELECT is((SELECT status FROM inbox.redrive_effect('b1', 'fixed the template')), 'pending', 'claim: b1 redriven');
+SELECT is(pg_temp.claimed('tap-d3'), ARRAY['b1'], 'claim: a redriven head keeps its place: b1 again, not b2');
+SELECT is((SELECT blocked FROM inbox.outbox WHERE effect_id = 'b2'), true, 'claim: b2 stays set aside behind b1');
+SELECT is(inbox.complete_effect('b1', pg_temp.token('b1')), true, 'claim: b1 delivered');
+SELECT is(pg_temp.claimed('tap-d3'), ARRAY['b2'], 'claim: now b2');
+
+-- A long queue on one key: set aside in rounds, never claimed out of order.
+DELETE FROM inbox.outbox;
+SELECT inbox.enqueue_effect('q' || lpad(g::text, 2, '0'), 'hook', '{}', ordering_key => 'K-q', available_at => now() - interval '1 minute') FROM generate_series(1, 30) g \g /dev/null
+SELECT inbox.enqueue_effect('q-free', 'hook', '{}', available_at => now() - interval '1 second') \g /dev/null
+SELECT is(pg_temp.claimed('tap-q', 1), ARRAY['q01'], 'queue: the head of the key first (it is due first)');
+SELECT is(pg_temp.claimed('tap-q', 10), ARRAY['q-free'],
+          'queue: the next claim wades through the rest of the queue (in rounds) to the keyless effect');
+SELECT is((SELECT count(*)::integer FROM inbox.outbox WHERE blocked), 29, 'queue: the 29 effects behind q01 are set aside');
+SELECT is(pg_temp.claimed('tap-q', 10), '{}'::text[], 'queue: nothing more to claim');
+SELECT is(inbox.complete_effect('q01', pg_temp.token('q01')), true, 'queue: q01 delivered');
+SELECT is((SELECT array_agg(effect_id ORDER BY effect_id) FROM inbox.outbox WHERE NOT blocked AND status = 'pending'),
+          ARRAY['q02'], 'queue: only q02 is unblocked');
+SELECT is(pg_temp.claimed('tap-q', 10), ARRAY['q02'], 'queue: and claimed');
+
+-- max_effects and due order
+DELETE FROM inbox.outbox;
+SELECT inbox.enqueue_effect('due-' || g, 'hook', '{}', available_at => now() - g * interval '1 minute') FROM generate_series(1, 5) g \g /dev/null
+SELECT is((SELECT array_agg(effect_id) FROM inbox.claim_effects('tap-d4', 2)), ARRAY['due-5', 'due-4'],
+          'claim: at most max_effects, the longest due first');
+SELECT is((SELECT array_agg(effect_id) FROM inbox.claim_effects('tap-d4', 1000)), ARRAY['due-3', 'due-2', 'due-1'],
+          'claim: the rest on the next call');
+
+-- ================================================================== leases and fencing
+DELETE FROM inbox.outbox;
+SELECT inbox.enqueue_effect('f1', 'hook', '{}') \g /dev/null
+SELECT lease_token AS t1 FROM inbox.claim_effects('tap-old', 1) \gset
+SELECT is(inbox.complete_effect('f1', :t1 + 1000), false, 'fencing: complete with a wrong token is refused (false)');
+SELECT is((SELECT (status, lease_token)::text FROM inbox.outbox WHERE effect_id = 'f1'), format('(leased,%s)', :t1),
+          'fencing: the refused report changed nothing');
+SELECT is((SELECT (effect_id, lease_token, report, reported_by, reported_at IS NOT NULL, current_status, current_token)::text
+             FROM inbox.outbox_fenced_report ORDER BY report_id DESC LIMIT 1),
+          format('(f1,%s,complete,%s,t,leased,%s)', :t1 + 1000, session_user, :t1),
+          'fencing: the refusal is recorded (effect, stale token, report, session user, current status and token)');
+-- The lease expires and another dispatcher reclaims the effect under a new token.
+SELECT pg_temp.make_due('f1');
+SELECT lease_token AS t2 FROM inbox.claim_effects('tap-new', 1) \gset
+SELECT cmp_ok(:t2::bigint, '>', :t1::bigint, 'fencing: an expired lease is reclaimed with a new, higher token');
+SELECT is((SELECT (leased_by, attempts)::text FROM inbox.outbox WHERE effect_id = 'f1'), '(tap-new,2)',
+          'fencing: the reclaimed effect belongs to the new dispatcher, attempt 2');
+SELECT public.tap_writes('outbox_fenced_report') AS f0 \gset
+SELECT is(inbox.complete_effect('f1', :t1), false, 'fencing: the old holder cannot complete');
+SELECT is(inbox.fail_effect('f1', :t1, 'late failure'), 'fenced', 'fencing: the old holder cannot fail it');
+SELECT is(inbox.extend_lease('f1', :t1, '1 minute'), NULL, 'fencing: the old holder cannot extend it');
+SELECT is(public.tap_writes('outbox_fenced_report') - :f0, 3::bigint, 'fencing: each refused report is recorded');
+SELECT results_eq($$SELECT report, current_status::text, current_token FROM inbox.outbox_fenced_report
+                     WHERE effect_id = 'f1' AND lease_token = $$ || :t1 || $$ ORDER BY report_id$$,
+                  format($$VALUES ('complete', 'leased', %1$s::bigint), ('fail', 'leased', %1$s), ('extend', 'leased', %1$s)$$, :t2),
+                  'fencing: the records name the report and the lease that is current');
+SELECT is((SELECT (status, leased_by, last_error)::text FROM inbox.outbox WHERE effect_id = 'f1'), '(leased,tap-new,)',
+          'fencing: the late reports changed nothing');
+SELECT is(inbox.extend_lease('f1', :t2, '2 minutes'), now() + interval '2 minutes', 'extend_lease: the holder extends (new expiry)');
+SELECT is((SELECT (lease_expires_at, available_at)::text FROM inbox.outbox WHERE effect_id = 'f1'),
+          (now() + interval '2 minutes', now() + interval '2 minutes')::text,
+          'extend_lease: lease_expires_at and available_at move together');
+SELECT is(inbox.complete_effect('f1', :t2, 201, repeat('r', 3000), 42), true, 'complete_effect: the holder completes (true)');
+SELECT is((SELECT (status, delivered_at = now(), last_status_code, length(last_response_excerpt), last_duration_ms,
+                   lease_expires_at, lease_token = :t2)::text FROM inbox.outbox WHERE effect_id = 'f1'),
+          '(delivered,t,201,2000,42,,t)',
+          'complete_effect: delivered, with status code, response excerpt (cut to 2000 characters) and duration');
+SELECT is(inbox.complete_effect('f1', :t2), false, 'fencing: a second report of the same lease is refused');
+SELECT is((SELECT (current_status, current_token = :t2)::text FROM inbox.outbox_fenced_report ORDER BY report_id DESC LIMIT 1),
+          '(delivered,t)', 'fencing: recorded with current status delivered');
+SELECT is(inbox.complete_effect('no-such-effect', 1), false, 'fencing: a report for an unknown (or purged) effect is refused');
+SELECT is((SELECT (effect_id, current_status, current_token)::text FROM inbox.outbox_fenced_report ORDER BY report_id DESC LIMIT 1),
+          '(no-such-effect,,)', 'fencing: recorded with no current status');
+-- An expired lease that nobody reclaimed yet is still current: its holder may complete.
+SELECT inbox.enqueue_effect('f2', 'hook', '{}') \g /dev/null
+SELECT lease_token AS t3 FROM inbox.claim_effects('tap-slow', 1) \gset
+SELECT pg_temp.make_due('f2');
+SELECT is(inbox.complete_effect('f2', :t3), true, 'fencing: an expired lease nobody reclaimed may still complete');
+SELECT is(pg_temp.claimed('tap-other'), '{}'::text[], 'fencing: and then there is nothing left to reclaim');
+
+-- ================================================================== results: backoff and dead
+DELETE FROM inbox.outbox;
+SELECT is((SELECT (destination, max_attempts, base_backoff, max_backoff, updated_by)::text
+             FROM inbox.configure_destination('tap-slow', 3, '10 seconds', '25 seconds')),
+          format('(tap-slow,3,00:00:10,00:00:25,%s)', session_user), 'configure_destination: returns the saved policy');
+SELECT inbox.configure_destination('tap-capped', 10, '10 seconds', '25 seconds') \g /dev/null
+SELECT inbox.enqueue_effect('r1', 'tap-slow', '{}') \g /dev/null
+SELECT inbox.enqueue_effect('r2', 'tap-capped', '{}') \g /dev/null
+SELECT inbox.enqueue_effect('r3', 'unconfigured', '{}') \g /dev/null
+SELECT inbox.enqueue_effect('r4', 'tap-capped', '{}') \g /dev/null
+SELECT is(pg_temp.claimed('tap-d'), ARRAY['r1', 'r2', 'r3', 'r4'], 'backoff: four effects claimed');
+SELECT is(inbox.fail_effect('r1', pg_temp.token('r1'), 'HTTP 503', true, 503, 'busy', 17), 'pending',
+          'fail_effect: a retryable failure below max_attempts is pending again');
+SELECT is((SELECT (status, attempts, lease_expires_at, last_error, last_status_code, last_response_excerpt, last_duration_ms,
+                   dead_reason, available_at - now() BETWEEN interval '5 seconds' AND interval '10 seconds')::text
+             FROM inbox.outbox WHERE effect_id = 'r1'),
+          '(pending,1,,"HTTP 503",503,busy,17,,t)',
+          'fail_effect: records the error and result; after attempt 1 the backoff is 50..100% of base_backoff (10 s)');
+SELECT is(inbox.fail_effect('r3', pg_temp.token('r3'), repeat('e', 2500)), 'pending', 'fail_effect: unconfigured destination');
+SELECT is((SELECT (length(last_error), available_at - now() BETWEEN interval '0.5 seconds' AND interval '1 second')::text
+             FROM inbox.outbox WHERE effect_id = 'r3'), '(2000,t)',
+          'fail_effect: the default policy backs off 0.5..1 s after attempt 1; the error is cut to 2000 characters');
+SELECT pg_temp.make_due('r1');
+SELECT is(pg_temp.claimed('tap-d'), ARRAY['r1'], 'backoff: r1 due again');
+SELECT is(inbox.fail_effect('r1', pg_temp.token('r1'), 'HTTP 503'), 'pending', 'fail_effect: attempt 2 failed');
+SELECT ok((SELECT available_at - now() BETWEEN interval '10 seconds' AND interval '20 seconds' FROM inbox.outbox
+            WHERE effect_id = 'r1'), 'backoff: after attempt 2 it is 50..100% of 2 x base_backoff');
+SELECT pg_temp.make_due('r1');
+SELECT is(pg_temp.claimed('tap-d'), ARRAY['r1'], 'backoff: r1 due a third time');
+SELECT is(inbox.fail_effect('r1', pg_temp.token('r1'), 'HTTP 503'), 'dead', 'fail_effect: attempt 3 of max_attempts 3 is dead');
+SELECT is((SELECT (status, attempts, dead_reason, last_error)::text FROM inbox.outbox WHERE effect_id = 'r1'),
+          '(dead,3,max_attempts,"HTTP 503")', 'fail_effect: dead with reason max_attempts');
+UPDATE inbox.outbox SET attempts = 3 WHERE effect_id = 'r2';
+SELECT is(inbox.fail_effect('r2', pg_temp.token('r2'), 'HTTP 503'), 'pending', 'backoff: tap-capped after attempt 3');
+SELECT ok((SELECT available_at - now() BETWEEN interval '12.5 seconds' AND interval '25 seconds' FROM inbox.outbox
+            WHERE effect_id = 'r2'), 'backoff: 4 x 10 s is capped at max_backoff 25 s (then jittered to 50..100%)');
+SELECT is(inbox.fail_effect('r4', pg_temp.token('r4'), 'HTTP 422', retryable => false, status_code => 422), 'dead',
+          'fail_effect: a permanent failure is dead at once');
+SELECT is((SELECT (status, attempts, dead_reason, last_status_code)::text FROM inbox.outbox WHERE effect_id = 'r4'),
+          '(dead,1,permanent_failure,422)', 'fail_effect: dead with reason permanent_failure');
+SELECT is(inbox.fail_effect('r4', 1, 'again'), 'fenced', 'fail_effect: a dead effect takes no more reports');
+SELECT ok((SELECT min(b) >= interval '5 seconds' AND max(b) <= interval '10 seconds' AND count(DISTINCT b) > 1
+             FROM (SELECT inbox._backoff(ROW('x', 10, '10 seconds', '25 seconds', NULL, NULL)::inbox.outbox_destination, 1) b
+                     FROM generate_series(1, 50)) s),
+          'backoff: jittered (50 draws differ) and within 50..100% of the delay');
+SELECT is(inbox._backoff(inbox._default_destination('x'), 1000) <= interval '1 hour', true,
+          'backoff: a huge attempt count stays capped (no overflow)');
+-- A dispatcher that dies on an effect every time: the expired lease at max_attempts is not
+-- reclaimed but turned dead.
+SELECT inbox.enqueue_effect('crash', 'tap-slow', '{}') \g /dev/null
+SELECT is(pg_temp.claimed('tap-d'), ARRAY['crash'], 'lease expiry: claimed');
+UPDATE inbox.outbox SET attempts = 3 WHERE effect_id = 'crash';
+SELECT pg_temp.make_due('crash');
+SELECT is(pg_temp.claimed('tap-d2'), '{}'::text[], 'lease expiry: an expired lease at max_attempts is not reclaimed');
+SELECT is((SELECT (status, attempts, dead_reason, last_error)::text FROM inbox.outbox WHERE effect_id = 'crash'),
+          '(dead,3,lease_expired,"the lease of attempt 3 (dispatcher tap-d) expired without a report")',
+          'lease expiry: it is dead with reason lease_expired');
+
+-- Validation of the reports: a clear error and nothing written.
+SELECT public.tap_writes() AS w0 \gset
+SELECT throws_ok(c.sql, c.state, c.msg, c.what)
+  FROM (VALUES
+        (1, $$SELECT inbox.complete_effect(NULL, 1)$$, '22004', 'inbox.complete_effect: effect_id must not be NULL',
+            'complete_effect: NULL effect_id is 22004'),
+        (2, $$SELECT inbox.complete_effect('', 1)$$, '22023', 'inbox.complete_effect: effect_id must not be empty',
+            'complete_effect: empty effect_id is 22023'),
+        (3, $$SELECT inbox.complete_effect(repeat('i', 257), 1)$$, '22001',
+            'inbox.complete_effect: effect_id is 257 bytes long, the limit is 256', 'complete_effect: a 257-byte effect_id is 22001'),
+        (4, $$SELECT inbox.complete_effect('r2', NULL)$$, '22004', 'inbox.complete_effect: lease_token must not be NULL',
+            'complete_effect: NULL lease_token is 22004'),
+        (5, $$SELECT inbox.complete_effect('r2', 1, 99)$$, '22023',
+            'inbox.complete_effect: status_code must be NULL or an HTTP status between 100 and 599, got 99',
+            'complete_effect: status_code 99 is 22023'),
+        (6, $$SELECT inbox.complete_effect('r2', 1, 600)$$, '22023',
+            'inbox.complete_effect: status_code must be NULL or an HTTP status between 100 and 599, got 600',
+            'complete_effect: status_code 600 is 22023'),
+        (7, $$SELECT inbox.complete_effect('r2', 1, duration_ms => -1)$$, '22023',
+            'inbox.complete_effect: duration_ms must not be negative, got -1', 'complete_effect: a negative duration is 22023'),
+        (8, $$SELECT inbox.fail_effect(NULL, 1, 'e')$$, '22004', 'inbox.fail_effect: effect_id must not be NULL',
+            'fail_effect: NULL effect_id is 22004'),
+        (9, $$SELECT inbox.fail_effect('r2', NULL, 'e')$$, '22004', 'inbox.fail_effect: lease_token must not be NULL',
+            'fail_effect: NULL lease_token is 22004'),
+        (10, $$SELECT inbox.fail_effect('r2', 1, NULL)$$, '22004', 'inbox.fail_effect: error must say what went wrong',
+             'fail_effect: NULL error is 22004'),
+        (11, $$SELECT inbox.fail_effect('r2', 1, '  ')$$, '22023', 'inbox.fail_effect: error must say what went wrong',
+             'fail_effect: a blank error is 22023'),
+        (12, $$SELECT inbox.fail_effect('r2', 1, 'e', NULL)$$, '22004', 'inbox.fail_effect: retryable must not be NULL',
+             'fail_effect: NULL retryable is 22004'),
+        (13, $$SELECT inbox.fail_effect('r2', 1, 'e', true, 1000)$$, '22023',
+             'inbox.fail_effect: status_code must be NULL or an HTTP status between 100 and 599, got 1000',
+             'fail_effect: status_code 1000 is 22023'),
+        (14, $$SELECT inbox.fail_effect('r2', 1, 'e', duration_ms => -5)$$, '22023',
+             'inbox.fail_effect: duration_ms must not be negative, got -5', 'fail_effect: a negative duration is 22023'),
+        (15, $$SELECT inbox.extend_lease(NULL, 1, '1 minute')$$, '22004', 'inbox.extend_lease: effect_id must not be NULL',
+             'extend_lease: NULL effect_id is 22004'),
+        (16, $$SELECT inbox.extend_lease('r2', NULL, '1 minute')$$, '22004', 'inbox.extend_lease: lease_token must not be NULL',
+             'extend_lease: NULL lease_token is 22004'),
+        (17, $$SELECT inbox.extend_lease('r2', 1, NULL)$$, '22004', 'inbox.extend_lease: lease must not be NULL',
+             'extend_lease: NULL lease is 22004'),
+        (18, $$SELECT inbox.extend_lease('r2', 1, '0 seconds')$$, '22023',
+             'inbox.extend_lease: lease must be longer than 0 and at most 1 day, got 00:00:00', 'extend_lease: a zero lease is 22023'),
+        (19, $$SELECT inbox.extend_lease('r2', 1, '25 hours')$$, '22023',
+             'inbox.extend_lease: lease must be longer than 0 and at most 1 day, got 25:00:00', 'extend_lease: a 25-hour lease is 22023'),
+        (20, $$SELECT * FROM inbox.claim_effects(NULL)$$, '22004', 'inbox.claim_effects: dispatcher must not be NULL',
+             'claim_effects: NULL dispatcher is 22004'),
+        (21, $$SELECT * FROM inbox.claim_effects('')$$, '22023', 'inbox.claim_effects: dispatcher must not be empty',
+             'claim_effects: empty dispatcher is 22023'),
+        (22, $$SELECT * FROM inbox.claim_effects(repeat('d', 129))$$, '22001',
+             'inbox.claim_effects: dispatcher is 129 bytes long, the limit is 128', 'claim_effects: a 129-byte dispatcher is 22001'),
+        (23, $$SELECT * FROM inbox.claim_effects('d', NULL)$$, '22004', 'inbox.claim_effects: max_effects must not be NULL',
+             'claim_effects: NULL max_effects is 22004'),
+        (24, $$SELECT * FROM inbox.claim_effects('d', 0)$$, '22023', 'inbox.claim_effects: max_effects must be between 1 and 1000, got 0',
+             'claim_effects: max_effects 0 is 22023'),
+        (25, $$SELECT * FROM inbox.claim_effects('d', 1001)$$, '22023',
+             'inbox.claim_effects: max_effects must be between 1 and 1000, got 1001', 'claim_effects: max_effects 1001 is 22023'),
+        (26, $$SELECT * FROM inbox.claim_effects('d', 1, NULL)$$, '22004', 'inbox.claim_effects: lease must not be NULL',
+             'claim_effects: NULL lease is 22004'),
+        (27, $$SELECT * FROM inbox.claim_effects('d', 1, '-1 second')$$, '22023',
+             'inbox.claim_effects: lease must be longer than 0 and at most 1 day, got -00:00:01', 'claim_effects: a negative lease is 22023')
+       ) AS c(ord, sql, state, msg, what)
+ ORDER BY c.ord;
+SELECT is(public.tap_writes(), :w0::bigint, 'reports and claims with invalid input wrote nothing (not even a fenced record)');
+
+-- ================================================================== configure_destination
+SELECT is((SELECT (max_attempts, base_backoff, max_backoff)::text FROM inbox.configure_destination('tap-default')),
+          '(10,00:00:01,01:00:00)', 'configure_destination: defaults 10 attempts, 1 s, 1 h');
+SELECT is((SELECT (max_attempts, base_backoff, max_backoff)::text FROM inbox.configure_destination('tap-default', 4, '2 s', '1 min')),
+          '(4,00:00:02,00:01:00)', 'configure_destination: a second call updates the policy');
+SELECT is((SELECT count(*)::integer FROM inbox.outbox_destination WHERE destination = 'tap-default'), 1,
+          'configure_destination: one row per destination');
+SELECT public.tap_writes() AS w0 \gset
+SELECT throws_ok(c.sql, c.state, c.msg, 'configure_destination: ' || c.what)
+  FROM (VALUES
+        (1, $$SELECT inbox.configure_destination(NULL)$$, '22004', 'inbox.configure_destination: destination must not be NULL', 'NULL destination is 22004'),
+        (2, $$SELECT inbox.configure_destination('')$$, '22023', 'inbox.configure_destination: destination must not be empty', 'empty destination is 22023'),
+        (3, $$SELECT inbox.configure_destination(repeat('d', 129))$$, '22001',
+            'inbox.configure_destination: destination is 129 bytes long, the limit is 128', 'a 129-byte destination is 22001'),
+        (4, $$SELECT inbox.configure_destination('d', NULL)$$, '22004', 'inbox.configure_destination: settings must not be NULL', 'NULL max_attempts is 22004'),
+        (5, $$SELECT inbox.configure_destination('d', base_backoff => NULL)$$, '22004', 'inbox.configure_destination: settings must not be NULL', 'NULL base_backoff is 22004'),
+        (6, $$SELECT inbox.configure_destination('d', 0)$$, '22023', 'inbox.configure_destination: max_attempts must be between 1 and 1000, got 0', 'max_attempts 0 is 22023'),
+        (7, $$SELECT inbox.configure_destination('d', 1001)$$, '22023', 'inbox.configure_destination: max_attempts must be between 1 and 1000, got 1001', 'max_attempts 1001 is 22023'),
+        (8, $$SELECT inbox.configure_destination('d', base_backoff => '0 s')$$, '22023', 'inbox.configure_destination: base_backoff must be positive, got 00:00:00', 'base_backoff 0 is 22023'),
+        (9, $$SELECT inbox.configure_destination('d', base_backoff => '2 min', max_backoff => '1 min')$$, '22023',
+            'inbox.configure_destination: max_backoff must be between base_backoff (00:02:00) and 30 days, got 00:01:00', 'max_backoff below base_backoff is 22023'),
+        (10, $$SELECT inbox.configure_destination('d', max_backoff => '31 days')$$, '22023',
+             'inbox.configure_destination: max_backoff must be between base_backoff (00:00:01) and 30 days, got 31 days', 'max_backoff over 30 days is 22023')
+       ) AS c(ord, sql, state, msg, what)
+ ORDER BY c.ord;
+SELECT is(public.tap_writes(), :w0::bigint, 'configure_destination: invalid input wrote nothing');
+
+-- ================================================================== redrive_effect
+SELECT is((SELECT (r.effect_id, r.status, r.attempts, r.available_at = now(), r.dead_reason, r.last_error)::text
+             FROM inbox.redrive_effect('r1', 'upstream fixed') r),
+          '(r1,pending,0,t,,"HTTP 503")', 'redrive: dead -> pending, attempts reset, due now; last_error kept for the record');
+SELECT results_eq($$SELECT effect_id, redriven_by, redriven_at IS NOT NULL, note, attempts, dead_reason, last_error
+                      FROM inbox.outbox_redrive WHERE effect_id = 'r1'$$,
+                  $$VALUES ('r1'::text, session_user::text COLLATE "default", true, 'upstream fixed'::text, 3, 'max_attempts'::text, 'HTTP 503'::text)$$,
+                  'redrive: one audit row: who (session user), note, and the failure it overrode');
+SELECT is(pg_temp.claimed('tap-d', 1), ARRAY['r1'], 'redrive: the effect is claimed again');
+SELECT is((SELECT attempts FROM inbox.outbox WHERE effect_id = 'r1'), 1, 'redrive: counting attempts from 1 again');
+SELECT public.tap_writes() AS w0 \gset
+SELECT throws_ok(c.sql, c.state, c.msg, 'redrive: ' || c.what)
+  FROM (VALUES
+        (1, $$SELECT inbox.redrive_effect(NULL, 'n')$$, '22004', 'inbox.redrive_effect: effect_id must not be NULL', 'NULL effect_id is 22004'),
+        (2, $$SELECT inbox.redrive_effect('r4', NULL)$$, '22004', 'inbox.redrive_effect: a redrive needs a note saying why', 'NULL note is 22004'),
+        (3, $$SELECT inbox.redrive_effect('r4', ' ')$$, '22023', 'inbox.redrive_effect: a redrive needs a note saying why', 'a blank note is 22023'),
+        (4, $$SELECT inbox.redrive_effect('nope', 'n')$$, 'P0002', 'inbox.redrive_effect: no effect ''nope''', 'an unknown effect is P0002'),
+        (5, $$SELECT inbox.redrive_effect('r1', 'n')$$, '55000', 'inbox.redrive_effect: effect ''r1'' is leased, not dead', 'a leased effect is 55000'),
+        (6, $$SELECT inbox.redrive_effect('r2', 'n')$$, '55000', 'inbox.redrive_effect: effect ''r2'' is pending, not dead', 'a pending effect is 55000')
+       ) AS c(ord, sql, state, msg, what)
+ ORDER BY c.ord;
+SELECT is(public.tap_writes(), :w0::bigint, 'redrive: refused redrives wrote nothing');
+
+-- ================================================================== purge_delivered_effects
+DELETE FROM inbox.outbox;
+SELECT inbox.enqueue_effect('p' || g, 'hook', '{}') FROM generate_series(1, 6) g \g /dev/null
+SELECT inbox.enqueue_effect('p-pending', 'hook', '{}', available_at => now() + interval '1 day') \g /dev/null
+SELECT count(*) FROM inbox.claim_effects('tap-d', 100) \g /dev/null
+SELECT count(inbox.complete_effect(effect_id, lease_token)) FROM inbox.outbox WHERE status = 'leased' \g /dev/null
+-- p1..p5 were delivered 5..1 hours ago; p6 just now.
+UPDATE inbox.outbox SET delivered_at = now() - (6 - substr(effect_id, 2)::integer) * interval '1 hour'
+ WHERE effect_id IN ('p1', 'p2', 'p3', 'p4', 'p5');
+SELECT is(inbox.purge_delivered_effects('90 minutes', 2), 2, 'purge: one batch of at most batch_size');
+SELECT is((SELECT array_agg(effect_id ORDER BY effect_id) FROM inbox.outbox), ARRAY['p-pending', 'p3', 'p4', 'p5', 'p6'],
+          'purge: the oldest delivered first');
+SELECT is(inbox.purge_delivered_effects('90 minutes', 2), 2, 'purge: the next batch');
+SELECT is(inbox.purge_delivered_effects('90 minutes', 2), 0, 'purge: then nothing is older than the interval (loop ends)');
+SELECT is((SELECT array_agg(effect_id ORDER BY effect_id) FROM inbox.outbox), ARRAY['p-pending', 'p5', 'p6'],
+          'purge: effects delivered within the interval and undelivered effects stay');
+SELECT is(inbox.purge_delivered_effects('0 seconds'), 1, 'purge: older_than 0 purges what was delivered before now');
+SELECT is(inbox.enqueue_effect('p1', 'hook', '{"other": true}'), true,
+          'purge: a purged effect id is forgotten (an enqueue of it is new): keep delivered effects long enough');
+SELECT public.tap_writes() AS w0 \gset
+SELECT throws_ok(c.sql, c.state, c.msg, 'purge: ' || c.what)
+  FROM (VALUES
+        (1, $$SELECT inbox.purge_delivered_effects(NULL)$$, '22004', 'inbox.purge_delivered_effects: older_than must not be NULL', 'NULL older_than is 22004'),
+        (2, $$SELECT inbox.purge_delivered_effects('1 day', NULL)$$, '22004', 'inbox.purge_delivered_effects: batch_size must not be NULL', 'NULL batch_size is 22004'),
+        (3, $$SELECT inbox.purge_delivered_effects('-1 day')$$, '22023', 'inbox.purge_delivered_effects: older_than must not be negative, got -1 days', 'a negative older_than is 22023'),
+        (4, $$SELECT inbox.purge_delivered_effects('1 day', 0)$$, '22023', 'inbox.purge_delivered_effects: batch_size must be between 1 and 100000, got 0', 'batch_size 0 is 22023'),
+        (5, $$SELECT inbox.purge_delivered_effects('1 day', 100001)$$, '22023', 'inbox.purge_delivered_effects: batch_size must be between 1 and 100000, got 100001', 'batch_size 100001 is 22023')
+       ) AS c(ord, sql, state, msg, what)
+ ORDER BY c.ord;
+SELECT is(public.tap_writes(), :w0::bigint, 'purge: invalid input wrote nothing');
+
+-- ================================================================== wake-up signal (waiter table)
+-- An enqueue's transaction looks at the waiter table when it commits (deferred trigger
+-- outbox_signal_at_commit); here SET CONSTRAINTS ... IMMEDIATE fires the pending events instead.
+-- It calls pg_notify('inbox_outbox', '') exactly when it deletes waiter rows; the NOTIFY itself
+-- is only delivered at commit (tests/python/test_outbox_signal.py).
+DELETE FROM inbox.outbox;
+SET CONSTRAINTS inbox.outbox_signal_at_commit IMMEDIATE;   -- the earlier enqueues' events, with nobody idle
+SET CONSTRAINTS inbox.outbox_signal_at_commit DEFERRED;
+SELECT lives_ok($$SELECT inbox.dispatcher_idle('tap-w1', true)$$, 'dispatcher_idle: registers an idle dispatcher');
+SELECT is((SELECT (dispatcher, since = now())::text FROM inbox.outbox_waiter), '(tap-w1,t)', 'dispatcher_idle: one waiter row, since now');
+SELECT public.tap_writes('outbox_waiter') AS w0 \gset
+SELECT inbox.dispatcher_idle('tap-w1', true) \g /dev/null
+SELECT is(public.tap_writes('outbox_waiter') - :w0, 0::bigint, 'dispatcher_idle: registering again writes nothing');
+SELECT inbox.dispatcher_idle('tap-w1', false) \g /dev/null
+SELECT is((SELECT count(*)::integer FROM inbox.outbox_waiter), 0, 'dispatcher_idle: false unregisters');
+SELECT lives_ok($$SELECT inbox.dispatcher_idle('tap-w1', false)$$, 'dispatcher_idle: unregistering twice is fine');
+
+SELECT public.tap_writes('outbox_waiter') AS w0 \gset
+SELECT inbox.enqueue_effect('s1', 'hook', '{}', available_at => now() - interval '3 minutes') \g /dev/null
+SET CONSTRAINTS inbox.outbox_signal_at_commit IMMEDIATE;
+SET CONSTRAINTS inbox.outbox_signal_at_commit DEFERRED;
+SELECT is(public.tap_writes('outbox_waiter') - :w0, 0::bigint,
+          'signal: with no dispatcher idle, committing an enqueue touches no waiter row (no NOTIFY)');
+SELECT inbox.dispatcher_idle('tap-w1', true) \g /dev/null
+SELECT inbox.dispatcher_idle('tap-w2', true) \g /dev/null
+SELECT inbox.enqueue_effect('s2', 'hook', '{}', available_at => now() - interval '2 minutes') \g /dev/null
+SELECT is((SELECT count(*)::integer FROM inbox.outbox_waiter), 2, 'signal: nothing happens when the effect is enqueued ...');
+SELECT inbox.dispatcher_idle('tap-w3', true) \g /dev/null
+SELECT public.tap_writes('outbox_waiter') AS w0 \gset
+SET CONSTRAINTS inbox.outbox_signal_at_commit IMMEDIATE;
+SELECT is((SELECT count(*)::integer FROM inbox.outbox_waiter), 0,
+          'signal: ... at commit, every dispatcher idle then is woken (rows deleted), one that registered after the enqueue too');
+SELECT is(public.tap_writes('outbox_waiter') - :w0, 3::bigint, 'signal: three registrations deleted, by one transaction');
+SELECT public.tap_writes('outbox_waiter') AS w0 \gset
+SELECT inbox.enqueue_effect('s3', 'hook', '{}', available_at => now() - interval '1 minute') \g /dev/null
+SELECT is(public.tap_writes('outbox_waiter') - :w0, 0::bigint,
+          'signal: the next enqueue finds nobody idle: one notifying transaction per idle period');
+SELECT inbox.dispatcher_idle('tap-w6', true) \g /dev/null
+SELECT inbox.enqueue_effect('s1', 'hook', '{}', available_at => now() - interval '3 minutes') \g /dev/null
+SELECT inbox.enqueue_effect('s-later', 'hook', '{}', available_at => now() + interval '1 hour') \g /dev/null
+SELECT is((SELECT array_agg(dispatcher) FROM inbox.outbox_waiter), ARRAY['tap-w6'],
+          'signal: a no-op enqueue and an effect due later wake nobody (the dispatcher''s poll finds the latter)');
+SELECT inbox.dispatcher_idle('tap-w6', false) \g /dev/null
+SELECT inbox.dispatcher_idle('tap-w3', true) \g /dev/null
+SELECT inbox.dispatcher_idle('tap-w4', true) \g /dev/null
+SELECT is((SELECT array_agg(effect_id ORDER BY effect_id) FROM inbox.claim_effects('tap-w4', 1)), ARRAY['s1'],
+          'signal: a waiter that claims something ...');
+SELECT is((SELECT array_agg(dispatcher ORDER BY dispatcher) FROM inbox.outbox_waiter), ARRAY['tap-w3'],
+          'signal: ... is no longer idle (claim_effects unregistered it), the others stay');
+SELECT is(pg_temp.claimed('tap-w3', 1), ARRAY['s2'], 'signal: tap-w3 claims too');
+SELECT is(inbox.fail_effect('s2', pg_temp.token('s2'), 'boom', retryable => false), 'dead', 'signal: s2 is dead');
+SELECT is(pg_temp.claimed('tap-w5', 1), ARRAY['s3'], 'signal: tap-w5 claims s3');
+SELECT inbox.dispatcher_idle('tap-w5', true) \g /dev/null
+SELECT is(pg_temp.claimed('tap-w5', 1), '{}'::text[], 'signal: a claim that finds nothing ...');
+SELECT ok(EXISTS (SELECT FROM inbox.outbox_waiter WHERE dispatcher = 'tap-w5'), 'signal: ... leaves the registration alone');
+SELECT inbox.redrive_effect('s2', 'retry') \g /dev/null
+SELECT is((SELECT count(*)::integer FROM inbox.outbox_waiter), 0, 'signal: a redrive wakes the idle dispatchers too');
+SELECT public.tap_writes() AS w0 \gset
+SELECT throws_ok(c.sql, c.state, c.msg, 'dispatcher_idle: ' || c.what)
+  FROM (VALUES
+        (1, $$SELECT inbox.dispatcher_idle(NULL, true)$$, '22004', 'inbox.dispatcher_idle: dispatcher must not be NULL', 'NULL dispatcher is 22004'),
+        (2, $$SELECT inbox.dispatcher_idle('', true)$$, '22023', 'inbox.dispatcher_idle: dispatcher must not be empty', 'empty dispatcher is 22023'),
+        (3, $$SELECT inbox.dispatcher_idle(repeat('d', 129), true)$$, '22001',
+            'inbox.dispatcher_idle: dispatcher is 129 bytes long, the limit is 128', 'a 129-byte dispatcher is 22001'),
+        (4, $$SELECT inbox.dispatcher_idle('d', NULL)$$, '22004', 'inbox.dispatcher_idle: idle must not be NULL', 'NULL idle is 22004')
+       ) AS c(ord, sql, state, msg, what)
+ ORDER BY c.ord;
+SELECT is(public.tap_writes(), :w0::bigint, 'dispatcher_idle: invalid input wrote nothing');
+
+-- ================================================================== privileges, tried as an attacker
+DELETE FROM inbox.outbox;
+CREATE ROLE tap_ob_consumer NOLOGIN IN ROLE inbox_consumer;
+CREATE ROLE tap_ob_dispatcher NOLOGIN IN ROLE inbox_dispatcher;
+CREATE ROLE tap_ob_operator NOLOGIN IN ROLE inbox_operator;
+CREATE ROLE tap_ob_reader NOLOGIN IN ROLE inbox_reader;
+CREATE ROLE tap_ob_stranger NOLOGIN;
+GRANT USAGE ON SCHEMA inbox TO tap_ob_stranger;   -- may see the schema, has no other grant
+CREATE TEMP TABLE ob_res (step text PRIMARY KEY, val text);
+GRANT ALL ON ob_res TO PUBLIC;
+
+SET ROLE tap_ob_stranger;
+SELECT throws_ok(c.sql, '42501', 'permission denied for function ' || c.fn, 'a role without grants cannot call inbox.' || c.fn)
+  FROM (VALUES
+        (1, 'enqueue_effect', $$SELECT inbox.enqueue_effect('e', 'd', '{}')$$),
+        (2, 'effect_id', $$SELECT inbox.effect_id('c', 'p', 'm', 'e')$$),
+        (3, 'claim_effects', $$SELECT * FROM inbox.claim_effects('d')$$),
+        (4, 'complete_effect', $$SELECT inbox.complete_effect('e', 1)$$),
+        (5, 'fail_effect', $$SELECT inbox.fail_effect('e', 1, 'x')$$),
+        (6, 'extend_lease', $$SELECT inbox.extend_lease('e', 1, '1 minute')$$),
+        (7, 'dispatcher_idle', $$SELECT inbox.dispatcher_idle('d', true)$$),
+        (8, 'configure_destination', $$SELECT inbox.configure_destination('d')$$),
+        (9, 'redrive_effect', $$SELECT inbox.redrive_effect('e', 'n')$$),
+        (10, 'purge_delivered_effects', $$SELECT inbox.purge_delivered_effects('1 day')$$),
+        (11, '_wake_dispatchers', $$SELECT inbox._wake_dispatchers()$$),
+        (12, '_record_fenced', $$SELECT inbox._record_fenced('complete', 'e', 1)$$)
+       ) AS c(ord, fn, sql)
+ ORDER BY c.ord;
+SELECT throws_ok($$SELECT * FROM inbox.outbox$$, '42501', 'permission denied for table outbox',
+                 'a role without grants cannot read inbox.outbox');
+RESET ROLE;
+
+-- The consumer enqueues (a keyed effect too: the commit-time trigger runs as the owner).
+SET ROLE tap_ob_consumer;
+INSERT INTO ob_res VALUES ('consumer-enqueue', inbox.enqueue_effect(inbox.effect_id('tap-ob', 'p', 'c1', 'email'), 'hook',
+                                                                    '{"secret": "s"}', '{"Authorization": "Bearer t"}', 'K-c')::text);
+SELECT lives_ok($$SET CONSTRAINTS inbox.outbox_order_at_commit IMMEDIATE$$,
+                'consumer: the commit-time numbering runs for a consumer (the trigger function is SECURITY DEFINER)');
+INSERT INTO ob_res VALUES ('consumer-keyless', inbox.enqueue_effect('tap-k1', 'hook', '{}')::text);
+SELECT throws_ok(c.sql, '42501', c.msg, 'consumer: ' || c.what)
+  FROM (VALUES
+        (1, $$SELECT * FROM inbox.outbox$$, 'permission denied for table outbox', 'cannot read inbox.outbox'),
+        (2, $$UPDATE inbox.outbox SET status = 'delivered'$$, 'permission denied for table outbox', 'cannot mark effects delivered'),
+        (3, $$INSERT INTO inbox.outbox (effect_id, destination, payload, payload_sha256) VALUES ('x', 'd', '{}', '\x00')$$,
+            'permission denied for table outbox', 'cannot insert behind enqueue_effect''s back'),
+        (4, $$DELETE FROM inbox.outbox_waiter$$, 'permission denied for table outbox_waiter', 'cannot touch the waiter table'),
+        (5, $$SELECT * FROM inbox.claim_effects('d')$$, 'permission denied for function claim_effects', 'is not a dispatcher'),
+        (6, $$SELECT inbox.complete_effect('e', 1)$$, 'permission denied for function complete_effect', 'cannot complete'),
+        (7, $$SELECT inbox.redrive_effect('e', 'n')$$, 'permission denied for function redrive_effect', 'cannot redrive'),
+        (8, $$SELECT inbox.purge_delivered_effects('0 s')$$, 'permission denied for function purge_delivered_effects', 'cannot purge'),
+        (9, $$SELECT pg_catalog.nextval('inbox.outbox_lease_token')$$, 'permission denied for sequence outbox_lease_token',
+            'cannot take fencing tokens')
+       ) AS c(ord, sql, msg, what)
+ ORDER BY c.ord;
+RESET ROLE;
+SELECT is((SELECT val FROM ob_res WHERE step = 'consumer-enqueue'), 'true', 'consumer: can enqueue_effect and effect_id');
+SELECT ok((SELECT order_seq IS NOT NULL FROM inbox.outbox WHERE ordering_key = 'K-c'), 'consumer: its keyed effect was numbered');
+
+-- The dispatcher claims and reports, and sees nothing else.
+SET ROLE tap_ob_dispatcher;
+INSERT INTO ob_res SELECT 'dispatcher-claim', string_agg(c.effect_id || ':' || c.lease_token, ',' ORDER BY c.effect_id)
+  FROM inbox.claim_effects('tap-ob-d', 10) c;
+INSERT INTO ob_res VALUES ('dispatcher-complete', inbox.complete_effect('tap-k1', (SELECT split_part(x, ':', 2)::bigint
+    FROM ob_res, unnest(string_to_array(val, ',')) x WHERE step = 'dispatcher-claim' AND x LIKE 'tap-k1:%'))::text);
+INSERT INTO ob_res VALUES ('dispatcher-fenced', inbox.complete_effect('tap-k1', 1)::text);
+INSERT INTO ob_res VALUES ('dispatcher-extend', (inbox.extend_lease((SELECT split_part(x, ':', 1) FROM ob_res,
+    unnest(string_to_array(val, ',')) x WHERE step = 'dispatcher-claim' AND x LIKE 'fx_%'),
+    (SELECT split_part(x, ':', 2)::bigint FROM ob_res, unnest(string_to_array(val, ',')) x
+      WHERE step = 'dispatcher-claim' AND x LIKE 'fx_%'), '1 minute') IS NOT NULL)::text);
+INSERT INTO ob_res SELECT 'dispatcher-idle', 'ok' FROM (SELECT inbox.dispatcher_idle('tap-ob-d', true)) x;
+INSERT INTO ob_res VALUES ('dispatcher-purge', inbox.purge_delivered_effects('1 day')::text);
+SELECT throws_ok(c.sql, '42501', c.msg, 'dispatcher: ' || c.what)
+  FROM (VALUES
+        (1, $$SELECT * FROM inbox.outbox$$, 'permission denied for table outbox', 'cannot read inbox.outbox'),
+        (2, $$SELECT effect_id FROM inbox.outbox_fenced_report$$, 'permission denied for table outbox_fenced_report',
+            'cannot read the fenced reports'),
+        (3, $$UPDATE inbox.outbox SET lease_token = 1$$, 'permission denied for table outbox', 'cannot forge a lease'),
+        (4, $$DELETE FROM inbox.outbox_fenced_report$$, 'permission denied for table outbox_fenced_report',
+            'cannot erase its fenced reports'),
+        (5, $$SELECT inbox.enqueue_effect('e', 'd', '{}')$$, 'permission denied for function enqueue_effect', 'cannot enqueue'),
+        (6, $$SELECT inbox.redrive_effect('e', 'n')$$, 'permission denied for function redrive_effect', 'cannot redrive'),
+        (7, $$SELECT inbox.configure_destination('d', 1000)$$, 'permission denied for function configure_destination',
+            'cannot change the retry policy'),
+        (8, $$SELECT inbox.claim('c', 'p', 'm', '{}')$$, 'permission denied for function claim', 'is not a consumer'),
+        (9, $$SELECT pg_catalog.setval('inbox.outbox_lease_token', 1)$$, 'permission denied for sequence outbox_lease_token',
+            'cannot rewind the fencing tokens')
+       ) AS c(ord, sql, msg, what)
+ ORDER BY c.ord;
+RESET ROLE;
+SELECT is((SELECT val LIKE '%tap-k1:%' AND val LIKE '%fx_%' FROM ob_res WHERE step = 'dispatcher-claim'), true,
+          'dispatcher: can claim_effects');
+SELECT is((SELECT array_agg(val ORDER BY step) FROM ob_res WHERE step IN ('dispatcher-complete', 'dispatcher-fenced',
+                                                                          'dispatcher-extend', 'dispatcher-idle', 'dispatcher-purge')),
+          ARRAY['true', 'true', 'false', 'ok', '0'],
+          'dispatcher: can complete, is fenced, can extend, dispatcher_idle and purge');
+SELECT is((SELECT (reported_by, report)::text FROM inbox.outbox_fenced_report ORDER BY report_id DESC LIMIT 1),
+          format('(%s,complete)', session_user), 'dispatcher: its refused report is recorded under the session user');
+
+-- The reader sees state, not payloads, headers or response bodies.
+SET ROLE tap_ob_reader;
+SELECT lives_ok($$SELECT effect_id, destination, payload_sha256, ordering_key, order_seq, status, attempts, available_at,
+                         created_at, created_xid, lease_token, leased_by, lease_expires_at, last_attempt_at, last_error,
+                         last_status_code, last_duration_ms, delivered_at, dead_reason FROM inbox.outbox$$,
+                'reader: can read the state columns of inbox.outbox');
+SELECT lives_ok($$SELECT * FROM inbox.outbox_destination; SELECT * FROM inbox.outbox_redrive;
+                  SELECT * FROM inbox.outbox_fenced_report; SELECT * FROM inbox.outbox_waiter$$,
+                'reader: can read destinations, redrives, fenced reports and waiters');
+SELECT throws_ok(format('SELECT %I FROM inbox.outbox', c), '42501', 'permission denied for table outbox',
+                 'reader: cannot read inbox.outbox.' || c)
+  FROM unnest(ARRAY['payload', 'headers', 'last_response_excerpt']) c;
+SELECT throws_ok($$SELECT * FROM inbox.outbox$$, '42501', 'permission denied for table outbox', 'reader: cannot SELECT *');
+SELECT throws_ok($$SELECT * FROM inbox.claim_effects('d')$$, '42501', 'permission denied for function claim_effects',
+                 'reader: cannot claim');
+RESET ROLE;
+
+-- The operator reads everything, decides through the API, and cannot write behind it.
+SET ROLE tap_ob_operator;
+SELECT is((SELECT headers ->> 'Authorization' FROM inbox.outbox WHERE ordering_key = 'K-c'), 'Bearer t',
+          'operator: can read payloads and headers');
+SELECT lives_ok($$SELECT inbox.configure_destination('tap-op', 2)$$, 'operator: can configure_destination');
+SELECT lives_ok($$SELECT inbox.purge_delivered_effects('1 day')$$, 'operator: can purge');
+SELECT throws_ok(c.sql, '42501', c.msg, 'operator: ' || c.what)
+  FROM (VALUES
+        (1, $$UPDATE inbox.outbox SET status = 'pending'$$, 'permission denied for table outbox', 'cannot redrive behind the API'),
+        (2, $$DELETE FROM inbox.outbox_redrive$$, 'permission denied for table outbox_redrive', 'cannot delete the audit trail'),
+        (3, $$SELECT * FROM inbox.claim_effects('d')$$, 'permission denied for function claim_effects', 'is not a dispatcher'),
+        (4, $$SELECT inbox.enqueue_effect('e', 'd', '{}')$$, 'permission denied for function enqueue_effect', 'is not a consumer')
+       ) AS c(ord, sql, msg, what)
+ ORDER BY c.ord;
+RESET ROLE;
+
+-- A hostile search_path: look-alikes in pg_temp and a schema ahead of pg_catalog change nothing.
+CREATE SCHEMA tap_ob_shadow AUTHORIZATION tap_ob_consumer;
+SET ROLE tap_ob_consumer;
+GRANT USAGE ON SCHEMA tap_ob_shadow TO PUBLIC;
+CREATE FUNCTION tap_ob_shadow.always(bytea, bytea) RETURNS boolean LANGUAGE sql AS $$SELECT true$$;
+CREATE OPERATOR tap_ob_shadow.= (LEFTARG = bytea, RIGHTARG = bytea, FUNCTION = tap_ob_shadow.always);
+CREATE FUNCTION tap_ob_shadow.now() RETURNS timestamptz LANGUAGE sql AS $$SELECT '2000-01-01 00:00:00+00'::timestamptz$$;
+CREATE TEMP TABLE outbox (effect_id text, destination text, payload jsonb, payload_sha256 bytea, headers jsonb,
+                          ordering_key text, available_at timestamptz);
+CREATE FUNCTION pg_temp.payload_hash(jsonb, text[]) RETURNS bytea LANGUAGE sql AS $$SELECT '\x00'::bytea$$;
+SET search_path = tap_ob_shadow, pg_temp, pg_catalog, public;
+DO $$
+BEGIN
+    PERFORM inbox.enqueue_effect('tap-shadow', 'hook', '{"a": 1}');
+    PERFORM inbox.enqueue_effect('tap-shadow', 'hook', '{"a": 2}');
+    INSERT INTO pg_temp.ob_res VALUES ('shadow', 'no error');
+EXCEPTION WHEN OTHERS THEN
+    INSERT INTO pg_temp.ob_res VALUES ('shadow', SQLSTATE);
+END
+$$;
+RESET search_path;
+RESET ROLE;
+SELECT is((SELECT val FROM ob_res WHERE step = 'shadow'), '23505',
+          'shadowing: a changed payload still conflicts (a planted bytea "=" did not make it a repeat)');
+SELECT is((SELECT count(*)::integer FROM pg_temp.outbox), 0, 'shadowing: nothing went to the planted temp table');
+
+SELECT * FROM finish();
+ROLLBACK;
