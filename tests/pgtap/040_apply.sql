@@ -10,52 +10,7 @@ BEGIN;
 SELECT plan(123);
 
 -- ------------------------------------------------------------------ fixtures
--- Every write the package makes (even one rolled back later) bumps a sequence no rollback undoes.
--- One sequence per inbox table, bumped as inbox_owner inside the definer functions.
-DO $$
-DECLARE
-    t text;
-BEGIN
-    FOREACH t IN ARRAY ARRAY['message', 'attempt', 'quarantine', 'quarantine_decision', 'consumer_config', 'handler',
-                             'handler_registration'] LOOP
-        EXECUTE format('CREATE SEQUENCE public.%I', 'tap_writes_' || t);
-        EXECUTE format('GRANT USAGE, SELECT, UPDATE ON SEQUENCE public.%I TO PUBLIC', 'tap_writes_' || t);
-    END LOOP;
-END
-$$;
-CREATE FUNCTION public.tap_count_write() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_catalog.nextval(pg_catalog.format('public.%I', 'tap_writes_' || TG_TABLE_NAME));
-    RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
-END
-$$;
--- Writes tried so far on one inbox table, or on all of them.
-CREATE FUNCTION public.tap_writes(tbl text DEFAULT NULL) RETURNS bigint LANGUAGE plpgsql AS $$
-DECLARE
-    t text;
-    n bigint;
-    total bigint := 0;
-BEGIN
-    FOREACH t IN ARRAY ARRAY['message', 'attempt', 'quarantine', 'quarantine_decision', 'consumer_config', 'handler',
-                             'handler_registration'] LOOP
-        CONTINUE WHEN tbl IS NOT NULL AND tbl <> t;
-        EXECUTE format('SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM public.%I', 'tap_writes_' || t) INTO n;
-        total := total + n;
-    END LOOP;
-    RETURN total;
-END
-$$;
-DO $$
-DECLARE
-    t text;
-BEGIN
-    FOREACH t IN ARRAY ARRAY['message', 'attempt', 'quarantine', 'quarantine_decision', 'consumer_config', 'handler',
-                             'handler_registration'] LOOP
-        EXECUTE format('CREATE TRIGGER tap_count_write BEFORE INSERT OR UPDATE OR DELETE ON inbox.%I
-                        FOR EACH ROW EXECUTE FUNCTION public.tap_count_write()', t);
-    END LOOP;
-END
-$$;
+\ir write_counter.psql
 
 -- The domain: accounts with a named CHECK constraint, and handlers that change them.
 CREATE SCHEMA tapdom;

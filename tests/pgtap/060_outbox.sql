@@ -15,40 +15,7 @@ BEGIN;
 SELECT plan(291);
 
 -- ------------------------------------------------------------------ fixtures
--- Every write on an outbox table (even one rolled back later) bumps a sequence that no rollback
--- undoes: "nothing written" then means "nothing even tried".
-CREATE FUNCTION public.tap_count_write() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_catalog.nextval(pg_catalog.format('public.%I', 'tap_writes_' || TG_TABLE_NAME));
-    RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
-END
-$$;
-DO $$
-DECLARE
-    t text;
-BEGIN
-    FOREACH t IN ARRAY ARRAY['outbox', 'outbox_destination', 'outbox_redrive', 'outbox_fenced_report', 'outbox_waiter'] LOOP
-        EXECUTE format('CREATE SEQUENCE public.%I', 'tap_writes_' || t);
-        EXECUTE format('GRANT USAGE, SELECT, UPDATE ON SEQUENCE public.%I TO PUBLIC', 'tap_writes_' || t);
-        EXECUTE format('CREATE TRIGGER tap_count_write BEFORE INSERT OR UPDATE OR DELETE ON inbox.%I
-                        FOR EACH ROW EXECUTE FUNCTION public.tap_count_write()', t);
-    END LOOP;
-END
-$$;
-CREATE FUNCTION public.tap_writes(tbl text DEFAULT NULL) RETURNS bigint LANGUAGE plpgsql AS $$
-DECLARE
-    t text;
-    n bigint;
-    total bigint := 0;
-BEGIN
-    FOREACH t IN ARRAY ARRAY['outbox', 'outbox_destination', 'outbox_redrive', 'outbox_fenced_report', 'outbox_waiter'] LOOP
-        CONTINUE WHEN tbl IS NOT NULL AND tbl <> t;
-        EXECUTE format('SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM public.%I', 'tap_writes_' || t) INTO n;
-        total := total + n;
-    END LOOP;
-    RETURN total;
-END
-$$;
+\ir write_counter.psql
 
 -- The current lease token of an effect.
 CREATE FUNCTION pg_temp.token(id text) RETURNS bigint LANGUAGE sql AS
