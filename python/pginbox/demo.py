@@ -300,11 +300,14 @@ SCHEMA_VERSION = 1
 
 
 def ensure_schema(dsn: str) -> None:
-    """Deploy schema inbox when it is missing; refuse a version this code does not know."""
+    """Deploy schema inbox when it is missing, bring a Sqitch-deployed one up to the plan (a no-op
+    when it is current), and refuse a version this code does not know."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT to_regnamespace('inbox') IS NOT NULL").fetchone()
-        deployed = bool(row and row[0])
-    if not deployed:
+        row = conn.execute(
+            "SELECT to_regnamespace('inbox') IS NOT NULL, to_regclass('sqitch.changes') IS NOT NULL"
+        ).fetchone()
+        deployed, by_sqitch = (bool(row[0]), bool(row[1])) if row else (False, False)
+    if not deployed or by_sqitch:
         print("deploying schema inbox with sqitch ...", flush=True)
         sqitch.deploy(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
