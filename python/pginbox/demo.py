@@ -307,9 +307,11 @@ def ensure_schema(dsn: str) -> None:
             "SELECT to_regnamespace('inbox') IS NOT NULL, to_regclass('sqitch.changes') IS NOT NULL"
         ).fetchone()
         deployed, by_sqitch = (bool(row[0]), bool(row[1])) if row else (False, False)
-    if not deployed or by_sqitch:
+    if not deployed:
         print("deploying schema inbox with sqitch ...", flush=True)
         sqitch.deploy(dsn)
+    elif by_sqitch:
+        sqitch.deploy(dsn)  # changes added to the plan since; "Nothing to deploy" otherwise
     with psycopg.connect(dsn, autocommit=True) as conn:
         version_row = conn.execute("SELECT inbox.schema_version()").fetchone()
     if version_row is None or version_row[0] != SCHEMA_VERSION:
