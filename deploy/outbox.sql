@@ -515,39 +515,42 @@ CREATE FUNCTION inbox._default_destination(destination text) RETURNS inbox.outbo
     RETURN ROW(destination, 10, '1 second'::interval, '1 hour'::interval, NULL::timestamptz, NULL::text)::inbox.outbox_destination;
 COMMENT ON FUNCTION inbox._default_destination(text) IS 'internal: retry policy of an unconfigured destination';
 
+-- An argument left out (or NULL) keeps the destination's current value (the default for a new
+-- destination), as inbox.configure_consumer does.
 CREATE FUNCTION inbox.configure_destination(
-    destination text, max_attempts integer DEFAULT 10, base_backoff interval DEFAULT '1 second',
-    max_backoff interval DEFAULT '1 hour')
+    destination text, max_attempts integer DEFAULT NULL, base_backoff interval DEFAULT NULL,
+    max_backoff interval DEFAULT NULL)
     RETURNS inbox.outbox_destination
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    wanted inbox.outbox_destination;
     saved inbox.outbox_destination;
 BEGIN
     PERFORM inbox._check_text('inbox.configure_destination', 'destination', configure_destination.destination, 128);
-    IF configure_destination.max_attempts IS NULL OR configure_destination.base_backoff IS NULL
-       OR configure_destination.max_backoff IS NULL THEN
-        RAISE EXCEPTION 'inbox.configure_destination: settings must not be NULL'
-            USING ERRCODE = 'null_value_not_allowed', HINT = 'Leave an argument out to get its default.';
+    SELECT d.* INTO wanted FROM inbox.outbox_destination d WHERE d.destination = configure_destination.destination;
+    IF NOT FOUND THEN
+        wanted := inbox._default_destination(configure_destination.destination);
     END IF;
-    IF configure_destination.max_attempts NOT BETWEEN 1 AND 1000 THEN
+    wanted.max_attempts := coalesce(configure_destination.max_attempts, wanted.max_attempts);
+    wanted.base_backoff := coalesce(configure_destination.base_backoff, wanted.base_backoff);
+    wanted.max_backoff := coalesce(configure_destination.max_backoff, wanted.max_backoff);
+    IF wanted.max_attempts NOT BETWEEN 1 AND 1000 THEN
         RAISE EXCEPTION 'inbox.configure_destination: max_attempts must be between 1 and 1000, got %',
-            configure_destination.max_attempts USING ERRCODE = 'invalid_parameter_value';
+            wanted.max_attempts USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF configure_destination.base_backoff <= '0'::interval THEN
-        RAISE EXCEPTION 'inbox.configure_destination: base_backoff must be positive, got %', configure_destination.base_backoff
+    IF wanted.base_backoff <= '0'::interval THEN
+        RAISE EXCEPTION 'inbox.configure_destination: base_backoff must be positive, got %', wanted.base_backoff
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF configure_destination.max_backoff < configure_destination.base_backoff
-       OR configure_destination.max_backoff > '30 days'::interval THEN
+    IF wanted.max_backoff < wanted.base_backoff OR wanted.max_backoff > '30 days'::interval THEN
         RAISE EXCEPTION 'inbox.configure_destination: max_backoff must be between base_backoff (%) and 30 days, got %',
-            configure_destination.base_backoff, configure_destination.max_backoff
+            wanted.base_backoff, wanted.max_backoff
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     INSERT INTO inbox.outbox_destination AS d (destination, max_attempts, base_backoff, max_backoff)
-    VALUES (configure_destination.destination, configure_destination.max_attempts, configure_destination.base_backoff,
-            configure_destination.max_backoff)
+    VALUES (configure_destination.destination, wanted.max_attempts, wanted.base_backoff, wanted.max_backoff)
     ON CONFLICT ON CONSTRAINT outbox_destination_pkey DO UPDATE
        SET max_attempts = EXCLUDED.max_attempts, base_backoff = EXCLUDED.base_backoff,
            max_backoff = EXCLUDED.max_backoff, updated_at = now(), updated_by = session_user

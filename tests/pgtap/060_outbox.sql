@@ -502,6 +502,11 @@ SELECT is((SELECT (max_attempts, base_backoff, max_backoff)::text FROM inbox.con
           '(10,00:00:01,01:00:00)', 'configure_destination: defaults 10 attempts, 1 s, 1 h');
 SELECT is((SELECT (max_attempts, base_backoff, max_backoff)::text FROM inbox.configure_destination('tap-default', 4, '2 s', '1 min')),
           '(4,00:00:02,00:01:00)', 'configure_destination: a second call updates the policy');
+SELECT is((SELECT (max_attempts, base_backoff, max_backoff)::text FROM inbox.configure_destination('tap-default', 6)),
+          '(6,00:00:02,00:01:00)', 'configure_destination: omitted settings keep their current values');
+SELECT is((SELECT (max_attempts, base_backoff, max_backoff)::text
+             FROM inbox.configure_destination('tap-default', NULL, NULL, NULL)),
+          '(6,00:00:02,00:01:00)', 'configure_destination: NULL settings keep their current values');
 SELECT is((SELECT count(*)::integer FROM inbox.outbox_destination WHERE destination = 'tap-default'), 1,
           'configure_destination: one row per destination');
 SELECT public.tap_writes() AS w0 \gset
@@ -511,8 +516,6 @@ SELECT throws_ok(c.sql, c.state, c.msg, 'configure_destination: ' || c.what)
         (2, $$SELECT inbox.configure_destination('')$$, '22023', 'inbox.configure_destination: destination must not be empty', 'empty destination is 22023'),
         (3, $$SELECT inbox.configure_destination(repeat('d', 129))$$, '22001',
             'inbox.configure_destination: destination is 129 bytes long, the limit is 128', 'a 129-byte destination is 22001'),
-        (4, $$SELECT inbox.configure_destination('d', NULL)$$, '22004', 'inbox.configure_destination: settings must not be NULL', 'NULL max_attempts is 22004'),
-        (5, $$SELECT inbox.configure_destination('d', base_backoff => NULL)$$, '22004', 'inbox.configure_destination: settings must not be NULL', 'NULL base_backoff is 22004'),
         (6, $$SELECT inbox.configure_destination('d', 0)$$, '22023', 'inbox.configure_destination: max_attempts must be between 1 and 1000, got 0', 'max_attempts 0 is 22023'),
         (7, $$SELECT inbox.configure_destination('d', 1001)$$, '22023', 'inbox.configure_destination: max_attempts must be between 1 and 1000, got 1001', 'max_attempts 1001 is 22023'),
         (8, $$SELECT inbox.configure_destination('d', base_backoff => '0 s')$$, '22023', 'inbox.configure_destination: base_backoff must be positive, got 00:00:00', 'base_backoff 0 is 22023'),
