@@ -23,6 +23,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from pginbox import simulation, sqitch
+from pginbox._core import SUPPORTED_SCHEMA_VERSIONS
 from pginbox.errors import PginboxError
 
 Row = dict[str, Any]
@@ -296,9 +297,6 @@ class Demo:
         print("   OK: every message applied at most once; every committed one exactly once.")
 
 
-SCHEMA_VERSION = 1
-
-
 def ensure_schema(dsn: str) -> None:
     """Deploy schema inbox when it is missing, bring a Sqitch-deployed one up to the plan (a no-op
     when it is current), and refuse a version this code does not know."""
@@ -314,10 +312,10 @@ def ensure_schema(dsn: str) -> None:
         sqitch.deploy(dsn)  # changes added to the plan since; "Nothing to deploy" otherwise
     with psycopg.connect(dsn, autocommit=True) as conn:
         version_row = conn.execute("SELECT inbox.schema_version()").fetchone()
-    if version_row is None or version_row[0] != SCHEMA_VERSION:
+    if version_row is None or version_row[0] not in SUPPORTED_SCHEMA_VERSIONS:
         raise SystemExit(
-            f"schema inbox has version {version_row and version_row[0]}, this demo needs {SCHEMA_VERSION}: "
-            "run `pginbox deploy`"
+            f"schema inbox has version {version_row and version_row[0]}, this demo knows "
+            f"{sorted(SUPPORTED_SCHEMA_VERSIONS)}: run `pginbox deploy`"
         )
 
 

@@ -22,6 +22,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 
+from pginbox import _core
 from pginbox.errors import PginboxError
 
 __all__ = [
@@ -45,8 +46,8 @@ __all__ = [
 Row = dict[str, Any]
 Action = Literal["repair", "discard", "release"]
 
-#: Versions of `inbox.schema_version()` these queries are written for.
-SUPPORTED_SCHEMA_VERSIONS: Final = frozenset({1})
+#: Versions of `inbox.schema_version()` these queries are written for: the package's one list.
+SUPPORTED_SCHEMA_VERSIONS: Final = _core.SUPPORTED_SCHEMA_VERSIONS
 QUARANTINE_STATUSES: Final = ("open", "recovered", "discarded", "released")
 
 # --------------------------------------------------------------------------- SQL
