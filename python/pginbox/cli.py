@@ -2,6 +2,8 @@
 
     pginbox [--dsn DSN] [--verbose] deploy | verify | revert | status | demo
     pginbox quarantine list | show | repair | discard | release
+    pginbox dispatch [--once] [--name N] [--callable DEST=MODULE:FUNCTION ...] [--config FILE]
+    pginbox outbox list | show | redrive
     pginbox cluster [--datadir DIR] start | stop | status | dsn
 
 Without --dsn (or DATABASE_URL) the commands use the private demo cluster (see
@@ -14,16 +16,22 @@ in connection strings are never printed.
 from __future__ import annotations
 
 import datetime
+import importlib
 import json
+import logging
+import os
 import re
+import signal
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import click
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import dict_row
 
 from pginbox import operator, sqitch
 from pginbox.cluster import Cluster, StopMode, default_cluster, resolve_dsn
@@ -470,6 +478,221 @@ def _decision_command(action: operator.Action) -> None:
 _ACTIONS: tuple[operator.Action, ...] = ("repair", "discard", "release")
 for _action in _ACTIONS:
     _decision_command(_action)
+
+
+# --------------------------------------------------------------------------- outbox dispatcher
+
+# Operator queries on the outbox (inbox_reader may run LIST and SHOW without payload columns;
+# SHOW_PAYLOAD and REDRIVE need inbox_operator).
+OUTBOX_LIST: Final = """
+SELECT effect_id, destination, status::text AS status, attempts, ordering_key, created_at, available_at,
+       leased_by, last_status_code, dead_reason::text AS dead_reason, last_error
+  FROM inbox.outbox
+ WHERE %(status)s::text IS NULL OR status::text = %(status)s::text
+ ORDER BY created_at, order_seq NULLS LAST, effect_id
+ LIMIT %(limit)s
+"""
+OUTBOX_SHOW: Final = """
+SELECT effect_id, destination, status::text AS status, attempts, ordering_key, order_seq, blocked, created_at,
+       available_at, lease_token, leased_by, lease_expires_at, last_attempt_at, last_error, last_status_code,
+       last_duration_ms, delivered_at, dead_reason::text AS dead_reason
+  FROM inbox.outbox
+ WHERE effect_id = %(effect_id)s
+"""
+OUTBOX_SHOW_PAYLOAD: Final = """
+SELECT payload, headers, last_response_excerpt FROM inbox.outbox WHERE effect_id = %(effect_id)s
+"""
+OUTBOX_REDRIVES: Final = """
+SELECT redrive_id, redriven_by, redriven_at, note, attempts, dead_reason::text AS dead_reason, last_error
+  FROM inbox.outbox_redrive
+ WHERE effect_id = %(effect_id)s
+ ORDER BY redrive_id
+"""
+OUTBOX_REDRIVE: Final = """
+SELECT effect_id, status::text AS status, attempts FROM inbox.redrive_effect(%(effect_id)s, %(note)s)
+"""
+OUTBOX_STATUSES: Final = ("pending", "leased", "delivered", "dead")
+
+
+def _load_callable(spec: str) -> tuple[str, Callable[..., object]]:
+    """`destination=module:function` -> (destination, the function)."""
+    destination, sep, target = spec.partition("=")
+    module_name, colon, attribute = target.partition(":")
+    if not sep or not colon or not destination or not module_name or not attribute:
+        raise click.BadParameter(f"expected destination=module:function, got {spec!r}", param_hint="--callable")
+    try:
+        found: object = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as exc:
+        raise click.BadParameter(f"{spec}: {exc}", param_hint="--callable") from None
+    if not callable(found):
+        raise click.BadParameter(f"{spec}: {attribute} is not callable", param_hint="--callable")
+    return destination, found
+
+
+def _configured_transports(config: Path | None) -> dict[str, Any]:
+    """Destinations from pginbox.transports.load_config (TOML file, environment, entry points)."""
+    try:
+        from pginbox import transports as transports_module
+    except ImportError as exc:
+        if config is not None:
+            raise click.ClickException(
+                f"--config needs pginbox.transports, which cannot be imported here: {exc}"
+            ) from None
+        return {}
+    load_config = getattr(transports_module, "load_config", None)
+    if load_config is None:
+        if config is not None:
+            raise click.ClickException("--config: pginbox.transports has no load_config")
+        return {}
+    loaded = load_config(config)
+    return dict(loaded)
+
+
+@main.command()
+@_dsn_option
+@click.option("--once", is_flag=True, help="Deliver everything due, then exit (for cron and tests).")
+@click.option("--name", default=None, help="Dispatcher name (unique per process) [default: pginbox-<host>-<pid>].")
+@click.option("--batch-size", type=click.IntRange(1, 1000), default=100, show_default=True)
+@click.option("--lease", type=click.FloatRange(0.001, 86400), default=30.0, show_default=True, help="Lease, seconds.")
+@click.option("--concurrency", type=click.IntRange(1, 1000), default=8, show_default=True,
+              help="In-flight deliveries per destination.")
+@click.option("--poll-interval", type=click.FloatRange(0.01, 3600), default=1.0, show_default=True,
+              help="Longest wait between claims when idle (the NOTIFY signal usually comes first), seconds.")
+@click.option("--delivery-timeout", type=click.FloatRange(0.001, 86400), default=None,
+              help="A delivery running longer is reported as an ambiguous, retryable failure, seconds.")
+@click.option("--callable", "callables", multiple=True, metavar="DEST=MODULE:FUNCTION",
+              help="Deliver destination DEST by calling MODULE:FUNCTION(effect) (repeatable).")
+@click.option("--config", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="TOML file of destinations (pginbox.transports).")
+@click.pass_context
+def dispatch(
+    ctx: click.Context,
+    command_dsn: str | None,
+    once: bool,
+    name: str | None,
+    batch_size: int,
+    lease: float,
+    concurrency: int,
+    poll_interval: float,
+    delivery_timeout: float | None,
+    callables: tuple[str, ...],
+    config: Path | None,
+) -> None:
+    """Deliver committed outbox effects to their destinations (SIGTERM/SIGINT: finish and exit 0)."""
+    from pginbox.dispatcher import CallableTransport, Dispatcher
+
+    dsn = _database(ctx, command_dsn)
+    transports: dict[str, Any] = _configured_transports(config)
+    for spec in callables:
+        destination, func = _load_callable(spec)
+        transports[destination] = CallableTransport(func)
+    if not transports:
+        raise click.UsageError("no destinations: pass --callable DEST=MODULE:FUNCTION or --config FILE")
+    name = name or f"pginbox-{socket.gethostname()}-{os.getpid()}"
+    state = ctx.find_object(_State)
+    logging.basicConfig(
+        level=logging.DEBUG if state is not None and state.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    dispatcher = Dispatcher(
+        dsn, name, transports, batch_size=batch_size, lease=lease, concurrency_per_destination=concurrency,
+        poll_interval=poll_interval, delivery_timeout=delivery_timeout,
+    )
+    previous = {}
+
+    def on_signal(signum: int, frame: object) -> None:
+        logging.getLogger("pginbox.dispatcher").info(f"stopping signal={signal.Signals(signum).name}")
+        dispatcher.stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous[sig] = signal.signal(sig, on_signal)
+    try:
+        if once:
+            dispatcher.run_once()
+        else:
+            dispatcher.run()
+    finally:
+        dispatcher.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    stats = dispatcher.stats.as_dict()
+    click.echo(" ".join(f"{k}={'-' if v is None else v}" for k, v in stats.items()))
+
+
+@main.group(name="outbox")
+def outbox_group() -> None:
+    """Inspect outbox effects and redrive dead ones (audited)."""
+
+
+@outbox_group.command(name="list")
+@_dsn_option
+@click.option("--status", "effect_status", type=click.Choice([*OUTBOX_STATUSES, "all"]), default="all",
+              show_default=True)
+@click.option("--limit", type=click.IntRange(1, 100000), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@click.pass_context
+def outbox_list(ctx: click.Context, command_dsn: str | None, effect_status: str, limit: int, as_json: bool) -> None:
+    """Effects, oldest first."""
+    params = {"status": None if effect_status == "all" else effect_status, "limit": limit}
+    with _connect(ctx, command_dsn) as conn, conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(OUTBOX_LIST, params).fetchall()
+    if as_json:
+        _echo_json({"status": effect_status, "effects": [operator.jsonable(r) for r in rows]})
+        return
+    if not rows:
+        click.echo("no effects" if effect_status == "all" else f"no {effect_status} effects")
+        return
+    table = [
+        [r["effect_id"] if len(r["effect_id"]) <= 40 else r["effect_id"][:37] + "...", r["destination"], r["status"],
+         r["attempts"], r["ordering_key"], _fmt(r["created_at"]), r["dead_reason"] or r["last_error"]]
+        for r in rows
+    ]
+    click.echo(_table(["effect_id", "destination", "status", "attempts", "ordering_key", "created", "problem"], table))
+
+
+@outbox_group.command(name="show")
+@click.argument("effect_id", metavar="ID")
+@_dsn_option
+@click.option("--payload", "with_payload", is_flag=True, help="Also show payload, headers and response (operator).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.pass_context
+def outbox_show(ctx: click.Context, effect_id: str, command_dsn: str | None, with_payload: bool, as_json: bool) -> None:
+    """One effect, its redrives, and (with --payload) its body."""
+    with _connect(ctx, command_dsn) as conn, conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(OUTBOX_SHOW, {"effect_id": effect_id}).fetchone()
+        if row is None:
+            raise click.ClickException(f"no effect {effect_id!r}")
+        redrives = cur.execute(OUTBOX_REDRIVES, {"effect_id": effect_id}).fetchall()
+        if with_payload:
+            extra = cur.execute(OUTBOX_SHOW_PAYLOAD, {"effect_id": effect_id}).fetchone()
+            row.update(extra or {})
+    result = {**operator.jsonable(row), "redrives": [operator.jsonable(r) for r in redrives]}
+    if as_json:
+        _echo_json(result)
+        return
+    for key, value in row.items():
+        click.echo(f"{key}: {_fmt(value)}")
+    for r in redrives:
+        click.echo(f"redrive {r['redrive_id']}: {_fmt(r['redriven_at'])} by {r['redriven_by']}: {r['note']}")
+
+
+@outbox_group.command(name="redrive")
+@click.argument("effect_id", metavar="ID")
+@click.option("--note", required=True, help="Why: goes into the audit trail (inbox.outbox_redrive).")
+@_dsn_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.pass_context
+def outbox_redrive(ctx: click.Context, effect_id: str, note: str, command_dsn: str | None, as_json: bool) -> None:
+    """Send a dead effect again (inbox.redrive_effect: attempts reset, audited)."""
+    with _connect(ctx, command_dsn) as conn, conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(OUTBOX_REDRIVE, {"effect_id": effect_id, "note": note}).fetchone()
+    assert row is not None
+    if as_json:
+        _echo_json(operator.jsonable(row))
+        return
+    click.echo(f"effect {effect_id}: {row['status']} (attempts {row['attempts']})")
 
 
 # --------------------------------------------------------------------------- demo
