@@ -21,16 +21,13 @@ import json
 import re
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import psycopg
+from benchlib import bench_database
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "python"))
-
-from pginbox.cluster import Cluster, find_bindir  # noqa: E402
+from pginbox.cluster import Cluster, find_bindir
 
 ACCOUNTS = 100_000
 
@@ -122,37 +119,25 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory(prefix="pginbox-bench-") as tmp:
-        Path(tmp).chmod(0o755)
-        cluster = Cluster(Path(tmp) / "data")
-        cluster.ensure()
-        cluster.start()
-        try:
-            cluster.create_database("bench")
-            dsn = cluster.dsn("bench")
-            for module in sorted((ROOT / "sql").glob("*.sql")):
-                subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", str(module)],
-                               check=True, capture_output=True)
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute(SETUP % {"accounts": ACCOUNTS})  # type: ignore[arg-type]
-                conn.execute("VACUUM ANALYZE")
-            scripts = {
-                name: s.format(accounts=ACCOUNTS, accounts_less_batch=ACCOUNTS - args.batch, batch=args.batch)
-                for name, s in SCRIPTS.items()
-            }
-            samples: dict[str, list[float]] = {name: [] for name in scripts}
-            for rnd in range(args.rounds):
-                for name, script in scripts.items():
-                    tps = run_pgbench(cluster, "bench", script, args.clients, args.seconds)
-                    msgs = tps * (args.batch if name == "batch" else 1)
-                    samples[name].append(msgs)
-                    print(f"round {rnd + 1}: {name:8s} {msgs:10.0f} msgs/s", flush=True)
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                row = conn.execute(
-                    "SELECT count(*), count(DISTINCT (producer, message_id)) FROM inbox.message").fetchone()
-                assert row is not None and row[0] == row[1]
-        finally:
-            cluster.stop("fast")
+    with bench_database() as (cluster, dsn):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(SETUP % {"accounts": ACCOUNTS})  # type: ignore[arg-type]
+            conn.execute("VACUUM ANALYZE")
+        scripts = {
+            name: s.format(accounts=ACCOUNTS, accounts_less_batch=ACCOUNTS - args.batch, batch=args.batch)
+            for name, s in SCRIPTS.items()
+        }
+        samples: dict[str, list[float]] = {name: [] for name in scripts}
+        for rnd in range(args.rounds):
+            for name, script in scripts.items():
+                tps = run_pgbench(cluster, "bench", script, args.clients, args.seconds)
+                msgs = tps * (args.batch if name == "batch" else 1)
+                samples[name].append(msgs)
+                print(f"round {rnd + 1}: {name:8s} {msgs:10.0f} msgs/s", flush=True)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(*), count(DISTINCT (producer, message_id)) FROM inbox.message").fetchone()
+            assert row is not None and row[0] == row[1]
 
     med = {name: statistics.median(v) for name, v in samples.items()}
     ratios = {

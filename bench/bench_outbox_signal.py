@@ -40,7 +40,6 @@ import random
 import re
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -49,11 +48,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from benchlib import bench_database
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "python"))
-
-from pginbox.cluster import Cluster, find_bindir  # noqa: E402
+from pginbox.cluster import Cluster, find_bindir
 
 ACCOUNTS = 100_000
 
@@ -318,62 +315,50 @@ def main() -> None:
     tps: dict[str, list[float]] = {name: [] for name in ["none", *workloads]}
     pair_ratios: dict[str, list[float]] = {name: [] for name in workloads}
     notifies: dict[str, list[float]] = {name: [] for name in ["none", *workloads]}
-    with tempfile.TemporaryDirectory(prefix="pginbox-bench-") as tmp:
-        Path(tmp).chmod(0o755)
-        cluster = Cluster(Path(tmp) / "data")
-        cluster.ensure()
-        cluster.start()
-        try:
-            cluster.create_database("bench")
-            dsn = cluster.dsn("bench")
-            for module in sorted((ROOT / "sql").glob("*.sql")):
-                subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", str(module)],
-                               check=True, capture_output=True)
+    with bench_database() as (cluster, dsn):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(SETUP % {"accounts": ACCOUNTS})  # type: ignore[arg-type]
+            conn.execute("VACUUM ANALYZE")
+        helpers: dict[str, Callable[[threading.Event, list[int]], None]] = {
+            "signal-idle": lazy_dispatcher(dsn),
+            "signal-drain": draining_dispatcher(dsn),
+        }
+
+        def run(name: str) -> float:
             with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute(SETUP % {"accounts": ACCOUNTS})  # type: ignore[arg-type]
-                conn.execute("VACUUM ANALYZE")
-            helpers: dict[str, Callable[[threading.Event, list[int]], None]] = {
-                "signal-idle": lazy_dispatcher(dsn),
-                "signal-drain": draining_dispatcher(dsn),
-            }
+                use_triggers(conn, name)
+                conn.execute("TRUNCATE inbox.outbox, inbox.outbox_waiter")
+                conn.execute("CHECKPOINT")
+            listening = Background(listener(dsn))
+            helper = Background(helpers[name]) if name in helpers else None
+            time.sleep(0.3)
+            result = run_pgbench(cluster, SCRIPT.format(accounts=ACCOUNTS), args.clients, args.seconds)
+            delivered = helper.stop() if helper else 0
+            sent = listening.stop()
+            tps[name].append(result)
+            notifies[name].append(sent / (result * args.seconds))
+            extra = f", dispatcher delivered {delivered}" if name == "signal-drain" else ""
+            print(f"  {name:14s} {result:8.0f} tps, {sent:7d} notifications{extra}", flush=True)
+            return result
 
-            def run(name: str) -> float:
-                with psycopg.connect(dsn, autocommit=True) as conn:
-                    use_triggers(conn, name)
-                    conn.execute("TRUNCATE inbox.outbox, inbox.outbox_waiter")
-                    conn.execute("CHECKPOINT")
-                listening = Background(listener(dsn))
-                helper = Background(helpers[name]) if name in helpers else None
-                time.sleep(0.3)
-                result = run_pgbench(cluster, SCRIPT.format(accounts=ACCOUNTS), args.clients, args.seconds)
-                delivered = helper.stop() if helper else 0
-                sent = listening.stop()
-                tps[name].append(result)
-                notifies[name].append(sent / (result * args.seconds))
-                extra = f", dispatcher delivered {delivered}" if name == "signal-drain" else ""
-                print(f"  {name:14s} {result:8.0f} tps, {sent:7d} notifications{extra}", flush=True)
-                return result
+        # Each workload runs next to a baseline run, in random order: the machine's drift
+        # (other load, checkpoints, autovacuum) hits both halves of a pair alike.
+        for rnd in range(args.rounds):
+            print(f"round {rnd + 1}:", flush=True)
+            for name in workloads:
+                order = random.sample(["none", name], 2)
+                got = {n: run(n) for n in order}
+                pair_ratios[name].append(got[name] / got["none"])
 
-            # Each workload runs next to a baseline run, in random order: the machine's drift
-            # (other load, checkpoints, autovacuum) hits both halves of a pair alike.
-            for rnd in range(args.rounds):
-                print(f"round {rnd + 1}:", flush=True)
-                for name in workloads:
-                    order = random.sample(["none", name], 2)
-                    got = {n: run(n) for n in order}
-                    pair_ratios[name].append(got[name] / got["none"])
-
-            print("CPU per enqueue (one session, no commit in the measurement):", flush=True)
-            cpu: dict[str, list[float]] = {"none": [], "signal": []}
-            for _ in range(3):
-                for name in cpu:
-                    cpu[name].append(cpu_per_call(dsn, name, args.cpu_calls, 3))
-            cpu_med = {name: statistics.median(v) for name, v in cpu.items()}
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                use_triggers(conn, "signal")
-            latencies = measure_wakeup(dsn, args.wakeups)
-        finally:
-            cluster.stop("fast")
+        print("CPU per enqueue (one session, no commit in the measurement):", flush=True)
+        cpu: dict[str, list[float]] = {"none": [], "signal": []}
+        for _ in range(3):
+            for name in cpu:
+                cpu[name].append(cpu_per_call(dsn, name, args.cpu_calls, 3))
+        cpu_med = {name: statistics.median(v) for name, v in cpu.items()}
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            use_triggers(conn, "signal")
+        latencies = measure_wakeup(dsn, args.wakeups)
 
     med = {name: statistics.median(v) for name, v in tps.items()}
     ratios = {f"{name} / none": statistics.median(v) for name, v in pair_ratios.items()}

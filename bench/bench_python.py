@@ -28,9 +28,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -39,13 +36,10 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from benchlib import ROOT, bench_database
 from psycopg_pool import ConnectionPool
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "python"))
-
-from pginbox import Inbox, Message, Outcome  # noqa: E402
-from pginbox.cluster import Cluster  # noqa: E402
+from pginbox import Inbox, Message, Outcome
 
 ACCOUNTS = 100_000
 
@@ -155,114 +149,100 @@ def main() -> None:
     applied_counter = {"n": 0}
     lock = threading.Lock()
 
-    with tempfile.TemporaryDirectory(prefix="pginbox-bench-py-") as tmp:
-        Path(tmp).chmod(0o755)
-        cluster = Cluster(Path(tmp) / "data")
-        cluster.ensure()
-        cluster.start()
-        try:
-            cluster.create_database("bench")
-            dsn = cluster.dsn("bench")
-            for module in sorted(args.sql_dir.glob("*.sql")):
-                done = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", str(module)],
-                                      check=False, capture_output=True, text=True)
-                if done.returncode != 0:
-                    raise SystemExit(f"deploying {module} failed:\n{done.stderr}")
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute(SETUP)
-                conn.execute("VACUUM ANALYZE")
+    with bench_database(args.sql_dir, prefix="pginbox-bench-py-") as (_cluster, dsn):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(SETUP)
+            conn.execute("VACUUM ANALYZE")
 
-            with ConnectionPool(dsn, min_size=args.workers, max_size=args.workers, open=False) as pool:
-                pool.wait()
-                inbox = Inbox(pool, consumer="bench", handler_version="v1")
-                inbox_np = Inbox(pool, consumer="bench", handler_version="v1", pipeline=False)
-                inbox.check_schema()
-                inbox_np.check_schema()
-                pids: list[int] = []
-                held = [pool.getconn() for _ in range(args.workers)]
-                pids = [c.info.backend_pid for c in held]
-                for c in held:
-                    pool.putconn(c)
-                load = Workload(args.workers, args.seconds, pids)
+        with ConnectionPool(dsn, min_size=args.workers, max_size=args.workers, open=False) as pool:
+            pool.wait()
+            inbox = Inbox(pool, consumer="bench", handler_version="v1")
+            inbox_np = Inbox(pool, consumer="bench", handler_version="v1", pipeline=False)
+            inbox.check_schema()
+            inbox_np.check_schema()
+            pids: list[int] = []
+            held = [pool.getconn() for _ in range(args.workers)]
+            pids = [c.info.backend_pid for c in held]
+            for c in held:
+                pool.putconn(c)
+            load = Workload(args.workers, args.seconds, pids)
 
-                def message(w: int, rng: random.Random, serial: int, tag: str, k: int = 0) -> Message:
-                    return Message(
-                        "shop", f"{run_id}-{tag}-{w}-{serial}-{k}", "credit",
-                        {"account": rng.randint(1, ACCOUNTS), "amount": 1},
-                    )
+            def message(w: int, rng: random.Random, serial: int, tag: str, k: int = 0) -> Message:
+                return Message(
+                    "shop", f"{run_id}-{tag}-{w}-{serial}-{k}", "credit",
+                    {"account": rng.randint(1, ACCOUNTS), "amount": 1},
+                )
 
-                def count_applied(results: list[Any]) -> int:
-                    n = sum(1 for r in results if r.outcome is Outcome.APPLIED)
-                    if n != len(results):
-                        raise SystemExit(f"unexpected outcomes: {[r.outcome for r in results][:5]}")
-                    with lock:
-                        applied_counter["n"] += n
-                    return n
+            def count_applied(results: list[Any]) -> int:
+                n = sum(1 for r in results if r.outcome is Outcome.APPLIED)
+                if n != len(results):
+                    raise SystemExit(f"unexpected outcomes: {[r.outcome for r in results][:5]}")
+                with lock:
+                    applied_counter["n"] += n
+                return n
 
-                def article(w: int, rng: random.Random, serial: int) -> int:
-                    m = message(w, rng, serial, "article")
-                    digest = hashlib.sha256(
-                        json.dumps(m.payload, sort_keys=True, separators=(",", ":")).encode()
-                    ).hexdigest()
-                    with pool.connection() as conn:
-                        row = conn.execute(ARTICLE_CLAIM, ("bench", m.producer, m.message_id, digest, "v1")).fetchone()
-                        if row is not None:
-                            conn.execute(UPDATE_ACCOUNT, (m.payload["amount"], m.payload["account"]))
-                            conn.execute(ARTICLE_DONE, ("bench", m.producer, m.message_id))
-                        conn.commit()
-                    with lock:
-                        applied_counter["n"] += 1
-                    return 1
+            def article(w: int, rng: random.Random, serial: int) -> int:
+                m = message(w, rng, serial, "article")
+                digest = hashlib.sha256(
+                    json.dumps(m.payload, sort_keys=True, separators=(",", ":")).encode()
+                ).hexdigest()
+                with pool.connection() as conn:
+                    row = conn.execute(ARTICLE_CLAIM, ("bench", m.producer, m.message_id, digest, "v1")).fetchone()
+                    if row is not None:
+                        conn.execute(UPDATE_ACCOUNT, (m.payload["amount"], m.payload["account"]))
+                        conn.execute(ARTICLE_DONE, ("bench", m.producer, m.message_id))
+                    conn.commit()
+                with lock:
+                    applied_counter["n"] += 1
+                return 1
 
-                def handle(w: int, rng: random.Random, serial: int) -> int:
-                    return count_applied([inbox.handle(message(w, rng, serial, "handle"), credit)])
+            def handle(w: int, rng: random.Random, serial: int) -> int:
+                return count_applied([inbox.handle(message(w, rng, serial, "handle"), credit)])
 
-                def handle_np(w: int, rng: random.Random, serial: int) -> int:
-                    return count_applied([inbox_np.handle(message(w, rng, serial, "handle_np"), credit)])
+            def handle_np(w: int, rng: random.Random, serial: int) -> int:
+                return count_applied([inbox_np.handle(message(w, rng, serial, "handle_np"), credit)])
 
-                def apply(w: int, rng: random.Random, serial: int) -> int:
-                    return count_applied([inbox.apply(message(w, rng, serial, "apply"))])
+            def apply(w: int, rng: random.Random, serial: int) -> int:
+                return count_applied([inbox.apply(message(w, rng, serial, "apply"))])
 
-                def apply_batch(w: int, rng: random.Random, serial: int) -> int:
-                    batch = [message(w, rng, serial, "apply_batch", k) for k in range(args.batch)]
-                    return count_applied(inbox.apply_batch(batch))
+            def apply_batch(w: int, rng: random.Random, serial: int) -> int:
+                batch = [message(w, rng, serial, "apply_batch", k) for k in range(args.batch)]
+                return count_applied(inbox.apply_batch(batch))
 
-                def handle_batch(w: int, rng: random.Random, serial: int) -> int:
-                    batch = [message(w, rng, serial, "handle_batch", k) for k in range(args.batch)]
-                    return count_applied(inbox.handle_batch(batch, credit))
+            def handle_batch(w: int, rng: random.Random, serial: int) -> int:
+                batch = [message(w, rng, serial, "handle_batch", k) for k in range(args.batch)]
+                return count_applied(inbox.handle_batch(batch, credit))
 
-                workloads: dict[str, Callable[[int, random.Random, int], int]] = {
-                    "article": article,
-                    "handle": handle,
-                    "handle_np": handle_np,
-                    "apply": apply,
-                    "handle_batch": handle_batch,
-                    "apply_batch": apply_batch,
-                }
-                if args.only:
-                    workloads = {k: v for k, v in workloads.items() if k in args.only}
-                samples: dict[str, list[float]] = {name: [] for name in workloads}
-                cpu: dict[str, list[tuple[float, float]]] = {name: [] for name in workloads}
-                for rnd in range(args.rounds):
-                    for name, step in workloads.items():
-                        rate, client_us, server_us = load.run(step)
-                        samples[name].append(rate)
-                        cpu[name].append((client_us, server_us))
-                        print(f"round {rnd + 1}: {name:13s} {rate:9.0f} msgs/s   CPU per message: "
-                              f"client {client_us:5.0f} us, server {server_us:5.0f} us", flush=True)
-                stats = inbox.stats
+            workloads: dict[str, Callable[[int, random.Random, int], int]] = {
+                "article": article,
+                "handle": handle,
+                "handle_np": handle_np,
+                "apply": apply,
+                "handle_batch": handle_batch,
+                "apply_batch": apply_batch,
+            }
+            if args.only:
+                workloads = {k: v for k, v in workloads.items() if k in args.only}
+            samples: dict[str, list[float]] = {name: [] for name in workloads}
+            cpu: dict[str, list[tuple[float, float]]] = {name: [] for name in workloads}
+            for rnd in range(args.rounds):
+                for name, step in workloads.items():
+                    rate, client_us, server_us = load.run(step)
+                    samples[name].append(rate)
+                    cpu[name].append((client_us, server_us))
+                    print(f"round {rnd + 1}: {name:13s} {rate:9.0f} msgs/s   CPU per message: "
+                          f"client {client_us:5.0f} us, server {server_us:5.0f} us", flush=True)
+            stats = inbox.stats
 
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                row = conn.execute(
-                    "SELECT (SELECT sum(balance) FROM account),"
-                    " (SELECT count(*) FROM inbox.message) + (SELECT count(*) FROM consumer_inbox)"
-                ).fetchone()
-                assert row is not None
-                if not (row[0] == row[1] == applied_counter["n"]):
-                    raise SystemExit(f"invariant broken: balance sum {row[0]}, claims {row[1]}, "
-                                     f"applied {applied_counter['n']}")
-        finally:
-            cluster.stop("fast")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT (SELECT sum(balance) FROM account),"
+                " (SELECT count(*) FROM inbox.message) + (SELECT count(*) FROM consumer_inbox)"
+            ).fetchone()
+            assert row is not None
+            if not (row[0] == row[1] == applied_counter["n"]):
+                raise SystemExit(f"invariant broken: balance sum {row[0]}, claims {row[1]}, "
+                                 f"applied {applied_counter['n']}")
 
     med = {name: statistics.median(v) for name, v in samples.items()}
     ratios: dict[str, float] = {}
