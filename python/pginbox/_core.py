@@ -312,6 +312,14 @@ def chunks(messages: Sequence[Message], size: int) -> list[Sequence[Message]]:
     return [messages[i : i + size] for i in range(0, len(messages), size)]
 
 
+def check_names(consumer: object, handler_version: object) -> None:
+    """The constructor arguments Inbox and AsyncInbox share."""
+    if not isinstance(consumer, str) or not consumer:
+        raise ValueError("consumer must be a non-empty string")
+    if not isinstance(handler_version, str) or not handler_version:
+        raise ValueError("handler_version must be a non-empty string")
+
+
 def check_batch_size(size: int) -> int:
     if not 1 <= size <= MAX_BATCH:
         raise ValueError(f"batch_size must be between 1 and {MAX_BATCH}, got {size}")

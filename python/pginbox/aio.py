@@ -103,10 +103,7 @@ class AsyncInbox:
         batch_size: int = _core.MAX_BATCH,
         pipeline: bool = True,
     ) -> None:
-        if not isinstance(consumer, str) or not consumer:
-            raise ValueError("consumer must be a non-empty string")
-        if not isinstance(handler_version, str) or not handler_version:
-            raise ValueError("handler_version must be a non-empty string")
+        _core.check_names(consumer, handler_version)
         self.consumer = consumer
         self.handler_version = handler_version
         self.retry = retry if retry is not None else RetryPolicy()
@@ -210,13 +207,7 @@ class AsyncInbox:
         results: list[Result] = []
         for chunk in _core.chunks(batch, self.batch_size):
             cost = CallCost()
-            out: list[Result | None] = [None] * len(chunk)
-            redelivered = [i for i, m in enumerate(chunk) if m.redelivered]
-            if redelivered:
-                starts = await self._record_starts([chunk[i] for i in redelivered], cost)
-                for i, start in zip(redelivered, starts, strict=True):
-                    out[i] = start
-            pending = [i for i in range(len(chunk)) if out[i] is None]
+            out, pending = await self._announce_redeliveries(chunk, cost)
             if pending:
                 params = _core.batch_params(self.consumer, [chunk[i] for i in pending])
                 applied = await self._run(
@@ -235,13 +226,7 @@ class AsyncInbox:
         results: list[Result] = []
         for chunk in _core.chunks(batch, self.batch_size):
             cost = CallCost()
-            out: list[Result | None] = [None] * len(chunk)
-            redelivered = [i for i, m in enumerate(chunk) if m.redelivered]
-            if redelivered:
-                starts = await self._record_starts([chunk[i] for i in redelivered], cost)
-                for i, start in zip(redelivered, starts, strict=True):
-                    out[i] = start
-            pending = [i for i in range(len(chunk)) if out[i] is None]
+            out, pending = await self._announce_redeliveries(chunk, cost)
             if pending:
                 todo = [chunk[i] for i in pending]
                 done = await self._run(partial(self._handle_batch_attempt, messages=todo, handler=handler), cost)
@@ -400,6 +385,19 @@ class AsyncInbox:
             value = build(rows)
             await self._commit(conn, rows[0][-1] if rows else None, value)
             return value
+
+    async def _announce_redeliveries(
+        self, chunk: Sequence[Message], cost: CallCost
+    ) -> tuple[list[Result | None], list[int]]:
+        """record_start for the redelivered messages of a chunk: their QUARANTINED Results in place,
+        and the indices of the messages still to process."""
+        out: list[Result | None] = [None] * len(chunk)
+        redelivered = [i for i, m in enumerate(chunk) if m.redelivered]
+        if redelivered:
+            starts = await self._record_starts([chunk[i] for i in redelivered], cost)
+            for i, start in zip(redelivered, starts, strict=True):
+                out[i] = start
+        return out, [i for i in range(len(chunk)) if out[i] is None]
 
     async def _record_starts(self, messages: Sequence[Message], cost: CallCost) -> list[Result | None]:
         params = _core.record_starts_params(self.consumer, self.handler_version, messages)

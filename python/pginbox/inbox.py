@@ -134,10 +134,7 @@ class Inbox:
         batch_size: int = _core.MAX_BATCH,
         pipeline: bool = True,
     ) -> None:
-        if not isinstance(consumer, str) or not consumer:
-            raise ValueError("consumer must be a non-empty string")
-        if not isinstance(handler_version, str) or not handler_version:
-            raise ValueError("handler_version must be a non-empty string")
+        _core.check_names(consumer, handler_version)
         self.consumer = consumer
         self.handler_version = handler_version
         self.retry = retry if retry is not None else RetryPolicy()
@@ -247,13 +244,7 @@ class Inbox:
         results: list[Result] = []
         for chunk in _core.chunks(batch, self.batch_size):
             cost = CallCost()
-            out: list[Result | None] = [None] * len(chunk)
-            redelivered = [i for i, m in enumerate(chunk) if m.redelivered]
-            if redelivered:
-                starts = self._record_starts([chunk[i] for i in redelivered], cost)
-                for i, start in zip(redelivered, starts, strict=True):
-                    out[i] = start
-            pending = [i for i in range(len(chunk)) if out[i] is None]
+            out, pending = self._announce_redeliveries(chunk, cost)
             if pending:
                 params = _core.batch_params(self.consumer, [chunk[i] for i in pending])
                 applied = self._run(
@@ -275,13 +266,7 @@ class Inbox:
         results: list[Result] = []
         for chunk in _core.chunks(batch, self.batch_size):
             cost = CallCost()
-            out: list[Result | None] = [None] * len(chunk)
-            redelivered = [i for i, m in enumerate(chunk) if m.redelivered]
-            if redelivered:
-                starts = self._record_starts([chunk[i] for i in redelivered], cost)
-                for i, start in zip(redelivered, starts, strict=True):
-                    out[i] = start
-            pending = [i for i in range(len(chunk)) if out[i] is None]
+            out, pending = self._announce_redeliveries(chunk, cost)
             if pending:
                 todo = [chunk[i] for i in pending]
                 done = self._run(partial(self._handle_batch_attempt, messages=todo, handler=handler), cost)
@@ -445,6 +430,19 @@ class Inbox:
             return value
         finally:
             _leave_autocommit(conn, switched)
+
+    def _announce_redeliveries(
+        self, chunk: Sequence[Message], cost: CallCost
+    ) -> tuple[list[Result | None], list[int]]:
+        """record_start for the redelivered messages of a chunk: their QUARANTINED Results in place,
+        and the indices of the messages still to process."""
+        out: list[Result | None] = [None] * len(chunk)
+        redelivered = [i for i, m in enumerate(chunk) if m.redelivered]
+        if redelivered:
+            starts = self._record_starts([chunk[i] for i in redelivered], cost)
+            for i, start in zip(redelivered, starts, strict=True):
+                out[i] = start
+        return out, [i for i in range(len(chunk)) if out[i] is None]
 
     def _record_starts(self, messages: Sequence[Message], cost: CallCost) -> list[Result | None]:
         """inbox.record_start for redelivered messages, committed before they are processed:
