@@ -289,29 +289,77 @@ def test_sqitch_verify_passes_on_a_fresh_deploy(db_dsn: str) -> None:
     sqitch.verify(db_dsn, project=sqitch_project())
 
 
-@pytest.mark.slow
-def test_sqitch_verify_fails_when_any_package_object_is_missing(pg_base: str, template_db: str) -> None:
-    objects = query(dsn_for(pg_base, template_db), PACKAGE_OBJECTS_QUERY)
-    assert any(row[0] == "routine" for row in objects), "no functions in schema inbox"
-    unnoticed: list[str] = []
-    for kind, schema, name, arguments, label in objects:
-        clone = "t_verify_probe"
-        drop_database(pg_base, clone)
-        create_database(pg_base, clone, template=template_db)
-        dsn = dsn_for(pg_base, clone)
+def verify_bodies() -> list[tuple[str, str]]:
+    """(change, statements) of every verify script in plan order, without its BEGIN; / ROLLBACK;
+    lines, so that they can run inside a transaction of the test's own."""
+    changes = []
+    for line in (REPO_ROOT / "sqitch.plan").read_text().splitlines():
+        if line.strip() and not line.startswith(("%", "#", "@", " ")):
+            changes.append(line.split()[0])
+    bodies = []
+    for change in changes:
+        lines = (REPO_ROOT / "verify" / f"{change}.sql").read_text().splitlines()
+        assert lines.count("BEGIN;") == 1 and lines.count("ROLLBACK;") == 1, f"verify/{change}.sql: unexpected shape"
+        bodies.append((change, "\n".join(x for x in lines if x not in ("BEGIN;", "ROLLBACK;"))))
+    return bodies
+
+
+def run_verify_bodies(connection: psycopg.Connection[Any], bodies: list[tuple[str, str]]) -> str | None:
+    """Runs the verify statements in the current transaction; the first change that fails, or None."""
+    for change, body in bodies:
         try:
-            with psycopg.connect(dsn, autocommit=True) as connection:
+            connection.execute(body)
+        except psycopg.Error:
+            return change
+    return None
+
+
+@pytest.mark.slow
+def test_verify_scripts_fail_when_any_package_object_is_missing(db_dsn: str) -> None:
+    """Every object of schema inbox is dropped in turn (in a transaction rolled back afterwards) and
+    the verify scripts must notice. Running the scripts' statements directly keeps this to seconds;
+    the next test shows that `sqitch verify` runs those same scripts and fails with them."""
+    objects = query(db_dsn, PACKAGE_OBJECTS_QUERY)
+    assert any(row[0] == "routine" for row in objects), "no functions in schema inbox"
+    bodies = verify_bodies()
+    unnoticed: list[str] = []
+    with psycopg.connect(db_dsn, autocommit=True) as connection:
+        connection.execute("BEGIN")
+        assert run_verify_bodies(connection, bodies) is None, "the verify scripts fail on an intact deploy"
+        connection.execute("ROLLBACK")
+        for kind, schema, name, arguments, label in objects:
+            connection.execute("BEGIN")
+            try:
+                connection.execute("SAVEPOINT before_drop")
                 try:
                     connection.execute(drop_statement(kind, schema, name, arguments, False))
                     how = ""
                 except psycopg.errors.DependentObjectsStillExist:
+                    connection.execute("ROLLBACK TO SAVEPOINT before_drop")
                     connection.execute(drop_statement(kind, schema, name, arguments, True))
                     how = " (dropped with CASCADE)"
-            try:
-                sqitch.verify(dsn, project=sqitch_project())
-            except sqitch.SqitchError:
-                continue
-            unnoticed.append(f"{kind} {label}{how}")
-        finally:
-            drop_database(pg_base, clone)
-    assert not unnoticed, "sqitch verify passes although these are missing:\n  " + "\n  ".join(unnoticed)
+                if run_verify_bodies(connection, bodies) is None:
+                    unnoticed.append(f"{kind} {label}{how}")
+            finally:
+                connection.execute("ROLLBACK")
+    assert not unnoticed, "the verify scripts pass although these are missing:\n  " + "\n  ".join(unnoticed)
+
+
+@pytest.mark.parametrize(
+    "kind,name,arguments",
+    [("routine", "schema_version", ""), ("table", "handler_registration", "")],
+)
+def test_sqitch_verify_fails_when_an_object_is_missing(
+    pg_base: str, template_db: str, kind: str, name: str, arguments: str
+) -> None:
+    clone = "t_verify_probe"
+    drop_database(pg_base, clone)
+    create_database(pg_base, clone, template=template_db)
+    dsn = dsn_for(pg_base, clone)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as connection:
+            connection.execute(drop_statement(kind, "inbox", name, arguments, True))
+        with pytest.raises(sqitch.SqitchError):
+            sqitch.verify(dsn, project=sqitch_project())
+    finally:
+        drop_database(pg_base, clone)
