@@ -12,6 +12,7 @@ DEB_PACKAGES=(
     postgresql-15
     postgresql-15-pgtap
     postgresql-15-plpgsql-check
+    postgresql-15-cron
     sqitch
     libdbd-pg-perl
     libtap-parser-sourcehandler-pgtap-perl

@@ -42,6 +42,28 @@ END
 $$;
 COMMENT ON FUNCTION inbox._check_delivery(text, integer, integer, text) IS 'internal: validates payload size and handler version (22004, 54000, 22023, 22001)';
 
+-- Hooks of later modules on the claim paths. They start as no-ops here and are replaced by
+-- sql/070_retention.sql (_heartbeat, _expire_check) and sql/090_metrics.sql (_count_duplicate),
+-- whose revert scripts put these no-ops back: reverting one of those modules alone
+-- (sqitch revert --to ...) leaves claims that work, instead of claims that call dropped objects.
+CREATE FUNCTION inbox._heartbeat(consumer text) RETURNS void
+    LANGUAGE sql VOLATILE
+    RETURN NULL;
+COMMENT ON FUNCTION inbox._heartbeat(text) IS 'internal: retention''s heartbeat (a no-op until sql/070_retention.sql replaces it)';
+
+CREATE FUNCTION inbox._expire_check(
+    consumer text, tenant text, producer text, message_id text, payload_hash bytea, handler_version text,
+    produced_at timestamptz, message_type text, payload jsonb, payload_bytes bytea, store_payload boolean)
+    RETURNS inbox.delivery_result
+    LANGUAGE sql VOLATILE
+    RETURN NULL::inbox.delivery_result;
+COMMENT ON FUNCTION inbox._expire_check(text, text, text, text, bytea, text, timestamptz, text, jsonb, bytea, boolean) IS 'internal: retention''s watermark check (a no-op until sql/070_retention.sql replaces it)';
+
+CREATE FUNCTION inbox._count_duplicate(consumer text, producer text) RETURNS void
+    LANGUAGE sql VOLATILE
+    RETURN NULL;
+COMMENT ON FUNCTION inbox._count_duplicate(text, text) IS 'internal: counts a duplicate delivery (a no-op until sql/090_metrics.sql replaces it)';
+
 -- The claim itself. INSERT ... ON CONFLICT DO NOTHING on the identity: the unique key, not a
 -- prior SELECT, decides who owns first processing. At READ COMMITTED a concurrent claimer waits
 -- for the first one to commit (then sees it) or abort (then claims). At REPEATABLE READ and above
@@ -65,6 +87,18 @@ BEGIN
                 _claim_core.payload_hash, _claim_core.handler_version, _claim_core.produced_at, now())
         ON CONFLICT ON CONSTRAINT message_pkey DO NOTHING;
         IF FOUND THEN
+            -- A first delivery (also after a purge deleted the row we conflicted with): check the
+            -- purge watermark (sql/070_retention.sql).
+            IF _claim_core.produced_at IS NOT NULL THEN
+                result := coalesce(inbox._expire_check(_claim_core.consumer, _claim_core.tenant, _claim_core.producer,
+                                                       _claim_core.message_id, _claim_core.payload_hash,
+                                                       _claim_core.handler_version, _claim_core.produced_at, NULL,
+                                                       _claim_core.payload, _claim_core.payload_bytes,
+                                                       _claim_core.store_payload), result);
+                IF result.outcome IS NOT NULL THEN
+                    RETURN result;
+                END IF;
+            END IF;
             result.outcome := 'claimed';
             result.handler_version := _claim_core.handler_version;
             result.processed_at := now();
@@ -89,6 +123,8 @@ BEGIN
     IF existing.status = 'discarded'
        OR (existing.status = 'processed' AND existing.payload_sha256 = _claim_core.payload_hash) THEN
         result.outcome := 'duplicate';
+        -- Metrics (sql/090_metrics.sql): one appended event row, no counter row shared with anyone.
+        PERFORM inbox._count_duplicate(_claim_core.consumer, _claim_core.producer);
         RETURN result;
     END IF;
 
@@ -139,6 +175,7 @@ AS $$
 DECLARE
     settings inbox.consumer_config;
     hash bytea;
+    expired inbox.delivery_result;
 BEGIN
     IF inbox._identity_ok(claim.consumer, claim.producer, claim.message_id, claim.tenant) IS NOT TRUE THEN
         PERFORM inbox._check_identity('inbox.claim', claim.consumer, claim.producer, claim.message_id, claim.tenant);
@@ -152,6 +189,10 @@ BEGIN
                                       claim.handler_version);
     END IF;
     hash := inbox.payload_hash(claim.payload, settings.hash_exclude_keys);
+    -- Retention's heartbeat (sql/070_retention.sql), at most once a minute per consumer.
+    IF settings.last_active_at IS NULL OR settings.last_active_at < now() - '60 seconds'::interval THEN
+        PERFORM inbox._heartbeat(claim.consumer);
+    END IF;
     -- The first delivery, inline: it is the path every message takes once.
     INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version,
                                produced_at, processed_at)
@@ -159,6 +200,15 @@ BEGIN
             claim.produced_at, now())
     ON CONFLICT ON CONSTRAINT message_pkey DO NOTHING;
     IF FOUND THEN
+        -- Produced before the purge watermark: maybe purged already, so expired, not new.
+        IF claim.produced_at < settings.purge_watermark THEN
+            expired := inbox._expire_check(claim.consumer, claim.tenant, claim.producer, claim.message_id, hash,
+                                           claim.handler_version, claim.produced_at, NULL, claim.payload, NULL,
+                                           settings.store_payloads);
+            IF expired.outcome IS NOT NULL THEN
+                RETURN expired;
+            END IF;
+        END IF;
         RETURN ROW('claimed', pg_catalog.encode(hash, 'hex'), NULL, claim.handler_version, now(), NULL, NULL, NULL,
                    NULL)::inbox.delivery_result;
     END IF;
@@ -184,6 +234,9 @@ BEGIN
     settings := inbox._settings(claim_bytea.consumer);
     PERFORM inbox._check_delivery('inbox.claim_bytea', octet_length(claim_bytea.payload),
                                   settings.max_payload_bytes, claim_bytea.handler_version);
+    IF settings.last_active_at IS NULL OR settings.last_active_at < now() - '60 seconds'::interval THEN
+        PERFORM inbox._heartbeat(claim_bytea.consumer);
+    END IF;
     RETURN inbox._claim_core(claim_bytea.consumer, claim_bytea.tenant, claim_bytea.producer, claim_bytea.message_id,
                              sha256(claim_bytea.payload), claim_bytea.handler_version, claim_bytea.produced_at,
                              NULL, claim_bytea.payload, settings.store_payloads);

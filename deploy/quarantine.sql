@@ -145,14 +145,25 @@ BEGIN
             USING ERRCODE = 'undefined_object', HINT = 'Register the fixed handler with inbox.register_handler first.';
     END IF;
 
-    UPDATE inbox.message m
-       SET status = 'processed', payload_sha256 = coalesce(entry.payload_sha256, m.payload_sha256),
-           handler_version = version, processed_at = now()
-     WHERE m.consumer = entry.consumer AND m.tenant = entry.tenant AND m.producer = entry.producer
-       AND m.message_id = entry.message_id AND m.status = 'quarantined';
+    IF entry.kind = 'expired' THEN
+        -- An expired delivery's claim was undone, so there is no row to turn processed: the
+        -- operator vouches that it is new, and repair claims it now (unless a released
+        -- delivery claimed it meanwhile).
+        INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version,
+                                   processed_at)
+        VALUES (entry.consumer, entry.tenant, entry.producer, entry.message_id, entry.payload_sha256, version, now())
+        ON CONFLICT ON CONSTRAINT message_pkey DO NOTHING;
+    ELSE
+        UPDATE inbox.message m
+           SET status = 'processed', payload_sha256 = coalesce(entry.payload_sha256, m.payload_sha256),
+               handler_version = version, processed_at = now()
+         WHERE m.consumer = entry.consumer AND m.tenant = entry.tenant AND m.producer = entry.producer
+           AND m.message_id = entry.message_id AND m.status = 'quarantined';
+    END IF;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'inbox.repair: identity of entry % is no longer held by quarantine', entry.quarantine_id
-            USING ERRCODE = 'object_not_in_prerequisite_state';
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Another delivery or decision processed it meanwhile: look at the entry with pginbox quarantine show.';
     END IF;
     PERFORM inbox._close_entry(entry, 'repair', 'recovered', _begin_repair.note);
 

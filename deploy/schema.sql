@@ -21,6 +21,8 @@ SET LOCAL ROLE inbox_owner;
 --   conflict     same identity, different payload hash: quarantined, nothing applied
 --   failed       the handler raised a permanent error: its writes and the claim rolled back, attempt recorded
 --   quarantined  the identity sits in quarantine: nothing applied, the handler did not run
+--   expired      produced before the consumer's purge watermark: it cannot be told apart from a purged
+--                message, so it is quarantined (kind 'expired'), nothing applied
 --   proceed      (inbox.record_start only) go on and process the delivery
 CREATE TYPE inbox.delivery_result AS (
     outcome text,
@@ -64,9 +66,16 @@ CREATE TABLE inbox.consumer_config (
     store_payloads boolean NOT NULL DEFAULT true,
     max_payload_bytes integer NOT NULL DEFAULT 1048576 CHECK (max_payload_bytes BETWEEN 1 AND 104857600),
     updated_at timestamptz NOT NULL DEFAULT now(),
-    updated_by text NOT NULL DEFAULT session_user
+    updated_by text NOT NULL DEFAULT session_user,
+    -- Retention (sql/070_retention.sql): the claims' heartbeat (refreshed at most once a minute) and
+    -- the highest purge watermark of the consumer over its producers (NULL: never purged). The
+    -- claim paths read both with the settings, so checking a delivery against them costs nothing.
+    last_active_at timestamptz,
+    purge_watermark timestamptz
 );
 COMMENT ON TABLE inbox.consumer_config IS 'Per-consumer settings; a consumer without a row uses the column defaults';
+COMMENT ON COLUMN inbox.consumer_config.last_active_at IS 'Heartbeat of the consumer''s claims (at most once a minute): retention counts age in active time';
+COMMENT ON COLUMN inbox.consumer_config.purge_watermark IS 'Highest purge watermark over the consumer''s producers: a first delivery produced before it is checked against inbox.purge_state';
 
 CREATE TABLE inbox.handler (
     consumer text NOT NULL,
@@ -140,7 +149,7 @@ CREATE TABLE inbox.quarantine (
     tenant text NOT NULL,
     producer text NOT NULL,
     message_id text NOT NULL,
-    kind text NOT NULL CHECK (kind IN ('conflict', 'failure')),
+    kind text NOT NULL CHECK (kind IN ('conflict', 'failure', 'expired')),
     message_type text,
     payload_sha256 bytea,
     stored_sha256 bytea,
@@ -162,7 +171,7 @@ CREATE TABLE inbox.quarantine (
     decided_by text,
     CONSTRAINT quarantine_entry_key UNIQUE NULLS NOT DISTINCT (consumer, tenant, producer, message_id, kind, payload_sha256)
 );
-COMMENT ON TABLE inbox.quarantine IS 'Messages whose ownership moved to operators: identity conflicts and exhausted attempts';
+COMMENT ON TABLE inbox.quarantine IS 'Messages whose ownership moved to operators: identity conflicts, exhausted attempts, expired deliveries';
 CREATE INDEX quarantine_open_idx ON inbox.quarantine (consumer, created_at) WHERE status = 'open';
 
 CREATE TABLE inbox.quarantine_decision (
@@ -260,7 +269,8 @@ COMMENT ON FUNCTION inbox._identity_ok(text, text, text, text) IS 'internal: tru
 -- (a pgTAP test keeps the two in step).
 CREATE FUNCTION inbox._default_settings(consumer text) RETURNS inbox.consumer_config
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    RETURN ROW(consumer, '{}'::text[], 5, true, 1048576, NULL::timestamptz, NULL::text)::inbox.consumer_config;
+    RETURN ROW(consumer, '{}'::text[], 5, true, 1048576, NULL::timestamptz, NULL::text, NULL::timestamptz,
+               NULL::timestamptz)::inbox.consumer_config;
 COMMENT ON FUNCTION inbox._default_settings(text) IS 'internal: settings of an unconfigured consumer';
 
 CREATE FUNCTION inbox._settings(consumer text) RETURNS inbox.consumer_config

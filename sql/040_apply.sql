@@ -129,9 +129,10 @@ BEGIN
     END IF;
     -- One query for the handler and the consumer's settings (NULL when unconfigured).
     SELECT h.handler, h.handler_version, h.takes_context,
-           c.consumer, c.hash_exclude_keys, c.max_payload_bytes, c.store_payloads
+           c.consumer, c.hash_exclude_keys, c.max_payload_bytes, c.store_payloads, c.last_active_at, c.purge_watermark
       INTO plan.handler, version, plan.takes_context,
-           settings.consumer, settings.hash_exclude_keys, settings.max_payload_bytes, settings.store_payloads
+           settings.consumer, settings.hash_exclude_keys, settings.max_payload_bytes, settings.store_payloads,
+           settings.last_active_at, settings.purge_watermark
       FROM inbox.handler h
       LEFT JOIN inbox.consumer_config c ON c.consumer = h.consumer
      WHERE h.consumer = _begin_apply.consumer AND h.message_type = _begin_apply.message_type;
@@ -156,6 +157,10 @@ BEGIN
                                       settings.max_payload_bytes, version);
     END IF;
     hash := inbox.payload_hash(_begin_apply.payload, settings.hash_exclude_keys);
+    -- Retention's heartbeat (sql/070_retention.sql), at most once a minute per consumer.
+    IF settings.last_active_at IS NULL OR settings.last_active_at < now() - '60 seconds'::interval THEN
+        PERFORM inbox._heartbeat(_begin_apply.consumer);
+    END IF;
     -- The first delivery, inline: it is the path every message takes once.
     INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version,
                                produced_at, processed_at)
@@ -163,6 +168,16 @@ BEGIN
             version, _begin_apply.produced_at, now())
     ON CONFLICT ON CONSTRAINT message_pkey DO NOTHING;
     IF FOUND THEN
+        -- Produced before the purge watermark: maybe purged already, so expired, not new.
+        IF _begin_apply.produced_at < settings.purge_watermark THEN
+            plan.claim := inbox._expire_check(_begin_apply.consumer, _begin_apply.tenant, _begin_apply.producer,
+                                              _begin_apply.message_id, hash, version, _begin_apply.produced_at,
+                                              _begin_apply.message_type, _begin_apply.payload, NULL,
+                                              settings.store_payloads);
+            IF (plan.claim).outcome IS NOT NULL THEN
+                RETURN plan;
+            END IF;
+        END IF;
         plan.claim := ROW('claimed', pg_catalog.encode(hash, 'hex'), NULL, version, now(), NULL, NULL, NULL,
                           NULL)::inbox.delivery_result;
     ELSE

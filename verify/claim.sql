@@ -2,7 +2,9 @@
 BEGIN;
 
 SELECT 'inbox._delivery_ok(integer, integer, text)'::regprocedure, 'inbox._check_optional(text, text, text)'::regprocedure,
-       'inbox._held_by(inbox.delivery_result)'::regprocedure;
+       'inbox._held_by(inbox.delivery_result)'::regprocedure, 'inbox._heartbeat(text)'::regprocedure,
+       'inbox._expire_check(text, text, text, text, bytea, text, timestamptz, text, jsonb, bytea, boolean)'::regprocedure,
+       'inbox._count_duplicate(text, text)'::regprocedure;
 
 DO $verify$
 BEGIN

@@ -31,6 +31,9 @@ class Outcome(enum.Enum):
     FAILED = "failed"
     #: The identity sits in quarantine (now or earlier): nothing applied, handler not run. Ack.
     QUARANTINED = "quarantined"
+    #: Produced before the consumer's purge watermark: it cannot be told apart from a message whose
+    #: inbox row was purged, so it is quarantined (kind 'expired') instead of applied. Ack.
+    EXPIRED = "expired"
 
     @property
     def ack(self) -> bool:
@@ -39,7 +42,7 @@ class Outcome(enum.Enum):
         return self in _ACK
 
 
-_ACK = frozenset({Outcome.APPLIED, Outcome.DUPLICATE, Outcome.CONFLICT, Outcome.QUARANTINED})
+_ACK = frozenset({Outcome.APPLIED, Outcome.DUPLICATE, Outcome.CONFLICT, Outcome.QUARANTINED, Outcome.EXPIRED})
 
 
 @dataclass(frozen=True, slots=True)
