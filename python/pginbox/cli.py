@@ -2,8 +2,9 @@
 
     pginbox [--dsn DSN] [--verbose] deploy | verify | revert | status | demo
     pginbox quarantine list | show | repair | discard | release
-    pginbox dispatch [--once] [--name N] [--callable DEST=MODULE:FUNCTION ...] [--config FILE]
-    pginbox outbox list | show | redrive
+    pginbox dispatch [--once] [--name N] [--callable DEST=MODULE:FUNCTION ...] [--config FILE] [--health-port P]
+    pginbox dispatch-health [--port P | --url URL]
+    pginbox outbox list | show | redrive | discard
     pginbox cluster [--datadir DIR] start | stop | status | dsn
 
 Without --dsn (or DATABASE_URL) the commands use the private demo cluster (see
@@ -483,7 +484,7 @@ for _action in _ACTIONS:
 # --------------------------------------------------------------------------- outbox dispatcher
 
 # Operator queries on the outbox (inbox_reader may run LIST and SHOW without payload columns;
-# SHOW_PAYLOAD and REDRIVE need inbox_operator).
+# SHOW_PAYLOAD, REDRIVE and DISCARD need inbox_operator).
 OUTBOX_LIST: Final = """
 SELECT effect_id, destination, status::text AS status, attempts, ordering_key, created_at, available_at,
        leased_by, last_status_code, dead_reason::text AS dead_reason, last_error
@@ -495,7 +496,7 @@ SELECT effect_id, destination, status::text AS status, attempts, ordering_key, c
 OUTBOX_SHOW: Final = """
 SELECT effect_id, destination, status::text AS status, attempts, ordering_key, order_seq, blocked, created_at,
        available_at, lease_token, leased_by, lease_expires_at, last_attempt_at, last_error, last_status_code,
-       last_duration_ms, delivered_at, dead_reason::text AS dead_reason
+       last_duration_ms, delivered_at, dead_reason::text AS dead_reason, discarded_at
   FROM inbox.outbox
  WHERE effect_id = %(effect_id)s
 """
@@ -511,7 +512,17 @@ SELECT redrive_id, redriven_by, redriven_at, note, attempts, dead_reason::text A
 OUTBOX_REDRIVE: Final = """
 SELECT effect_id, status::text AS status, attempts FROM inbox.redrive_effect(%(effect_id)s, %(note)s)
 """
-OUTBOX_STATUSES: Final = ("pending", "leased", "delivered", "dead")
+OUTBOX_DISCARDS: Final = """
+SELECT discard_id, discarded_by, discarded_at, note, attempts, dead_reason, last_error
+  FROM inbox.outbox_discard
+ WHERE effect_id = %(effect_id)s
+ ORDER BY discard_id
+"""
+OUTBOX_DISCARD: Final = """
+SELECT effect_id, status::text AS status, attempts, ordering_key, discarded_at
+  FROM inbox.discard_effect(%(effect_id)s, %(note)s)
+"""
+OUTBOX_STATUSES: Final = ("pending", "leased", "delivered", "dead", "discarded")
 
 
 def _load_callable(spec: str) -> tuple[str, Callable[..., object]]:
@@ -566,6 +577,15 @@ def _configured_transports(config: Path | None) -> dict[str, Any]:
               help="Deliver destination DEST by calling MODULE:FUNCTION(effect) (repeatable).")
 @click.option("--config", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="TOML file of destinations (pginbox.transports).")
+@click.option("--health-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve GET /healthz and GET /metrics (Prometheus) on this port (0: any free port, logged).")
+@click.option("--health-host", default="127.0.0.1", show_default=True,
+              help="Address the health endpoint binds to (it has no authentication).")
+@click.option("--purge-every", type=click.FloatRange(1, 86400 * 7), default=None, metavar="SECONDS",
+              help="Also purge every consumer with a retention policy this often (with --once: once, at the end).")
+@click.option("--keep-delivered", type=click.FloatRange(0, None), default=7 * 86400.0, show_default=True,
+              metavar="SECONDS",
+              help="With --purge-every: also delete delivered and discarded effects older than this, in batches.")
 @click.pass_context
 def dispatch(
     ctx: click.Context,
@@ -579,9 +599,13 @@ def dispatch(
     delivery_timeout: float | None,
     callables: tuple[str, ...],
     config: Path | None,
+    health_port: int | None,
+    health_host: str,
+    purge_every: float | None,
+    keep_delivered: float,
 ) -> None:
     """Deliver committed outbox effects to their destinations (SIGTERM/SIGINT: finish and exit 0)."""
-    from pginbox.dispatcher import CallableTransport, Dispatcher
+    from pginbox.dispatcher import CallableTransport, Dispatcher, HealthServer
 
     dsn = _database(ctx, command_dsn)
     transports: dict[str, Any] = _configured_transports(config)
@@ -608,12 +632,26 @@ def dispatch(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         previous[sig] = signal.signal(sig, on_signal)
+    health = None
+    purger = None
+    if purge_every is not None:
+        purger = retention.PeriodicPurger(dsn, purge_every, keep_delivered=datetime.timedelta(seconds=keep_delivered))
     try:
+        if health_port is not None:
+            health = HealthServer(dispatcher, health_host, health_port).start()
         if once:
             dispatcher.run_once()
+            if purger is not None:
+                purger.run_once()
         else:
+            if purger is not None:
+                purger.start()
             dispatcher.run()
     finally:
+        if purger is not None:
+            purger.stop()
+        if health is not None:
+            health.close()
         dispatcher.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -621,9 +659,38 @@ def dispatch(
     click.echo(" ".join(f"{k}={'-' if v is None else v}" for k, v in stats.items()))
 
 
+@main.command(name="dispatch-health")
+@click.option("--port", type=click.IntRange(1, 65535), default=None, help="The dispatcher's --health-port.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="With --port: the dispatcher's --health-host.")
+@click.option("--url", default=None, help="Full URL instead [default: http://HOST:PORT/healthz].")
+@click.option("--timeout", type=click.FloatRange(0.1, 600), default=5.0, show_default=True, help="Seconds.")
+def dispatch_health(port: int | None, host: str, url: str | None, timeout: float) -> None:
+    """Ask a running `pginbox dispatch --health-port` whether it is healthy: prints its JSON;
+    exit status 0 when healthy, 1 when not (503) or unreachable."""
+    import urllib.error
+    import urllib.request
+
+    if url is None:
+        if port is None:
+            raise click.UsageError("pass --port PORT (the dispatcher's --health-port) or --url URL")
+        url = f"http://{host}:{port}/healthz"
+    if not url.startswith(("http://", "https://")):
+        raise click.UsageError(f"--url must be http(s)://..., got {url!r}")
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            status, body = response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        status, body = exc.code, exc.read()
+    except (urllib.error.URLError, OSError) as exc:
+        raise click.ClickException(f"{url}: unreachable: {getattr(exc, 'reason', exc)}") from None
+    click.echo(body.decode("utf-8", errors="replace").rstrip())
+    if status != 200:
+        raise click.exceptions.Exit(1)
+
+
 @main.group(name="outbox")
 def outbox_group() -> None:
-    """Inspect outbox effects and redrive dead ones (audited)."""
+    """Inspect outbox effects; redrive or discard dead ones (audited)."""
 
 
 @outbox_group.command(name="list")
@@ -665,10 +732,12 @@ def outbox_show(ctx: click.Context, effect_id: str, command_dsn: str | None, wit
         if row is None:
             raise click.ClickException(f"no effect {effect_id!r}")
         redrives = cur.execute(OUTBOX_REDRIVES, {"effect_id": effect_id}).fetchall()
+        discards = cur.execute(OUTBOX_DISCARDS, {"effect_id": effect_id}).fetchall()
         if with_payload:
             extra = cur.execute(OUTBOX_SHOW_PAYLOAD, {"effect_id": effect_id}).fetchone()
             row.update(extra or {})
-    result = {**operator.jsonable(row), "redrives": [operator.jsonable(r) for r in redrives]}
+    result = {**operator.jsonable(row), "redrives": [operator.jsonable(r) for r in redrives],
+              "discards": [operator.jsonable(r) for r in discards]}
     if as_json:
         _echo_json(result)
         return
@@ -676,6 +745,8 @@ def outbox_show(ctx: click.Context, effect_id: str, command_dsn: str | None, wit
         click.echo(f"{key}: {_fmt(value)}")
     for r in redrives:
         click.echo(f"redrive {r['redrive_id']}: {_fmt(r['redriven_at'])} by {r['redriven_by']}: {r['note']}")
+    for r in discards:
+        click.echo(f"discard {r['discard_id']}: {_fmt(r['discarded_at'])} by {r['discarded_by']}: {r['note']}")
 
 
 @outbox_group.command(name="redrive")
@@ -695,6 +766,25 @@ def outbox_redrive(ctx: click.Context, effect_id: str, note: str, command_dsn: s
     click.echo(f"effect {effect_id}: {row['status']} (attempts {row['attempts']})")
 
 
+@outbox_group.command(name="discard")
+@click.argument("effect_id", metavar="ID")
+@click.option("--note", required=True, help="Why: goes into the audit trail (inbox.outbox_discard).")
+@_dsn_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.pass_context
+def outbox_discard(ctx: click.Context, effect_id: str, note: str, command_dsn: str | None, as_json: bool) -> None:
+    """Close a dead effect without delivering it (inbox.discard_effect, audited): later effects of
+    its ordering key are no longer held behind it."""
+    with _connect(ctx, command_dsn) as conn, conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(OUTBOX_DISCARD, {"effect_id": effect_id, "note": note}).fetchone()
+    assert row is not None
+    if as_json:
+        _echo_json(operator.jsonable(row))
+        return
+    key = f"; ordering key {row['ordering_key']} moves on" if row["ordering_key"] is not None else ""
+    click.echo(f"effect {effect_id}: {row['status']} (after {row['attempts']} attempts){key}")
+
+
 # --------------------------------------------------------------------------- demo
 
 
@@ -709,13 +799,22 @@ def outbox_redrive(ctx: click.Context, effect_id: str, note: str, command_dsn: s
 )
 @click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True, help="Consumer threads.")
 @click.option("--seed", type=int, default=None, help="Seed of the fault injection [default: random, printed].")
+@click.option("--act", "acts", type=click.IntRange(1, 3), multiple=True,
+              help="Run only this act (repeatable): 1 every outcome, 2 the simulation, 3 the outbox [default: all].")
+@click.option("--outbox-messages", type=click.IntRange(10, 100_000), default=200, show_default=True,
+              help="Act 3: messages whose handlers enqueue effects.")
+@click.option("--sink-no-dedup", is_flag=True,
+              help="Act 3: the HTTP sink does not deduplicate on Idempotency-Key (see why it must: the proof fails).")
 @click.pass_context
-def demo(ctx: click.Context, command_dsn: str | None, messages: int, workers: int, seed: int | None) -> None:
-    """Walk through every outcome, then simulate at-least-once delivery with faults and prove
-    that no message was applied twice (exit status 1 if it was)."""
+def demo(ctx: click.Context, command_dsn: str | None, messages: int, workers: int, seed: int | None,
+         acts: tuple[int, ...], outbox_messages: int, sink_no_dedup: bool) -> None:
+    """Walk through every outcome, simulate at-least-once delivery with faults and prove that no
+    message was applied twice, then deliver outbox effects to a flaky HTTP sink and prove each was
+    sent with one stable key and counted once (exit status 1 if anything is violated)."""
     from pginbox import demo as demo_module
 
-    demo_module.run(_database(ctx, command_dsn), messages=messages, workers=workers, seed=seed)
+    demo_module.run(_database(ctx, command_dsn), messages=messages, workers=workers, seed=seed,
+                    acts=acts or (1, 2, 3), outbox_messages=outbox_messages, sink_dedup=not sink_no_dedup)
 
 
 # --------------------------------------------------------------------------- cluster
@@ -790,3 +889,19 @@ def cluster_dsn(ctx: click.Context, dbname: str, no_dbname: bool) -> None:
     """Print the connection string of the cluster (it must have been created)."""
     cluster = _cluster(ctx)
     click.echo(cluster.dsn_base() if no_dbname else cluster.dsn(dbname))
+
+
+from pginbox.cli_replay import replay_group  # noqa: E402  (`pginbox replay`; imports the helpers above)
+
+main.add_command(replay_group)
+
+from pginbox.cli_metrics import metrics_group, stats  # noqa: E402  (`pginbox stats`, `pginbox metrics`)
+
+main.add_command(stats)
+main.add_command(metrics_group)
+
+from pginbox import retention  # noqa: E402  (`pginbox dispatch --purge-every`)
+from pginbox.cli_retention import purge_command, retention_group  # noqa: E402  (`pginbox purge`, `pginbox retention`)
+
+main.add_command(purge_command)
+main.add_command(retention_group)

@@ -12,7 +12,10 @@ SELECT plan(89);
 SELECT has_schema('inbox', 'schema inbox exists');
 SELECT tables_are('inbox', ARRAY['consumer_config', 'handler', 'handler_registration', 'message', 'attempt',
                                  'quarantine', 'quarantine_decision', 'outbox', 'outbox_destination', 'outbox_redrive',
-                                 'outbox_fenced_report', 'outbox_waiter'],
+                                 'outbox_discard', 'outbox_fenced_report', 'outbox_waiter', 'retention_hold',
+                                 'retention_policy', 'retention_policy_change', 'activity_gap', 'purge_state',
+                                 'replay_plan', 'replay_item', 'replay_decision',
+                                 'metric_config', 'metric_event', 'metric_total', 'metric_rollup_state'],
                   'schema inbox has exactly the documented tables');
 SELECT has_composite('inbox', 'delivery_result', 'type inbox.delivery_result exists');
 SELECT has_composite('inbox', 'message_context', 'type inbox.message_context exists');
@@ -38,7 +41,7 @@ SELECT results_eq(
 
 SELECT columns_are('inbox', 'consumer_config',
     ARRAY['consumer', 'hash_exclude_keys', 'max_attempts', 'store_payloads', 'max_payload_bytes', 'updated_at',
-          'updated_by'], 'inbox.consumer_config columns');
+          'updated_by', 'last_active_at', 'purge_watermark'], 'inbox.consumer_config columns');
 SELECT columns_are('inbox', 'handler',
     ARRAY['consumer', 'message_type', 'handler', 'handler_version', 'takes_context', 'registered_at', 'registered_by'],
     'inbox.handler columns');

@@ -363,3 +363,39 @@ def test_sqitch_verify_fails_when_an_object_is_missing(
             sqitch.verify(dsn, project=sqitch_project())
     finally:
         drop_database(pg_base, clone)
+
+
+def plan_changes() -> list[str]:
+    return [line.split()[0] for line in (REPO_ROOT / "sqitch.plan").read_text().splitlines()
+            if line.strip() and not line.startswith(("%", "#", "@", " "))]
+
+
+SMOKE = """
+CREATE TABLE IF NOT EXISTS public.smoke (n integer NOT NULL);
+CREATE OR REPLACE FUNCTION public.smoke_handler(p jsonb) RETURNS void LANGUAGE sql
+    AS $$ INSERT INTO public.smoke VALUES ((p ->> 'n')::integer) $$;
+SELECT inbox.register_handler('smoke', 'm', 'public.smoke_handler(jsonb)', 'v1');
+"""
+
+
+@pytest.mark.parametrize("to_change", [c for c in plan_changes()[plan_changes().index("apply"):-1]])
+def test_reverting_the_later_changes_leaves_working_claims(db_dsn: str, to_change: str) -> None:
+    """`sqitch revert --to X` for every X from `apply` on: the claim paths of what is left must
+    still work (later modules hook into them; their reverts must put the hooks back), and
+    deploying again restores everything."""
+    sqitch.revert(db_dsn, to_change=to_change, project=sqitch_project())
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        conn.execute(SMOKE)
+        outcomes = [
+            conn.execute("SELECT outcome FROM inbox.claim('smoke', 'p', %s, '{\"n\": 1}', produced_at => now())",
+                         (mid,)).fetchone()
+            for mid in ("a", "a")
+        ] + [
+            conn.execute("SELECT outcome FROM inbox.claim_and_apply('smoke', 'p', 'b', 'm', '{\"n\": 2}', '', now())")
+            .fetchone()
+            for _ in range(2)
+        ]
+        assert outcomes == [("claimed",), ("duplicate",), ("applied",), ("duplicate",)]
+        assert conn.execute("SELECT array_agg(n) FROM public.smoke").fetchone() == ([2],)
+    sqitch.deploy(db_dsn, project=sqitch_project())
+    sqitch.verify(db_dsn, project=sqitch_project())
