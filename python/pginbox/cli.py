@@ -583,6 +583,8 @@ def _configured_transports(config: Path | None) -> dict[str, Any]:
               help="Address the health endpoint binds to (it has no authentication).")
 @click.option("--purge-every", type=click.FloatRange(1, 86400 * 7), default=None, metavar="SECONDS",
               help="Also purge every consumer with a retention policy this often (with --once: once, at the end).")
+@click.option("--database-metrics", is_flag=True, default=False,
+              help="Also serve inbox.metrics() at the health endpoint's /metrics (the role needs inbox_reader).")
 @click.option("--keep-delivered", type=click.FloatRange(0, None), default=7 * 86400.0, show_default=True,
               metavar="SECONDS",
               help="With --purge-every: also delete delivered and discarded effects older than this, in batches.")
@@ -602,10 +604,12 @@ def dispatch(
     health_port: int | None,
     health_host: str,
     purge_every: float | None,
+    database_metrics: bool,
     keep_delivered: float,
 ) -> None:
     """Deliver committed outbox effects to their destinations (SIGTERM/SIGINT: finish and exit 0)."""
     from pginbox.dispatcher import CallableTransport, Dispatcher, HealthServer
+    from pginbox.metrics import DatabaseCollector
 
     dsn = _database(ctx, command_dsn)
     transports: dict[str, Any] = _configured_transports(config)
@@ -623,6 +627,7 @@ def dispatch(
     dispatcher = Dispatcher(
         dsn, name, transports, batch_size=batch_size, lease=lease, concurrency_per_destination=concurrency,
         poll_interval=poll_interval, delivery_timeout=delivery_timeout,
+        extra_collectors=[DatabaseCollector(dsn)] if database_metrics else (),
     )
     previous = {}
 

@@ -9,9 +9,11 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -309,3 +311,37 @@ def test_database_collector_over_a_pool(conn: Conn, db_dsn: str) -> None:
             conn.execute("SELECT inbox.claim('billing', 'shop', 'm1', '{\"a\": 1}')")
         with pool.connection() as c:
             assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def test_dispatcher_serves_the_database_metrics_when_asked(conn: Conn, db_dsn: str) -> None:
+    """`pginbox dispatch --health-port P --database-metrics`: one /metrics with the dispatcher's
+    own counters and inbox.metrics(); without the flag, only the dispatcher's."""
+    traffic(conn)
+    for flag in (["--database-metrics"], []):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        proc = subprocess.Popen([*PGINBOX, "--dsn", db_dsn, "dispatch", "--health-port", str(port), *flag,
+                                 "--callable", "sink=builtins:print"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+                    break
+                except httpx.TransportError:
+                    if time.monotonic() > deadline or proc.poll() is not None:
+                        raise
+                    time.sleep(0.1)
+            assert response.status_code == 200
+            found = samples(response.text)
+            assert any(name.startswith("pginbox_dispatcher_") for name, _ in found)
+            if flag:
+                assert value(found, "pginbox_database_up") == 1
+                assert value(found, "pginbox_duplicates_total", consumer="billing", producer="shop") == 1
+            else:
+                assert not any(name == "pginbox_database_up" for name, _ in found)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=30)
