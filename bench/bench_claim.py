@@ -9,6 +9,9 @@ messages per second and ratios:
   claim     inbox.claim + the UPDATE in one transaction (two round trips)
   apply     inbox.claim_and_apply with a PL/pgSQL handler running the same UPDATE (one round trip)
   batch     inbox.claim_and_apply_batch, --batch messages per call
+  floor     the least a one-round-trip claim can do: a PL/pgSQL function that inserts the identity
+            row into inbox.message and calls the handler, without validation, settings, hashing
+            exclusions, subtransaction or definer split. Not a product: the floor apply is held to.
 
 Workloads are interleaved over --rounds rounds and the median of each is reported, because
 this machine is noisy. Usage:  .venv/bin/python bench/bench_claim.py [--seconds 10] [--rounds 3]
@@ -44,6 +47,15 @@ BEGIN
   UPDATE account SET balance = balance + (payload->>'amount')::bigint WHERE id = (payload->>'account')::integer;
 END $$;
 SELECT inbox.register_handler('bench', 'credit', 'credit(jsonb)'::regprocedure, 'v1');
+CREATE FUNCTION floor_claim(message_id text, payload jsonb) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version, processed_at)
+  VALUES ('bench', '', 'shop', message_id, sha256(convert_to(payload::text, 'UTF8')), 'v1', now())
+  ON CONFLICT DO NOTHING;
+  IF NOT FOUND THEN RETURN 'duplicate'; END IF;
+  PERFORM credit(payload);
+  RETURN 'applied';
+END $$;
 """
 
 # Message ids: client id plus a random 60-bit number; a collision would show up as a duplicate
@@ -77,6 +89,11 @@ COMMIT;
 \\set aid random(1, {accounts})
 \\set mid random(1, 1152921504606846976)
 SELECT outcome FROM inbox.claim_and_apply('bench', 'shop', :client_id::text || '-' || :mid::text, 'credit', jsonb_build_object('account', :aid::integer, 'amount', 1));
+""",
+    "floor": """
+\\set aid random(1, {accounts})
+\\set mid random(1, 1152921504606846976)
+SELECT floor_claim(:client_id::text || '-' || :mid::text, jsonb_build_object('account', :aid::integer, 'amount', 1));
 """,
     "batch": """
 \\set aid random(1, {accounts_less_batch})
@@ -146,6 +163,8 @@ def main() -> None:
         "claim / article": med["claim"] / med["article"],
         "article / bare": med["article"] / med["bare"],
         "batch / apply": med["batch"] / med["apply"],
+        "floor / bare": med["floor"] / med["bare"],
+        "apply / floor": med["apply"] / med["floor"],
     }
     targets = {"apply / bare": 0.65, "apply / article": 1.5, "batch / apply": 3.5}
     print()
