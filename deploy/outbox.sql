@@ -7,9 +7,11 @@
 --                                    -> dead (fail_effect, permanent or at max_attempts; claim_effects, when a
 --                                       lease at max_attempts expired without a report)
 --   dead -> pending (redrive_effect, by an operator, audited)
+--   dead -> discarded (discard_effect, by an operator, audited): closed without delivery
 -- Effects that share an ordering_key go out one at a time, in commit order: numbered at commit
 -- (_order_at_commit), claimed only at the head of their key, the others set aside until the head
--- is delivered (claim_effects, complete_effect).
+-- is delivered or discarded (claim_effects, complete_effect, discard_effect). A dead head blocks its
+-- key until it is redriven or discarded.
 -- The role inbox_dispatcher is created here, idempotently like the roles of 010_roles.sql.
 BEGIN;
 
@@ -25,9 +27,9 @@ GRANT USAGE ON SCHEMA inbox TO inbox_dispatcher;
 SET LOCAL ROLE inbox_owner;
 
 -- An enum, like inbox.message_status: no CHECK expression to evaluate on every insert.
-CREATE TYPE inbox.effect_status AS ENUM ('pending', 'leased', 'delivered', 'dead');
+CREATE TYPE inbox.effect_status AS ENUM ('pending', 'leased', 'delivered', 'dead', 'discarded');
 COMMENT ON TYPE inbox.effect_status IS
-    'pending: waits for available_at; leased: a dispatcher holds it; delivered: the destination accepted it; dead: given up, until redriven';
+    'pending: waits for available_at; leased: a dispatcher holds it; delivered: the destination accepted it; dead: given up, until redriven or discarded; discarded: closed by an operator without delivery';
 
 -- Fencing tokens: every claim gets a new one, so a late report of an earlier lease never matches.
 CREATE SEQUENCE inbox.outbox_lease_token;
@@ -60,6 +62,7 @@ CREATE TABLE inbox.outbox (
     last_duration_ms integer,
     delivered_at timestamptz,
     dead_reason text,
+    discarded_at timestamptz,
     CONSTRAINT outbox_pkey PRIMARY KEY (effect_id)
 );
 COMMENT ON TABLE inbox.outbox IS 'Effects to deliver at least once, each under its stable effect id (the idempotency key)';
@@ -76,6 +79,7 @@ COMMENT ON COLUMN inbox.outbox.lease_token IS 'Fencing token of the current (sta
 COMMENT ON COLUMN inbox.outbox.leased_by IS 'Dispatcher holding the current (status leased) or last lease';
 COMMENT ON COLUMN inbox.outbox.lease_expires_at IS 'End of the current lease; NULL unless leased';
 COMMENT ON COLUMN inbox.outbox.dead_reason IS 'permanent_failure | max_attempts | lease_expired (details in last_error)';
+COMMENT ON COLUMN inbox.outbox.discarded_at IS 'When an operator discarded the dead effect (discard_effect); NULL otherwise';
 
 -- The claim scans due effects in due order: pending ones whose time has come and leased ones whose
 -- lease expired (available_at is the lease expiry then), in one index. Effects set aside behind
@@ -88,6 +92,7 @@ CREATE INDEX outbox_order_idx ON inbox.outbox (ordering_key, order_seq)
 CREATE INDEX outbox_unordered_idx ON inbox.outbox (created_xid) WHERE ordering_key IS NOT NULL AND order_seq IS NULL;
 CREATE INDEX outbox_delivered_idx ON inbox.outbox (delivered_at) WHERE status = 'delivered';
 CREATE INDEX outbox_dead_idx ON inbox.outbox (created_at) WHERE status = 'dead';
+CREATE INDEX outbox_discarded_idx ON inbox.outbox (discarded_at) WHERE status = 'discarded';
 
 -- Per-destination retry policy. Transport settings (URL, method, timeouts) live in the
 -- dispatcher's configuration, not here. A destination without a row uses the column defaults.
@@ -116,6 +121,21 @@ CREATE TABLE inbox.outbox_redrive (
 COMMENT ON TABLE inbox.outbox_redrive IS 'Audit trail: every redrive of a dead effect (who, when, note, and the failure it overrode)';
 CREATE INDEX outbox_redrive_effect_idx ON inbox.outbox_redrive (effect_id);
 
+CREATE TABLE inbox.outbox_discard (
+    discard_id bigint GENERATED ALWAYS AS IDENTITY,
+    effect_id text NOT NULL,
+    discarded_by text NOT NULL DEFAULT session_user,
+    discarded_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    note text NOT NULL,
+    attempts integer NOT NULL,
+    dead_reason text,
+    last_error text,
+    CONSTRAINT outbox_discard_pkey PRIMARY KEY (discard_id)
+);
+COMMENT ON TABLE inbox.outbox_discard IS
+    'Audit trail: every discard of a dead effect (who, when, note, and the failure it closed); kept by the purge';
+CREATE INDEX outbox_discard_effect_idx ON inbox.outbox_discard (effect_id);
+
 -- Late reports refused by fencing: one row each (counted here rather than in a hot counter row).
 CREATE TABLE inbox.outbox_fenced_report (
     report_id bigint GENERATED ALWAYS AS IDENTITY,
@@ -143,14 +163,14 @@ CREATE TABLE inbox.outbox_waiter (
 );
 COMMENT ON TABLE inbox.outbox_waiter IS 'Dispatchers registered idle (inbox.dispatcher_idle): the next enqueue wakes them';
 
-GRANT SELECT ON inbox.outbox, inbox.outbox_destination, inbox.outbox_redrive, inbox.outbox_fenced_report,
-    inbox.outbox_waiter TO inbox_operator;
+GRANT SELECT ON inbox.outbox, inbox.outbox_destination, inbox.outbox_redrive, inbox.outbox_discard,
+    inbox.outbox_fenced_report, inbox.outbox_waiter TO inbox_operator;
 -- Readers see no payloads, headers (they may carry credentials) or response bodies.
-GRANT SELECT ON inbox.outbox_destination, inbox.outbox_redrive, inbox.outbox_fenced_report, inbox.outbox_waiter
-    TO inbox_reader;
+GRANT SELECT ON inbox.outbox_destination, inbox.outbox_redrive, inbox.outbox_discard, inbox.outbox_fenced_report,
+    inbox.outbox_waiter TO inbox_reader;
 GRANT SELECT (effect_id, destination, payload_sha256, ordering_key, order_seq, blocked, status, attempts, available_at,
     created_at, created_xid, lease_token, leased_by, lease_expires_at, last_attempt_at, last_error, last_status_code,
-    last_duration_ms, delivered_at, dead_reason)
+    last_duration_ms, delivered_at, dead_reason, discarded_at)
     ON inbox.outbox TO inbox_reader;
 
 -- ------------------------------------------------------------------ validation
@@ -567,7 +587,8 @@ COMMENT ON FUNCTION inbox.configure_destination(text, integer, interval, interva
 -- whose available_at has come, and leased ones whose lease expired (reclaimed). An effect with an
 -- ordering key is claimed only when it is the head of its key: no effect of the key with a lower
 -- order_seq is pending, leased or dead. So at most one effect per key is out at a time, in commit
--- order, and a dead effect holds its key until it is redriven. Effects whose order_seq is still
+-- order, and a dead effect holds its key until it is redriven or discarded (discard_effect; a
+-- discarded or delivered effect no longer counts). Effects whose order_seq is still
 -- NULL are not committed (invisible to other sessions anyway). Each claimed effect gets status
 -- leased, attempts + 1 and a new fencing token. An expired lease that already used max_attempts is
 -- not reclaimed but turned dead (lease_expired): a dispatcher that dies on an effect every time
@@ -649,6 +670,7 @@ BEGIN
                            (inbox._default_destination(o.destination)).max_attempts) AS exhausted
                   FROM pg_catalog.unnest(heads[1:claim_effects.max_effects - claimed]) WITH ORDINALITY AS h (id, rank)
                   JOIN inbox.outbox o ON o.effect_id = h.id
+                                     AND o.effect_id = ANY (heads[1:claim_effects.max_effects - claimed])  -- by key
             ), changed AS (
                 UPDATE inbox.outbox o
                    SET status = CASE WHEN p.exhausted THEN 'dead' ELSE 'leased' END::inbox.effect_status,
@@ -695,70 +717,6 @@ $$;
 COMMENT ON FUNCTION inbox.claim_effects(text, integer, interval) IS
     'Lease up to max_effects due effects (FOR UPDATE SKIP LOCKED, one per ordering key, in commit order), each with a new fencing token';
 
--- A report whose lease is no longer current: one row in inbox.outbox_fenced_report.
-CREATE FUNCTION inbox._record_fenced(report text, effect_id text, lease_token bigint) RETURNS void
-    LANGUAGE sql VOLATILE
-    BEGIN ATOMIC
-        INSERT INTO inbox.outbox_fenced_report (effect_id, lease_token, report, application_name, current_status,
-                                                current_token)
-        SELECT _record_fenced.effect_id, _record_fenced.lease_token, _record_fenced.report,
-               NULLIF(pg_catalog.current_setting('application_name'), ''), o.status, o.lease_token
-          FROM (VALUES (1)) AS one (n)
-          LEFT JOIN inbox.outbox o ON o.effect_id = _record_fenced.effect_id;
-    END;
-COMMENT ON FUNCTION inbox._record_fenced(text, text, bigint) IS 'internal: records a report refused by fencing';
-
--- The reports of a dispatcher are FENCED: each is accepted only while the effect is leased under
--- exactly this lease_token. A lease that expired but that nobody reclaimed yet is still current
--- (its holder may still report, and the effect is not delivered twice for it). Any other report
--- (the effect was reclaimed under a new token, already reported, redriven or purged) is refused:
--- complete_effect returns false, fail_effect returns 'fenced', extend_lease returns NULL, and the
--- refusal is recorded in inbox.outbox_fenced_report. A refused dispatcher drops the effect.
-
--- Delivered: the destination accepted the effect. The next undelivered effect of its ordering key
--- becomes the head: unblocked if claim_effects had set it aside. (If a claim is setting it aside
--- right now, this waits for that claim, then unblocks it.)
-CREATE FUNCTION inbox.complete_effect(
-    effect_id text, lease_token bigint, status_code integer DEFAULT NULL, response_excerpt text DEFAULT NULL,
-    duration_ms integer DEFAULT NULL)
-    RETURNS boolean
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-    SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    key text;
-    seq bigint;
-BEGIN
-    PERFORM inbox._check_report('inbox.complete_effect', complete_effect.effect_id, complete_effect.lease_token,
-                                complete_effect.status_code, complete_effect.duration_ms);
-    UPDATE inbox.outbox o
-       SET status = 'delivered', delivered_at = now(), lease_expires_at = NULL,
-           last_status_code = complete_effect.status_code,
-           last_response_excerpt = pg_catalog.left(complete_effect.response_excerpt, 2000),
-           last_duration_ms = complete_effect.duration_ms
-     WHERE o.effect_id = complete_effect.effect_id AND o.status = 'leased'
-       AND o.lease_token = complete_effect.lease_token
-    RETURNING o.ordering_key, o.order_seq INTO key, seq;
-    IF FOUND THEN
-        IF key IS NOT NULL THEN
-            UPDATE inbox.outbox o
-               SET blocked = false
-             WHERE o.effect_id = (SELECT n.effect_id FROM inbox.outbox n
-                                   WHERE n.ordering_key = key AND n.order_seq > seq
-                                     AND n.status IN ('pending', 'leased', 'dead')
-                                   ORDER BY n.order_seq
-                                   LIMIT 1)
-               AND o.blocked;
-        END IF;
-        RETURN true;
-    END IF;
-    PERFORM inbox._record_fenced('complete', complete_effect.effect_id, complete_effect.lease_token);
-    RETURN false;
-END
-$$;
-COMMENT ON FUNCTION inbox.complete_effect(text, bigint, integer, text, integer) IS
-    'Report a delivery (fenced by the lease token): true = delivered, false = refused, the lease is not current';
-
 -- The backoff before attempt n + 1 after n failed attempts: base * 2^(n-1), capped at max, then
 -- jittered down to 50..100% of that ("equal jitter") so that a burst of failures spreads out.
 CREATE FUNCTION inbox._backoff(policy inbox.outbox_destination, attempts integer) RETURNS interval
@@ -771,9 +729,392 @@ CREATE FUNCTION inbox._backoff(policy inbox.outbox_destination, attempts integer
 COMMENT ON FUNCTION inbox._backoff(inbox.outbox_destination, integer) IS
     'internal: jittered exponential backoff after the given number of attempts';
 
--- A failed attempt. Retryable (an ambiguous timeout too: the retry carries the same effect id):
+-- The reports of a dispatcher are FENCED: each is accepted only while the effect is leased under
+-- exactly this lease_token. A lease that expired but that nobody reclaimed yet is still current
+-- (its holder may still report, and the effect is not delivered twice for it). Any other report
+-- (the effect was reclaimed under a new token, already reported, redriven or purged) is refused:
+-- complete_effect returns false, fail_effect returns 'fenced', extend_lease returns NULL, the
+-- set-based complete_effects / fail_effects return result 'fenced' with a reason, and every
+-- refusal is recorded in inbox.outbox_fenced_report. A refused dispatcher drops the effect.
+-- The rules live once, in the set-based helpers below (_complete_reports, _fail_reports,
+-- _report_outcomes); the single-effect functions call them with one-element arrays.
+
+-- The outcome of each report of a call, in input order (ord = position in the input arrays, from
+-- 1). `accepted` holds the positions the caller applied, `outcomes` their results (same order);
+-- every other report is refused by fencing: recorded in inbox.outbox_fenced_report (one row each,
+-- like the single functions) and returned as 'fenced' with a reason: unknown_effect (no such
+-- row: never enqueued, or purged), not_leased (delivered, pending again, dead, discarded, or
+-- reported earlier in the same call) or superseded (leased again under another token).
+CREATE FUNCTION inbox._report_outcomes(
+    report text, effect_ids text[], lease_tokens bigint[], accepted integer[], outcomes text[])
+    RETURNS TABLE (ord integer, effect_id text, lease_token bigint, result text, fenced_reason text)
+    LANGUAGE plpgsql VOLATILE
+    SET plan_cache_mode = force_generic_plan  -- planned once per session: cheap single reports
+AS $$
+BEGIN
+    IF pg_catalog.cardinality(_report_outcomes.accepted) = pg_catalog.cardinality(_report_outcomes.effect_ids) THEN
+        RETURN QUERY  -- all accepted (the usual case): nothing to record
+        SELECT u.n::integer, u.id, u.token, a.outcome, NULL::text
+          FROM ROWS FROM (pg_catalog.unnest(_report_outcomes.effect_ids),
+                          pg_catalog.unnest(_report_outcomes.lease_tokens))
+               WITH ORDINALITY AS u (id, token, n)
+          JOIN ROWS FROM (pg_catalog.unnest(_report_outcomes.accepted),
+                          pg_catalog.unnest(_report_outcomes.outcomes)) AS a (n, outcome)
+            ON a.n = u.n
+         ORDER BY u.n;
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH input AS (
+        SELECT u.n::integer AS n, u.id, u.token, a.outcome
+          FROM ROWS FROM (pg_catalog.unnest(_report_outcomes.effect_ids),
+                          pg_catalog.unnest(_report_outcomes.lease_tokens))
+               WITH ORDINALITY AS u (id, token, n)
+          LEFT JOIN ROWS FROM (pg_catalog.unnest(_report_outcomes.accepted),
+                               pg_catalog.unnest(_report_outcomes.outcomes)) AS a (n, outcome)
+                 ON a.n = u.n
+    ), refused AS MATERIALIZED (
+        SELECT i.n, i.id, i.token, o.status, o.lease_token AS current_token
+          FROM input i
+          LEFT JOIN inbox.outbox o ON o.effect_id = i.id
+         WHERE i.outcome IS NULL
+    ), recorded AS (
+        INSERT INTO inbox.outbox_fenced_report (effect_id, lease_token, report, application_name, current_status,
+                                                current_token)
+        SELECT r.id, r.token, _report_outcomes.report, NULLIF(pg_catalog.current_setting('application_name'), ''),
+               r.status, r.current_token
+          FROM refused r
+         ORDER BY r.n
+    )
+    SELECT i.n, i.id, i.token, coalesce(i.outcome, 'fenced'),
+           CASE WHEN i.outcome IS NOT NULL THEN NULL
+                WHEN r.status IS NULL THEN 'unknown_effect'
+                WHEN r.status <> 'leased' THEN 'not_leased'
+                ELSE 'superseded' END
+      FROM input i
+      LEFT JOIN refused r ON r.n = i.n
+     ORDER BY i.n;
+END
+$$;
+COMMENT ON FUNCTION inbox._report_outcomes(text, text[], bigint[], integer[], text[]) IS
+    'internal: one result row per report; records the refused ones in inbox.outbox_fenced_report';
+
+-- The next undelivered effect of each ordering key after order_seq `seqs[i]` becomes the head:
+-- unblocked if claim_effects had set it aside. The caller holds the row locks of the effects that
+-- closed (its UPDATE): a claim that was setting a successor aside held a share lock on that row,
+-- so the caller waited for it, and this statement (a new snapshot) sees the successor blocked.
+-- Returns how many effects were unblocked.
+CREATE FUNCTION inbox._unblock_successors(keys text[], seqs bigint[]) RETURNS integer
+    LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    unblocked integer;
+BEGIN
+    UPDATE inbox.outbox o
+       SET blocked = false
+     WHERE o.effect_id IN (SELECT (SELECT n.effect_id FROM inbox.outbox n
+                                    WHERE n.ordering_key = k.key AND n.order_seq > k.seq
+                                      AND n.status IN ('pending', 'leased', 'dead')
+                                    ORDER BY n.order_seq
+                                    LIMIT 1)
+                             FROM ROWS FROM (pg_catalog.unnest(_unblock_successors.keys),
+                                             pg_catalog.unnest(_unblock_successors.seqs)) AS k (key, seq))
+       AND o.blocked;
+    GET DIAGNOSTICS unblocked = ROW_COUNT;
+    RETURN unblocked;
+END
+$$;
+COMMENT ON FUNCTION inbox._unblock_successors(text[], bigint[]) IS
+    'internal: unblocks the next undelivered effect of each ordering key after its head closed';
+
+-- The error and retryable flag of a failure report (22004, 22023).
+CREATE FUNCTION inbox._check_failure(fn text, error text, retryable boolean) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+BEGIN
+    IF error IS NULL OR error !~ '\S' THEN
+        RAISE EXCEPTION '%: error must say what went wrong', fn
+            USING ERRCODE = CASE WHEN error IS NULL THEN 'null_value_not_allowed' ELSE 'invalid_parameter_value' END,
+                  HINT = 'Pass the exception''s type when its message is empty.';
+    END IF;
+    IF retryable IS NULL THEN
+        RAISE EXCEPTION '%: retryable must not be NULL', fn USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION inbox._check_failure(text, text, boolean) IS
+    'internal: validates the error and retryable flag of a failure report (22004, 22023)';
+
+-- The arrays of a set-based report call: present (22004), one-dimensional and of one length
+-- (22023), at most 1000 reports (54000); then each report as the single functions check it, the
+-- message naming its position ("inbox.fail_effects: report 3: error must say what went wrong").
+-- Optional arrays may be NULL (no value for any report). Nothing is written before this passes.
+CREATE FUNCTION inbox._check_reports(
+    fn text, failures boolean, effect_ids text[], lease_tokens bigint[], status_codes integer[],
+    response_excerpts text[], durations_ms integer[], errors text[], retryables boolean[])
+    RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    n integer;
+    arg record;
+BEGIN
+    FOR arg IN
+        SELECT a.name, a.required, a.ndims, a.len
+          FROM (VALUES ('effect_ids', true, pg_catalog.array_ndims(effect_ids), pg_catalog.cardinality(effect_ids)),
+                       ('lease_tokens', true, pg_catalog.array_ndims(lease_tokens), pg_catalog.cardinality(lease_tokens)),
+                       ('errors', failures, pg_catalog.array_ndims(errors), pg_catalog.cardinality(errors)),
+                       ('retryables', failures, pg_catalog.array_ndims(retryables), pg_catalog.cardinality(retryables)),
+                       ('status_codes', false, pg_catalog.array_ndims(status_codes), pg_catalog.cardinality(status_codes)),
+                       ('response_excerpts', false, pg_catalog.array_ndims(response_excerpts),
+                        pg_catalog.cardinality(response_excerpts)),
+                       ('durations_ms', false, pg_catalog.array_ndims(durations_ms), pg_catalog.cardinality(durations_ms))
+               ) AS a (name, required, ndims, len)
+    LOOP
+        IF arg.len IS NULL AND arg.required THEN
+            RAISE EXCEPTION '%: % must not be NULL', fn, arg.name
+                USING ERRCODE = 'null_value_not_allowed', HINT = 'Pass an array with one element per report.';
+        END IF;
+        IF arg.ndims > 1 THEN
+            RAISE EXCEPTION '%: % must be a one-dimensional array, got % dimensions', fn, arg.name, arg.ndims
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF n IS NULL THEN
+            n := arg.len;  -- effect_ids comes first
+            IF n > 1000 THEN
+                RAISE EXCEPTION '%: % reports in one call, the limit is 1000', fn, n
+                    USING ERRCODE = 'program_limit_exceeded', HINT = 'Split the reports into calls of at most 1000.';
+            END IF;
+        ELSIF arg.len IS NOT NULL AND arg.len <> n THEN
+            RAISE EXCEPTION '%: % has % elements, effect_ids has %', fn, arg.name, arg.len, n
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Pass one element per report, in the order of effect_ids (NULL elements for no value).';
+        END IF;
+    END LOOP;
+    -- One pass over all reports; only when one is bad, find the first and name what is wrong.
+    IF EXISTS (SELECT FROM ROWS FROM (pg_catalog.unnest(effect_ids),
+                                      pg_catalog.unnest(lease_tokens),
+                                      pg_catalog.unnest(status_codes),
+                                      pg_catalog.unnest(durations_ms),
+                                      pg_catalog.unnest(errors),
+                                      pg_catalog.unnest(retryables))
+                            AS u (id, token, code, ms, error, retryable)
+                WHERE u.id IS NULL OR u.id = '' OR pg_catalog.octet_length(u.id) > 256 OR u.token IS NULL
+                   OR u.code NOT BETWEEN 100 AND 599 OR u.ms < 0
+                   OR (failures AND (u.error IS NULL OR u.error !~ '\S' OR u.retryable IS NULL))) THEN
+        FOR i IN 1..n LOOP
+            PERFORM inbox._check_report(pg_catalog.format('%s: report %s', fn, i), effect_ids[i], lease_tokens[i],
+                                        status_codes[i], durations_ms[i]);
+            IF failures THEN
+                PERFORM inbox._check_failure(pg_catalog.format('%s: report %s', fn, i), errors[i], retryables[i]);
+            END IF;
+        END LOOP;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION inbox._check_reports(text, boolean, text[], bigint[], integer[], text[], integer[], text[], boolean[]) IS
+    'internal: validates the arrays of complete_effects / fail_effects (22004, 22023, 22001, 54000)';
+
+-- Delivered: the destination accepted the effects. Each report is applied only while its effect
+-- is leased under its token (a second report of the same lease in the same call is refused, as a
+-- second call would be). The next undelivered effect of each delivered effect's ordering key
+-- becomes the head: unblocked if claim_effects had set it aside (if a claim is setting it aside
+-- right now, the UPDATE here waits for that claim, then the unblocking sees it).
+CREATE FUNCTION inbox._complete_reports(
+    effect_ids text[], lease_tokens bigint[], status_codes integer[], response_excerpts text[], durations_ms integer[])
+    RETURNS TABLE (ord integer, effect_id text, lease_token bigint, result text, fenced_reason text)
+    LANGUAGE plpgsql VOLATILE
+    SET plan_cache_mode = force_generic_plan  -- planned once per session: cheap single reports
+AS $$
+DECLARE
+    report jsonb;
+    accepted integer[];
+    outcomes text[];
+    keys text[];
+    seqs bigint[];
+BEGIN
+    -- The reports as ONE map from 'effect_id lease_token' (the token has no space: unambiguous) to
+    -- [position, status_code, excerpt, duration]; for a repeated report the first position wins.
+    -- No join: the UPDATE finds the rows by primary key, whatever the planner's row estimates.
+    SELECT pg_catalog.jsonb_object_agg(u.id || ' ' || u.token, pg_catalog.jsonb_build_array(u.n, u.code, u.excerpt, u.ms)
+                                       ORDER BY u.n DESC)
+      INTO report
+      FROM ROWS FROM (pg_catalog.unnest(_complete_reports.effect_ids),
+                      pg_catalog.unnest(_complete_reports.lease_tokens),
+                      pg_catalog.unnest(_complete_reports.status_codes),
+                      pg_catalog.unnest(_complete_reports.response_excerpts),
+                      pg_catalog.unnest(_complete_reports.durations_ms)) WITH ORDINALITY AS u (id, token, code, excerpt, ms, n);
+    WITH delivered AS (
+        UPDATE inbox.outbox o
+           SET status = 'delivered', delivered_at = now(), lease_expires_at = NULL,
+               last_status_code = (report -> (o.effect_id || ' ' || o.lease_token) ->> 1)::integer,
+               last_response_excerpt = pg_catalog.left(report -> (o.effect_id || ' ' || o.lease_token) ->> 2, 2000),
+               last_duration_ms = (report -> (o.effect_id || ' ' || o.lease_token) ->> 3)::integer
+         WHERE o.effect_id IN (SELECT pg_catalog.unnest(_complete_reports.effect_ids)) AND o.status = 'leased'
+           AND report ? (o.effect_id || ' ' || o.lease_token)
+        RETURNING (report -> (o.effect_id || ' ' || o.lease_token) ->> 0)::integer AS n, o.ordering_key, o.order_seq
+    )
+    SELECT coalesce(array_agg(d.n), '{}'), coalesce(array_agg('delivered'::text), '{}'),
+           array_agg(d.ordering_key) FILTER (WHERE d.ordering_key IS NOT NULL AND d.order_seq IS NOT NULL),
+           array_agg(d.order_seq) FILTER (WHERE d.ordering_key IS NOT NULL AND d.order_seq IS NOT NULL)
+      INTO accepted, outcomes, keys, seqs
+      FROM delivered d;
+    IF keys IS NOT NULL THEN
+        PERFORM inbox._unblock_successors(keys, seqs);
+    END IF;
+    RETURN QUERY
+    SELECT r.ord, r.effect_id, r.lease_token, r.result, r.fenced_reason
+      FROM inbox._report_outcomes('complete', _complete_reports.effect_ids, _complete_reports.lease_tokens, accepted,
+                                  outcomes) r;
+END
+$$;
+COMMENT ON FUNCTION inbox._complete_reports(text[], bigint[], integer[], text[], integer[]) IS
+    'internal: applies delivery reports (fenced), unblocks ordering-key successors; one result row per report';
+
+-- Failed attempts. Retryable (an ambiguous timeout too: the retry carries the same effect id):
 -- pending again after the destination's backoff, or dead once attempts reached max_attempts.
--- Not retryable: dead at once. Returns the new status, or 'fenced' when the lease is not current.
+-- Not retryable: dead at once. Fenced like _complete_reports. A failed keyed effect stays the
+-- head of its key.
+CREATE FUNCTION inbox._fail_reports(
+    effect_ids text[], lease_tokens bigint[], errors text[], retryables boolean[], status_codes integer[],
+    response_excerpts text[], durations_ms integer[])
+    RETURNS TABLE (ord integer, effect_id text, lease_token bigint, result text, fenced_reason text)
+    LANGUAGE plpgsql VOLATILE
+    SET plan_cache_mode = force_generic_plan  -- planned once per session: cheap single reports
+AS $$
+DECLARE
+    report jsonb;
+    decided jsonb;
+    accepted integer[];
+    outcomes text[];
+BEGIN
+    -- As in _complete_reports: one map 'effect_id lease_token' -> [position, error, retryable,
+    -- status_code, excerpt, duration], first position first; then the new status and backoff of
+    -- each current lease (attempts cannot change while the token stays). The UPDATE applies them to
+    -- the rows still leased under the same token (a claim may have taken one meanwhile: fenced).
+    SELECT pg_catalog.jsonb_object_agg(u.id || ' ' || u.token,
+                                       pg_catalog.jsonb_build_array(u.n, u.error, u.retryable, u.code, u.excerpt, u.ms)
+                                       ORDER BY u.n DESC)
+      INTO report
+      FROM ROWS FROM (pg_catalog.unnest(_fail_reports.effect_ids),
+                      pg_catalog.unnest(_fail_reports.lease_tokens),
+                      pg_catalog.unnest(_fail_reports.errors),
+                      pg_catalog.unnest(_fail_reports.retryables),
+                      pg_catalog.unnest(_fail_reports.status_codes),
+                      pg_catalog.unnest(_fail_reports.response_excerpts),
+                      pg_catalog.unnest(_fail_reports.durations_ms))
+           WITH ORDINALITY AS u (id, token, error, retryable, code, excerpt, ms, n);
+    SELECT pg_catalog.jsonb_object_agg(
+               c.k, c.v || pg_catalog.jsonb_build_array(
+                   CASE WHEN (c.v ->> 2)::boolean AND c.attempts < (c.policy).max_attempts THEN 'pending' ELSE 'dead' END,
+                   pg_catalog.date_part('epoch', inbox._backoff(c.policy, c.attempts))))
+      INTO decided
+      FROM (SELECT o.effect_id || ' ' || o.lease_token AS k, report -> (o.effect_id || ' ' || o.lease_token) AS v,
+                   o.attempts,
+                   coalesce((SELECT d FROM inbox.outbox_destination d WHERE d.destination = o.destination),
+                            inbox._default_destination(o.destination)) AS policy
+              FROM inbox.outbox o
+             WHERE o.effect_id IN (SELECT pg_catalog.unnest(_fail_reports.effect_ids)) AND o.status = 'leased'
+               AND report ? (o.effect_id || ' ' || o.lease_token)) c;
+    -- decided: 'effect_id lease_token' -> [position, error, retryable, code, excerpt, ms, new status, backoff s]
+    WITH failed AS (
+        UPDATE inbox.outbox o
+           SET status = (decided -> (o.effect_id || ' ' || o.lease_token) ->> 6)::inbox.effect_status,
+               available_at = CASE WHEN decided -> (o.effect_id || ' ' || o.lease_token) ->> 6 = 'pending'
+                                   THEN now() + pg_catalog.make_interval(
+                                            secs => (decided -> (o.effect_id || ' ' || o.lease_token) ->> 7)::double precision)
+                                   ELSE o.available_at END,
+               lease_expires_at = NULL,
+               last_error = pg_catalog.left(decided -> (o.effect_id || ' ' || o.lease_token) ->> 1, 2000),
+               last_status_code = (decided -> (o.effect_id || ' ' || o.lease_token) ->> 3)::integer,
+               last_response_excerpt = pg_catalog.left(decided -> (o.effect_id || ' ' || o.lease_token) ->> 4, 2000),
+               last_duration_ms = (decided -> (o.effect_id || ' ' || o.lease_token) ->> 5)::integer,
+               dead_reason = CASE WHEN decided -> (o.effect_id || ' ' || o.lease_token) ->> 6 = 'pending' THEN NULL
+                                  WHEN (decided -> (o.effect_id || ' ' || o.lease_token) ->> 2)::boolean THEN 'max_attempts'
+                                  ELSE 'permanent_failure' END
+         WHERE o.effect_id IN (SELECT pg_catalog.unnest(_fail_reports.effect_ids)) AND o.status = 'leased'
+           AND decided ? (o.effect_id || ' ' || o.lease_token)
+        RETURNING (decided -> (o.effect_id || ' ' || o.lease_token) ->> 0)::integer AS n, o.status
+    )
+    SELECT coalesce(array_agg(f.n), '{}'), coalesce(array_agg(f.status::text), '{}')
+      INTO accepted, outcomes
+      FROM failed f;
+    RETURN QUERY
+    SELECT r.ord, r.effect_id, r.lease_token, r.result, r.fenced_reason
+      FROM inbox._report_outcomes('fail', _fail_reports.effect_ids, _fail_reports.lease_tokens, accepted, outcomes) r;
+END
+$$;
+COMMENT ON FUNCTION inbox._fail_reports(text[], bigint[], text[], boolean[], integer[], text[], integer[]) IS
+    'internal: applies failure reports (fenced): pending after backoff | dead; one result row per report';
+
+-- Set-based reports, for a dispatcher that batches them: one statement (and one commit) for up
+-- to 1000 reports. Each element follows exactly the rules of complete_effect / fail_effect.
+CREATE FUNCTION inbox.complete_effects(
+    effect_ids text[], lease_tokens bigint[], status_codes integer[] DEFAULT NULL,
+    response_excerpts text[] DEFAULT NULL, durations_ms integer[] DEFAULT NULL)
+    RETURNS TABLE (ord integer, effect_id text, lease_token bigint, result text, fenced_reason text)
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    ROWS 100
+AS $$
+BEGIN
+    PERFORM inbox._check_reports('inbox.complete_effects', false, complete_effects.effect_ids,
+                                 complete_effects.lease_tokens, complete_effects.status_codes,
+                                 complete_effects.response_excerpts, complete_effects.durations_ms, NULL, NULL);
+    RETURN QUERY
+    SELECT r.ord, r.effect_id, r.lease_token, r.result, r.fenced_reason
+      FROM inbox._complete_reports(complete_effects.effect_ids, complete_effects.lease_tokens,
+                                   complete_effects.status_codes, complete_effects.response_excerpts,
+                                   complete_effects.durations_ms) r;
+END
+$$;
+COMMENT ON FUNCTION inbox.complete_effects(text[], bigint[], integer[], text[], integer[]) IS
+    'Report up to 1000 deliveries at once (each fenced by its lease token): one row per report, delivered | fenced (with the reason)';
+
+CREATE FUNCTION inbox.fail_effects(
+    effect_ids text[], lease_tokens bigint[], errors text[], retryables boolean[], status_codes integer[] DEFAULT NULL,
+    response_excerpts text[] DEFAULT NULL, durations_ms integer[] DEFAULT NULL)
+    RETURNS TABLE (ord integer, effect_id text, lease_token bigint, result text, fenced_reason text)
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    ROWS 100
+AS $$
+BEGIN
+    PERFORM inbox._check_reports('inbox.fail_effects', true, fail_effects.effect_ids, fail_effects.lease_tokens,
+                                 fail_effects.status_codes, fail_effects.response_excerpts, fail_effects.durations_ms,
+                                 fail_effects.errors, fail_effects.retryables);
+    RETURN QUERY
+    SELECT r.ord, r.effect_id, r.lease_token, r.result, r.fenced_reason
+      FROM inbox._fail_reports(fail_effects.effect_ids, fail_effects.lease_tokens, fail_effects.errors,
+                               fail_effects.retryables, fail_effects.status_codes, fail_effects.response_excerpts,
+                               fail_effects.durations_ms) r;
+END
+$$;
+COMMENT ON FUNCTION inbox.fail_effects(text[], bigint[], text[], boolean[], integer[], text[], integer[]) IS
+    'Report up to 1000 failed attempts at once (each fenced by its lease token): one row per report, pending | dead | fenced (with the reason)';
+
+-- Delivered: one report, by the rules of complete_effects. true = delivered, false = fenced.
+CREATE FUNCTION inbox.complete_effect(
+    effect_id text, lease_token bigint, status_code integer DEFAULT NULL, response_excerpt text DEFAULT NULL,
+    duration_ms integer DEFAULT NULL)
+    RETURNS boolean
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM inbox._check_report('inbox.complete_effect', complete_effect.effect_id, complete_effect.lease_token,
+                                complete_effect.status_code, complete_effect.duration_ms);
+    RETURN (SELECT r.result = 'delivered'
+              FROM inbox._complete_reports(ARRAY[complete_effect.effect_id], ARRAY[complete_effect.lease_token],
+                                           ARRAY[complete_effect.status_code], ARRAY[complete_effect.response_excerpt],
+                                           ARRAY[complete_effect.duration_ms]) r);
+END
+$$;
+COMMENT ON FUNCTION inbox.complete_effect(text, bigint, integer, text, integer) IS
+    'Report a delivery (fenced by the lease token): true = delivered, false = refused, the lease is not current';
+
+-- A failed attempt: one report, by the rules of fail_effects. Returns the new status (pending,
+-- dead), or 'fenced' when the lease is not current.
 CREATE FUNCTION inbox.fail_effect(
     effect_id text, lease_token bigint, error text, retryable boolean DEFAULT true, status_code integer DEFAULT NULL,
     response_excerpt text DEFAULT NULL, duration_ms integer DEFAULT NULL)
@@ -781,47 +1122,15 @@ CREATE FUNCTION inbox.fail_effect(
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    effect inbox.outbox;
-    policy inbox.outbox_destination;
-    new_status inbox.effect_status;
 BEGIN
     PERFORM inbox._check_report('inbox.fail_effect', fail_effect.effect_id, fail_effect.lease_token,
                                 fail_effect.status_code, fail_effect.duration_ms);
-    IF fail_effect.error IS NULL OR fail_effect.error !~ '\S' THEN
-        RAISE EXCEPTION 'inbox.fail_effect: error must say what went wrong'
-            USING ERRCODE = CASE WHEN fail_effect.error IS NULL THEN 'null_value_not_allowed' ELSE 'invalid_parameter_value' END,
-                  HINT = 'Pass the exception''s type when its message is empty.';
-    END IF;
-    IF fail_effect.retryable IS NULL THEN
-        RAISE EXCEPTION 'inbox.fail_effect: retryable must not be NULL' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    SELECT o.* INTO effect FROM inbox.outbox o
-     WHERE o.effect_id = fail_effect.effect_id AND o.status = 'leased' AND o.lease_token = fail_effect.lease_token
-       FOR UPDATE;
-    IF NOT FOUND THEN
-        PERFORM inbox._record_fenced('fail', fail_effect.effect_id, fail_effect.lease_token);
-        RETURN 'fenced';
-    END IF;
-    SELECT d.* INTO policy FROM inbox.outbox_destination d WHERE d.destination = effect.destination;
-    IF NOT FOUND THEN
-        policy := inbox._default_destination(effect.destination);
-    END IF;
-    new_status := CASE WHEN fail_effect.retryable AND effect.attempts < policy.max_attempts
-                       THEN 'pending'::inbox.effect_status ELSE 'dead'::inbox.effect_status END;
-    UPDATE inbox.outbox o
-       SET status = new_status,
-           available_at = CASE WHEN new_status = 'pending' THEN now() + inbox._backoff(policy, effect.attempts)
-                               ELSE o.available_at END,
-           lease_expires_at = NULL,
-           last_error = pg_catalog.left(fail_effect.error, 2000),
-           last_status_code = fail_effect.status_code,
-           last_response_excerpt = pg_catalog.left(fail_effect.response_excerpt, 2000),
-           last_duration_ms = fail_effect.duration_ms,
-           dead_reason = CASE WHEN new_status = 'pending' THEN NULL
-                              WHEN fail_effect.retryable THEN 'max_attempts' ELSE 'permanent_failure' END
-     WHERE o.effect_id = effect.effect_id;
-    RETURN new_status::text;
+    PERFORM inbox._check_failure('inbox.fail_effect', fail_effect.error, fail_effect.retryable);
+    RETURN (SELECT r.result
+              FROM inbox._fail_reports(ARRAY[fail_effect.effect_id], ARRAY[fail_effect.lease_token],
+                                       ARRAY[fail_effect.error], ARRAY[fail_effect.retryable],
+                                       ARRAY[fail_effect.status_code], ARRAY[fail_effect.response_excerpt],
+                                       ARRAY[fail_effect.duration_ms]) r);
 END
 $$;
 COMMENT ON FUNCTION inbox.fail_effect(text, bigint, text, boolean, integer, text, integer) IS
@@ -845,7 +1154,7 @@ BEGIN
     IF FOUND THEN
         RETURN expires;
     END IF;
-    PERFORM inbox._record_fenced('extend', extend_lease.effect_id, extend_lease.lease_token);
+    PERFORM inbox._report_outcomes('extend', ARRAY[extend_lease.effect_id], ARRAY[extend_lease.lease_token], '{}', '{}');
     RETURN NULL;
 END
 $$;
@@ -893,16 +1202,68 @@ END
 $$;
 COMMENT ON FUNCTION inbox.redrive_effect(text, text) IS 'Send a dead effect again (dead -> pending, attempts reset), audited';
 
--- Deletes delivered effects older than older_than, at most batch_size of them (oldest first);
--- callers loop until it returns 0. Rows another purger holds are skipped. Once an effect's row is
--- gone, the same effect id can be enqueued again: keep delivered effects at least as long as a
--- handler can re-run for the same message.
+-- dead -> discarded: closed without delivery, for good (a repeat enqueue of its id is a no-op while
+-- the row is kept). One audit row with the session user and the note. A discarded effect no longer
+-- holds its ordering key: the next effect of the key becomes the head (unblocked, and idle
+-- dispatchers woken at commit). Only a dead effect can be discarded: a pending or leased one may
+-- be in the middle of a delivery, a delivered one is done.
+CREATE FUNCTION inbox.discard_effect(effect_id text, note text) RETURNS inbox.outbox
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    effect inbox.outbox;
+BEGIN
+    PERFORM inbox._check_text('inbox.discard_effect', 'effect_id', discard_effect.effect_id, 256);
+    IF discard_effect.note IS NULL OR discard_effect.note !~ '\S' THEN
+        RAISE EXCEPTION 'inbox.discard_effect: a discard needs a note saying why'
+            USING ERRCODE = CASE WHEN discard_effect.note IS NULL THEN 'null_value_not_allowed' ELSE 'invalid_parameter_value' END,
+                  HINT = 'The note goes into the audit trail (inbox.outbox_discard).';
+    END IF;
+    SELECT o.* INTO effect FROM inbox.outbox o WHERE o.effect_id = discard_effect.effect_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'inbox.discard_effect: no effect %', pg_catalog.quote_literal(discard_effect.effect_id)
+            USING ERRCODE = 'no_data_found';
+    END IF;
+    IF effect.status <> 'dead' THEN
+        RAISE EXCEPTION 'inbox.discard_effect: effect % is %, not dead', pg_catalog.quote_literal(effect.effect_id),
+            effect.status
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Only dead effects can be discarded; a pending or leased effect is still being delivered.';
+    END IF;
+    INSERT INTO inbox.outbox_discard (effect_id, note, attempts, dead_reason, last_error)
+    VALUES (effect.effect_id, discard_effect.note, effect.attempts, effect.dead_reason, effect.last_error);
+    UPDATE inbox.outbox o
+       SET status = 'discarded', discarded_at = now(), blocked = false, lease_expires_at = NULL
+     WHERE o.effect_id = effect.effect_id
+    RETURNING o.* INTO effect;
+    IF effect.ordering_key IS NOT NULL AND effect.order_seq IS NOT NULL THEN
+        PERFORM inbox._unblock_successors(ARRAY[effect.ordering_key], ARRAY[effect.order_seq]);
+        IF EXISTS (SELECT FROM inbox.outbox_waiter) THEN
+            PERFORM inbox._wake_dispatchers();  -- the next effect of the key may be due now
+        END IF;
+    END IF;
+    RETURN effect;
+END
+$$;
+COMMENT ON FUNCTION inbox.discard_effect(text, text) IS
+    'Close a dead effect without delivery (dead -> discarded), audited; its ordering key moves on to the next effect';
+
+-- Deletes, older than older_than and at most batch_size rows in all: delivered effects (by
+-- delivered_at, oldest first), then discarded effects (by discarded_at), then refused-report
+-- records of inbox.outbox_fenced_report (by reported_at). Returns how many rows it deleted;
+-- callers loop until it returns 0. Rows another purger holds are skipped. The audit trails
+-- (inbox.outbox_redrive, inbox.outbox_discard) are kept. Once an effect's row is gone, the same
+-- effect id can be enqueued again: keep closed effects at least as long as a handler can re-run
+-- for the same message.
 CREATE FUNCTION inbox.purge_delivered_effects(older_than interval, batch_size integer DEFAULT 1000) RETURNS integer
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     purged integer;
+    deleted integer;
+    left_over integer;
 BEGIN
     IF purge_delivered_effects.older_than IS NULL OR purge_delivered_effects.batch_size IS NULL THEN
         RAISE EXCEPTION 'inbox.purge_delivered_effects: % must not be NULL',
@@ -929,21 +1290,52 @@ BEGIN
     DELETE FROM inbox.outbox o USING doomed d
      WHERE o.effect_id = d.effect_id;
     GET DIAGNOSTICS purged = ROW_COUNT;
+    left_over := purge_delivered_effects.batch_size - purged;
+    IF left_over > 0 THEN
+        WITH doomed AS MATERIALIZED (
+            SELECT x.effect_id FROM inbox.outbox x
+             WHERE x.status = 'discarded' AND x.discarded_at < now() - purge_delivered_effects.older_than
+             ORDER BY x.discarded_at
+             LIMIT left_over
+               FOR UPDATE SKIP LOCKED
+        )
+        DELETE FROM inbox.outbox o USING doomed d
+         WHERE o.effect_id = d.effect_id;
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+        purged := purged + deleted;
+        left_over := left_over - deleted;
+    END IF;
+    IF left_over > 0 THEN
+        WITH doomed AS MATERIALIZED (
+            SELECT f.report_id FROM inbox.outbox_fenced_report f
+             WHERE f.reported_at < now() - purge_delivered_effects.older_than
+             ORDER BY f.reported_at
+             LIMIT left_over
+               FOR UPDATE SKIP LOCKED
+        )
+        DELETE FROM inbox.outbox_fenced_report f USING doomed d
+         WHERE f.report_id = d.report_id;
+        GET DIAGNOSTICS deleted = ROW_COUNT;
+        purged := purged + deleted;
+    END IF;
     RETURN purged;
 END
 $$;
 COMMENT ON FUNCTION inbox.purge_delivered_effects(interval, integer) IS
-    'Delete up to batch_size delivered effects older than older_than; returns how many (loop until 0)';
+    'Delete up to batch_size delivered and discarded effects and fenced-report records older than older_than; returns how many (loop until 0)';
 
 REVOKE ALL ON FUNCTION inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz),
     inbox.effect_id(text, text, text, text, text),
     inbox.claim_effects(text, integer, interval),
     inbox.complete_effect(text, bigint, integer, text, integer),
     inbox.fail_effect(text, bigint, text, boolean, integer, text, integer),
+    inbox.complete_effects(text[], bigint[], integer[], text[], integer[]),
+    inbox.fail_effects(text[], bigint[], text[], boolean[], integer[], text[], integer[]),
     inbox.extend_lease(text, bigint, interval),
     inbox.dispatcher_idle(text, boolean),
     inbox.configure_destination(text, integer, interval, interval),
     inbox.redrive_effect(text, text),
+    inbox.discard_effect(text, text),
     inbox.purge_delivered_effects(interval, integer),
     inbox._order_at_commit(), inbox._signal_at_commit() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz),
@@ -952,11 +1344,14 @@ GRANT EXECUTE ON FUNCTION inbox.enqueue_effect(text, text, jsonb, jsonb, text, t
 GRANT EXECUTE ON FUNCTION inbox.claim_effects(text, integer, interval),
     inbox.complete_effect(text, bigint, integer, text, integer),
     inbox.fail_effect(text, bigint, text, boolean, integer, text, integer),
+    inbox.complete_effects(text[], bigint[], integer[], text[], integer[]),
+    inbox.fail_effects(text[], bigint[], text[], boolean[], integer[], text[], integer[]),
     inbox.extend_lease(text, bigint, interval),
     inbox.dispatcher_idle(text, boolean),
     inbox.schema_version() TO inbox_dispatcher;
 GRANT EXECUTE ON FUNCTION inbox.configure_destination(text, integer, interval, interval),
-    inbox.redrive_effect(text, text) TO inbox_operator;
+    inbox.redrive_effect(text, text),
+    inbox.discard_effect(text, text) TO inbox_operator;
 GRANT EXECUTE ON FUNCTION inbox.purge_delivered_effects(interval, integer) TO inbox_operator, inbox_dispatcher;
 
 COMMIT;

@@ -5,12 +5,14 @@ SELECT NULL::inbox.effect_status;
 SELECT 'inbox.outbox_lease_token'::regclass, 'inbox.outbox_order_seq'::regclass;
 SELECT effect_id, destination, payload, payload_sha256, headers, ordering_key, order_seq, blocked, status, attempts,
        available_at, created_at, created_xid, lease_token, leased_by, lease_expires_at, last_attempt_at, last_error,
-       last_status_code, last_response_excerpt, last_duration_ms, delivered_at, dead_reason
+       last_status_code, last_response_excerpt, last_duration_ms, delivered_at, dead_reason, discarded_at
   FROM inbox.outbox WHERE false;
 SELECT destination, max_attempts, base_backoff, max_backoff, updated_at, updated_by
   FROM inbox.outbox_destination WHERE false;
 SELECT redrive_id, effect_id, redriven_by, redriven_at, note, attempts, dead_reason, last_error
   FROM inbox.outbox_redrive WHERE false;
+SELECT discard_id, effect_id, discarded_by, discarded_at, note, attempts, dead_reason, last_error
+  FROM inbox.outbox_discard WHERE false;
 SELECT report_id, effect_id, lease_token, report, reported_by, application_name, reported_at, current_status,
        current_token
   FROM inbox.outbox_fenced_report WHERE false;
@@ -22,7 +24,12 @@ SELECT 'inbox._check_text(text, text, text, integer)'::regprocedure,
        'inbox._check_report(text, text, bigint, integer, integer)'::regprocedure,
        'inbox._wake_dispatchers()'::regprocedure,
        'inbox._default_destination(text)'::regprocedure,
-       'inbox._record_fenced(text, text, bigint)'::regprocedure,
+       'inbox._report_outcomes(text, text[], bigint[], integer[], text[])'::regprocedure,
+       'inbox._unblock_successors(text[], bigint[])'::regprocedure,
+       'inbox._check_failure(text, text, boolean)'::regprocedure,
+       'inbox._check_reports(text, boolean, text[], bigint[], integer[], text[], integer[], text[], boolean[])'::regprocedure,
+       'inbox._complete_reports(text[], bigint[], integer[], text[], integer[])'::regprocedure,
+       'inbox._fail_reports(text[], bigint[], text[], boolean[], integer[], text[], integer[])'::regprocedure,
        'inbox._backoff(inbox.outbox_destination, integer)'::regprocedure;
 
 DO $verify$
@@ -53,12 +60,15 @@ BEGIN
                ('inbox.claim_effects(text, integer, interval)', 'inbox_dispatcher'),
                ('inbox.complete_effect(text, bigint, integer, text, integer)', 'inbox_dispatcher'),
                ('inbox.fail_effect(text, bigint, text, boolean, integer, text, integer)', 'inbox_dispatcher'),
+               ('inbox.complete_effects(text[], bigint[], integer[], text[], integer[])', 'inbox_dispatcher'),
+               ('inbox.fail_effects(text[], bigint[], text[], boolean[], integer[], text[], integer[])', 'inbox_dispatcher'),
                ('inbox.extend_lease(text, bigint, interval)', 'inbox_dispatcher'),
                ('inbox.dispatcher_idle(text, boolean)', 'inbox_dispatcher'),
                ('inbox.purge_delivered_effects(interval, integer)', 'inbox_dispatcher'),
                ('inbox.purge_delivered_effects(interval, integer)', 'inbox_operator'),
                ('inbox.configure_destination(text, integer, interval, interval)', 'inbox_operator'),
                ('inbox.redrive_effect(text, text)', 'inbox_operator'),
+               ('inbox.discard_effect(text, text)', 'inbox_operator'),
                ('inbox._order_at_commit()', NULL),
                ('inbox._signal_at_commit()', NULL)
     LOOP
@@ -72,6 +82,14 @@ BEGIN
     IF pg_catalog.has_table_privilege('inbox_consumer', 'inbox.outbox', 'SELECT, INSERT, UPDATE, DELETE')
        OR pg_catalog.has_table_privilege('inbox_dispatcher', 'inbox.outbox', 'SELECT, INSERT, UPDATE, DELETE') THEN
         RAISE EXCEPTION 'consumers and dispatchers must not touch inbox.outbox directly';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_enum
+                    WHERE enumtypid = 'inbox.effect_status'::regtype AND enumlabel = 'discarded') THEN
+        RAISE EXCEPTION 'inbox.effect_status has no label discarded';
+    END IF;
+    IF NOT pg_catalog.has_table_privilege('inbox_operator', 'inbox.outbox_discard', 'SELECT')
+       OR NOT pg_catalog.has_table_privilege('inbox_reader', 'inbox.outbox_discard', 'SELECT') THEN
+        RAISE EXCEPTION 'operators and readers must be able to read inbox.outbox_discard';
     END IF;
     IF pg_catalog.has_column_privilege('inbox_reader', 'inbox.outbox', 'payload', 'SELECT')
        OR pg_catalog.has_column_privilege('inbox_reader', 'inbox.outbox', 'headers', 'SELECT') THEN

@@ -608,7 +608,7 @@ def dispatch(
     keep_delivered: float,
 ) -> None:
     """Deliver committed outbox effects to their destinations (SIGTERM/SIGINT: finish and exit 0)."""
-    from pginbox.dispatcher import CallableTransport, Dispatcher, HealthServer
+    from pginbox.dispatcher import CallableTransport, ClaimError, Dispatcher, HealthServer
     from pginbox.metrics import DatabaseCollector
 
     dsn = _database(ctx, command_dsn)
@@ -645,7 +645,10 @@ def dispatch(
         if health_port is not None:
             health = HealthServer(dispatcher, health_host, health_port).start()
         if once:
-            dispatcher.run_once()
+            try:
+                dispatcher.run_once()
+            except ClaimError as exc:  # claims kept failing: --once did not drain
+                raise click.ClickException(str(exc)) from None
             if purger is not None:
                 purger.run_once()
         else:

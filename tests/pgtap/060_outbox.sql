@@ -12,7 +12,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(291);
+SELECT plan(376);
 
 -- ------------------------------------------------------------------ fixtures
 \ir write_counter.psql
@@ -37,9 +37,10 @@ SELECT cmp_ok(public.tap_writes(), '>', :w0::bigint, 'self-test: the write count
 
 -- ================================================================== catalog
 SELECT has_table('inbox', t, 'table inbox.' || t || ' exists')
-  FROM unnest(ARRAY['outbox', 'outbox_destination', 'outbox_redrive', 'outbox_fenced_report', 'outbox_waiter']) t;
-SELECT enum_has_labels('inbox', 'effect_status', ARRAY['pending', 'leased', 'delivered', 'dead'],
-                       'inbox.effect_status is pending, leased, delivered, dead');
+  FROM unnest(ARRAY['outbox', 'outbox_destination', 'outbox_redrive', 'outbox_discard', 'outbox_fenced_report',
+                    'outbox_waiter']) t;
+SELECT enum_has_labels('inbox', 'effect_status', ARRAY['pending', 'leased', 'delivered', 'dead', 'discarded'],
+                       'inbox.effect_status is pending, leased, delivered, dead, discarded');
 SELECT is((SELECT (rolcanlogin, rolsuper, rolinherit)::text FROM pg_catalog.pg_roles WHERE rolname = 'inbox_dispatcher'),
           '(f,f,t)', 'role inbox_dispatcher exists, NOLOGIN, not a superuser');
 SELECT ok(pg_catalog.has_schema_privilege('inbox_dispatcher', 'inbox', 'USAGE'), 'inbox_dispatcher may use schema inbox');
@@ -550,6 +551,56 @@ SELECT throws_ok(c.sql, c.state, c.msg, 'redrive: ' || c.what)
  ORDER BY c.ord;
 SELECT is(public.tap_writes(), :w0::bigint, 'redrive: refused redrives wrote nothing');
 
+-- ================================================================== discard_effect
+-- A dead head blocks its key until it is redriven or discarded; a discard closes it without
+-- delivery, audited, and the key moves on.
+DELETE FROM inbox.outbox WHERE status <> 'leased';   -- leased: r1, under a lease that does not expire here
+SELECT inbox.enqueue_effect('x' || g, 'tap-x', jsonb_build_object('n', g), ordering_key => 'K-x') FROM generate_series(1, 3) g \g /dev/null
+SET CONSTRAINTS inbox.outbox_order_at_commit IMMEDIATE;
+SET CONSTRAINTS inbox.outbox_order_at_commit DEFERRED;
+SELECT is(pg_temp.claimed('tap-dx'), ARRAY['x1'], 'discard: x1 is the head of K-x');
+SELECT is(inbox.fail_effect('x1', pg_temp.token('x1'), 'HTTP 410', retryable => false, status_code => 410), 'dead',
+          'discard: the head x1 dies');
+SELECT is(pg_temp.claimed('tap-dx'), '{}'::text[], 'discard: a dead head blocks its key (x2 is not claimed)');
+SELECT is((SELECT blocked FROM inbox.outbox WHERE effect_id = 'x2'), true, 'discard: x2 was set aside behind the dead head');
+SELECT inbox.dispatcher_idle('tap-dx', true) \g /dev/null
+SELECT public.tap_writes() AS w0 \gset
+SELECT throws_ok(c.sql, c.state, c.msg, 'discard: ' || c.what)
+  FROM (VALUES
+        (1, $$SELECT inbox.discard_effect(NULL, 'n')$$, '22004', 'inbox.discard_effect: effect_id must not be NULL', 'NULL effect_id is 22004'),
+        (2, $$SELECT inbox.discard_effect('', 'n')$$, '22023', 'inbox.discard_effect: effect_id must not be empty', 'an empty effect_id is 22023'),
+        (3, $$SELECT inbox.discard_effect(repeat('x', 257), 'n')$$, '22001', 'inbox.discard_effect: effect_id is 257 bytes long, the limit is 256', 'an over-long effect_id is 22001'),
+        (4, $$SELECT inbox.discard_effect('x1', NULL)$$, '22004', 'inbox.discard_effect: a discard needs a note saying why', 'NULL note is 22004'),
+        (5, $$SELECT inbox.discard_effect('x1', E' \t')$$, '22023', 'inbox.discard_effect: a discard needs a note saying why', 'a blank note is 22023'),
+        (6, $$SELECT inbox.discard_effect('nope', 'n')$$, 'P0002', 'inbox.discard_effect: no effect ''nope''', 'an unknown effect is P0002'),
+        (7, $$SELECT inbox.discard_effect('x2', 'n')$$, '55000', 'inbox.discard_effect: effect ''x2'' is pending, not dead', 'a pending effect is 55000'),
+        (8, $$SELECT inbox.discard_effect('r1', 'n')$$, '55000', 'inbox.discard_effect: effect ''r1'' is leased, not dead', 'a leased effect is 55000')
+       ) AS c(ord, sql, state, msg, what)
+ ORDER BY c.ord;
+SELECT is(public.tap_writes(), :w0::bigint, 'discard: refused discards wrote nothing');
+SELECT is((SELECT (d.effect_id, d.status, d.attempts, d.dead_reason, d.last_error, d.discarded_at = now(), d.blocked)::text
+             FROM inbox.discard_effect('x1', 'customer deleted, OPS-9') d),
+          '(x1,discarded,1,permanent_failure,"HTTP 410",t,f)',
+          'discard: dead -> discarded, now; attempts, dead_reason and last_error kept for the record');
+SELECT results_eq($$SELECT effect_id, discarded_by, discarded_at IS NOT NULL, note, attempts, dead_reason, last_error
+                      FROM inbox.outbox_discard$$,
+                  $$VALUES ('x1'::text, session_user::text COLLATE "default", true, 'customer deleted, OPS-9'::text, 1,
+                            'permanent_failure'::text, 'HTTP 410'::text)$$,
+                  'discard: one audit row: who (session user), note, and the failure it closed');
+SELECT is((SELECT blocked FROM inbox.outbox WHERE effect_id = 'x2'), false, 'discard: the next effect of the key is unblocked');
+SELECT is((SELECT count(*)::integer FROM inbox.outbox_waiter), 0, 'discard: idle dispatchers are woken (registrations deleted)');
+SELECT is(pg_temp.claimed('tap-dx'), ARRAY['x2'], 'discard: x2 is now the head of K-x and is claimed');
+SELECT throws_ok($$SELECT inbox.discard_effect('x1', 'again')$$, '55000', 'inbox.discard_effect: effect ''x1'' is discarded, not dead',
+                 'discard: a discarded effect cannot be discarded again');
+SELECT throws_ok($$SELECT inbox.redrive_effect('x1', 'undo')$$, '55000', 'inbox.redrive_effect: effect ''x1'' is discarded, not dead',
+                 'discard: a discarded effect cannot be redriven');
+SELECT is(inbox.complete_effect('x1', pg_temp.token('x1')), false, 'discard: a late report of its last lease is fenced');
+SELECT is(inbox.enqueue_effect('x1', 'tap-x', '{"n": 1}'), false,
+          'discard: a re-run handler enqueuing the same effect is a no-op (it is not sent again)');
+SELECT is(inbox.complete_effect('x2', pg_temp.token('x2')), true, 'discard: x2 delivered');
+SELECT is(pg_temp.claimed('tap-dx'), ARRAY['x3'], 'discard: then x3, in order');
+SELECT is(inbox.complete_effect('x3', pg_temp.token('x3')), true, 'discard: x3 delivered');
+
 -- ================================================================== purge_delivered_effects
 DELETE FROM inbox.outbox;
 SELECT inbox.enqueue_effect('p' || g, 'hook', '{}') FROM generate_series(1, 6) g \g /dev/null
@@ -569,6 +620,30 @@ SELECT is((SELECT array_agg(effect_id ORDER BY effect_id) FROM inbox.outbox), AR
 SELECT is(inbox.purge_delivered_effects('0 seconds'), 1, 'purge: older_than 0 purges what was delivered before now');
 SELECT is(inbox.enqueue_effect('p1', 'hook', '{"other": true}'), true,
           'purge: a purged effect id is forgotten (an enqueue of it is new): keep delivered effects long enough');
+-- Discarded effects and refused-report records go too, within the same batch bound; audit trails stay.
+DELETE FROM inbox.outbox;
+SELECT inbox.enqueue_effect('q' || g, 'hook', '{}') FROM generate_series(1, 3) g \g /dev/null
+SELECT count(*) FROM inbox.claim_effects('tap-d', 100) \g /dev/null
+SELECT count(inbox.fail_effect(effect_id, lease_token, 'gone', retryable => false)) FROM inbox.outbox WHERE status = 'leased' \g /dev/null
+SELECT count(inbox.discard_effect(effect_id, 'test data')) FROM inbox.outbox WHERE effect_id IN ('q1', 'q2') \g /dev/null
+UPDATE inbox.outbox SET discarded_at = now() - interval '2 hours' WHERE effect_id = 'q1';
+DELETE FROM inbox.outbox_fenced_report;
+SELECT inbox.complete_effect('q' || g, 1) FROM generate_series(1, 4) g \g /dev/null
+UPDATE inbox.outbox_fenced_report SET reported_at = now() - interval '3 hours' WHERE effect_id IN ('q1', 'q2', 'q3');
+SELECT public.tap_writes('outbox_redrive') + public.tap_writes('outbox_discard') AS a0 \gset
+SELECT is(inbox.purge_delivered_effects('90 minutes', 2), 2, 'purge: a batch of discarded effects and fenced reports is bounded too');
+SELECT is((SELECT array_agg(effect_id ORDER BY effect_id) FROM inbox.outbox), ARRAY['q2', 'q3'],
+          'purge: the first batch took the old discarded effect (q1) and one old fenced report');
+SELECT is(inbox.purge_delivered_effects('90 minutes', 2), 2, 'purge: the next batch: the remaining old fenced reports');
+SELECT is(inbox.purge_delivered_effects('90 minutes', 2), 0, 'purge: then nothing is older (loop ends)');
+SELECT is((SELECT array_agg(effect_id ORDER BY effect_id) FROM inbox.outbox_fenced_report), ARRAY['q4'],
+          'purge: fenced reports within the interval stay');
+SELECT is((SELECT array_agg(effect_id ORDER BY effect_id) FROM inbox.outbox), ARRAY['q2', 'q3'],
+          'purge: the old discarded effect is gone; a recent discarded one and the dead one stay');
+SELECT is((SELECT count(*)::integer FROM inbox.outbox_discard WHERE effect_id IN ('q1', 'q2')), 2,
+          'purge: the discard audit trail is kept (also for the purged effect)');
+SELECT is(public.tap_writes('outbox_redrive') + public.tap_writes('outbox_discard'), :a0::bigint,
+          'purge: never touches the audit trails');
 SELECT public.tap_writes() AS w0 \gset
 SELECT throws_ok(c.sql, c.state, c.msg, 'purge: ' || c.what)
   FROM (VALUES
@@ -675,7 +750,13 @@ SELECT throws_ok(c.sql, '42501', 'permission denied for function ' || c.fn, 'a r
         (9, 'redrive_effect', $$SELECT inbox.redrive_effect('e', 'n')$$),
         (10, 'purge_delivered_effects', $$SELECT inbox.purge_delivered_effects('1 day')$$),
         (11, '_wake_dispatchers', $$SELECT inbox._wake_dispatchers()$$),
-        (12, '_record_fenced', $$SELECT inbox._record_fenced('complete', 'e', 1)$$)
+        (12, '_report_outcomes', $$SELECT * FROM inbox._report_outcomes('complete', '{e}', '{1}', '{}', '{}')$$),
+        (13, 'discard_effect', $$SELECT inbox.discard_effect('e', 'n')$$),
+        (14, '_unblock_successors', $$SELECT inbox._unblock_successors('{k}', '{1}')$$),
+        (15, 'complete_effects', $$SELECT * FROM inbox.complete_effects('{e}', '{1}')$$),
+        (16, 'fail_effects', $$SELECT * FROM inbox.fail_effects('{e}', '{1}', '{x}', '{t}')$$),
+        (17, '_complete_reports', $$SELECT * FROM inbox._complete_reports('{e}', '{1}', NULL, NULL, NULL)$$),
+        (18, '_fail_reports', $$SELECT * FROM inbox._fail_reports('{e}', '{1}', '{x}', '{t}', NULL, NULL, NULL)$$)
        ) AS c(ord, fn, sql)
  ORDER BY c.ord;
 SELECT throws_ok($$SELECT * FROM inbox.outbox$$, '42501', 'permission denied for table outbox',
@@ -735,7 +816,8 @@ SELECT throws_ok(c.sql, '42501', c.msg, 'dispatcher: ' || c.what)
             'cannot change the retry policy'),
         (8, $$SELECT inbox.claim('c', 'p', 'm', '{}')$$, 'permission denied for function claim', 'is not a consumer'),
         (9, $$SELECT pg_catalog.setval('inbox.outbox_lease_token', 1)$$, 'permission denied for sequence outbox_lease_token',
-            'cannot rewind the fencing tokens')
+            'cannot rewind the fencing tokens'),
+        (10, $$SELECT inbox.discard_effect('e', 'n')$$, 'permission denied for function discard_effect', 'cannot discard')
        ) AS c(ord, sql, msg, what)
  ORDER BY c.ord;
 RESET ROLE;
@@ -755,8 +837,9 @@ SELECT lives_ok($$SELECT effect_id, destination, payload_sha256, ordering_key, o
                          last_status_code, last_duration_ms, delivered_at, dead_reason FROM inbox.outbox$$,
                 'reader: can read the state columns of inbox.outbox');
 SELECT lives_ok($$SELECT * FROM inbox.outbox_destination; SELECT * FROM inbox.outbox_redrive;
-                  SELECT * FROM inbox.outbox_fenced_report; SELECT * FROM inbox.outbox_waiter$$,
-                'reader: can read destinations, redrives, fenced reports and waiters');
+                  SELECT * FROM inbox.outbox_discard; SELECT * FROM inbox.outbox_fenced_report;
+                  SELECT * FROM inbox.outbox_waiter$$,
+                'reader: can read destinations, redrives, discards, fenced reports and waiters');
 SELECT throws_ok(format('SELECT %I FROM inbox.outbox', c), '42501', 'permission denied for table outbox',
                  'reader: cannot read inbox.outbox.' || c)
   FROM unnest(ARRAY['payload', 'headers', 'last_response_excerpt']) c;
@@ -771,10 +854,14 @@ SELECT is((SELECT headers ->> 'Authorization' FROM inbox.outbox WHERE ordering_k
           'operator: can read payloads and headers');
 SELECT lives_ok($$SELECT inbox.configure_destination('tap-op', 2)$$, 'operator: can configure_destination');
 SELECT lives_ok($$SELECT inbox.purge_delivered_effects('1 day')$$, 'operator: can purge');
+SELECT throws_ok($$SELECT inbox.discard_effect('no-such', 'n')$$, 'P0002', NULL,
+                 'operator: may call discard_effect (it gets as far as looking the effect up)');
+SELECT lives_ok($$SELECT * FROM inbox.outbox_discard$$, 'operator: can read the discard audit trail');
 SELECT throws_ok(c.sql, '42501', c.msg, 'operator: ' || c.what)
   FROM (VALUES
         (1, $$UPDATE inbox.outbox SET status = 'pending'$$, 'permission denied for table outbox', 'cannot redrive behind the API'),
         (2, $$DELETE FROM inbox.outbox_redrive$$, 'permission denied for table outbox_redrive', 'cannot delete the audit trail'),
+        (5, $$DELETE FROM inbox.outbox_discard$$, 'permission denied for table outbox_discard', 'cannot delete the discard audit trail'),
         (3, $$SELECT * FROM inbox.claim_effects('d')$$, 'permission denied for function claim_effects', 'is not a dispatcher'),
         (4, $$SELECT inbox.enqueue_effect('e', 'd', '{}')$$, 'permission denied for function enqueue_effect', 'is not a consumer')
        ) AS c(ord, sql, msg, what)
@@ -806,6 +893,133 @@ RESET ROLE;
 SELECT is((SELECT val FROM ob_res WHERE step = 'shadow'), '23505',
           'shadowing: a changed payload still conflicts (a planted bytea "=" did not make it a repeat)');
 SELECT is((SELECT count(*)::integer FROM pg_temp.outbox), 0, 'shadowing: nothing went to the planted temp table');
+
+-- ================================================================== set-based reports: complete_effects, fail_effects
+-- The same rules as complete_effect / fail_effect, several reports per call; one result row per report.
+DELETE FROM inbox.outbox;
+DELETE FROM inbox.outbox_fenced_report;
+SELECT inbox.configure_destination('tap-batch', 2, '10 seconds', '20 seconds') \g /dev/null
+SELECT inbox.enqueue_effect('s' || g, 'tap-batch', '{}') FROM generate_series(1, 6) g \g /dev/null
+SELECT inbox.enqueue_effect('sk1', 'tap-batch', '{}', ordering_key => 'K-s') \g /dev/null
+SELECT inbox.enqueue_effect('sk2', 'tap-batch', '{}', ordering_key => 'K-s') \g /dev/null
+SET CONSTRAINTS inbox.outbox_order_at_commit IMMEDIATE;
+SET CONSTRAINTS inbox.outbox_order_at_commit DEFERRED;
+SELECT is(pg_temp.claimed('tap-b', 10), ARRAY['s1', 's2', 's3', 's4', 's5', 's6', 'sk1'], 'batch: claimed (sk2 waits behind sk1)');
+SELECT is((SELECT blocked FROM inbox.outbox WHERE effect_id = 'sk2'), true, 'batch: sk2 set aside behind its key');
+-- s1 expires but nobody reclaims it: still current. s2 is reclaimed: its old token is superseded.
+SELECT pg_temp.make_due('s1');
+SELECT pg_temp.token('s2') AS s2_old \gset
+UPDATE inbox.outbox SET available_at = now() + interval '1 hour' WHERE effect_id <> 's2' AND status = 'leased';
+SELECT pg_temp.make_due('s2');
+SELECT is(pg_temp.claimed('tap-b2', 10), ARRAY['s2'], 'batch: s2 reclaimed under a new token');
+SELECT public.tap_writes('outbox_fenced_report') AS fb0 \gset
+SELECT results_eq(
+    format($$SELECT ord, effect_id, result, fenced_reason
+               FROM inbox.complete_effects(ARRAY['s1', 's2', 'sk1', 'nope', 's1', 's3'],
+                                           ARRAY[%s, %s, %s, 7, %s, %s]::bigint[],
+                                           ARRAY[200, 201, 202, 200, 200, NULL], ARRAY['ok', NULL, 'k', NULL, NULL, NULL],
+                                           ARRAY[5, 6, 7, NULL, NULL, 0])$$,
+           pg_temp.token('s1'), :s2_old, pg_temp.token('sk1'), pg_temp.token('s1'), pg_temp.token('s3') + 1000),
+    $$VALUES (1, 's1', 'delivered', NULL::text), (2, 's2', 'fenced', 'superseded'), (3, 'sk1', 'delivered', NULL),
+             (4, 'nope', 'fenced', 'unknown_effect'), (5, 's1', 'fenced', 'not_leased'), (6, 's3', 'fenced', 'superseded')$$,
+    'complete_effects: a mixed batch: one row per report in input order; an expired lease nobody reclaimed completes; '
+    'a reclaimed lease, an unknown effect, a second report of the same lease and a wrong token are fenced, with the reason');
+SELECT is(public.tap_writes('outbox_fenced_report') - :fb0, 4::bigint, 'complete_effects: each refused report is recorded');
+SELECT results_eq($$SELECT effect_id, report, current_status::text FROM inbox.outbox_fenced_report ORDER BY report_id$$,
+                  $$VALUES ('s2', 'complete', 'leased'), ('nope', 'complete', NULL), ('s1', 'complete', 'delivered'),
+                           ('s3', 'complete', 'leased')$$,
+                  'complete_effects: the refusals are recorded like _record_fenced did (report, current status)');
+SELECT is((SELECT (status, last_status_code, last_response_excerpt, last_duration_ms, delivered_at = now())::text
+             FROM inbox.outbox WHERE effect_id = 's1'), '(delivered,200,ok,5,t)',
+          'complete_effects: delivered with its own status code, excerpt and duration');
+SELECT is((SELECT (status, leased_by)::text FROM inbox.outbox WHERE effect_id = 's2'), '(leased,tap-b2)',
+          'complete_effects: the fenced report changed nothing');
+SELECT is((SELECT blocked FROM inbox.outbox WHERE effect_id = 'sk2'), false,
+          'complete_effects: delivering the head of K-s unblocks its successor');
+SELECT is(pg_temp.claimed('tap-b', 10), ARRAY['sk2'], 'complete_effects: the successor is then claimed');
+-- Failures: retryable below max_attempts -> pending after the backoff; not retryable -> dead; retryable at
+-- max_attempts (2) -> dead; fenced.
+SELECT pg_temp.make_due('s4');
+SELECT is(pg_temp.claimed('tap-b3', 10), ARRAY['s4'], 'fail_effects: s4 reclaimed, attempt 2 of max_attempts 2');
+SELECT results_eq(
+    format($$SELECT ord, effect_id, result, fenced_reason
+               FROM inbox.fail_effects(ARRAY['s3', 's5', 's4', 's6', 'sk2'], ARRAY[%s, %s, %s, %s, 1]::bigint[],
+                                       ARRAY['HTTP 503', 'HTTP 422', 'timeout', 'x', 'late'],
+                                       ARRAY[true, false, true, true, true], ARRAY[503, 422, NULL, NULL, NULL],
+                                       ARRAY['busy', repeat('r', 2500), NULL, NULL, NULL], ARRAY[11, 12, 13, NULL, NULL])$$,
+           pg_temp.token('s3'), pg_temp.token('s5'), pg_temp.token('s4'), pg_temp.token('s6') - 1),
+    $$VALUES (1, 's3', 'pending', NULL::text), (2, 's5', 'dead', NULL), (3, 's4', 'dead', NULL),
+             (4, 's6', 'fenced', 'superseded'), (5, 'sk2', 'fenced', 'superseded')$$,
+    'fail_effects: retryable -> pending, permanent -> dead, at max_attempts -> dead, wrong tokens fenced');
+SELECT is((SELECT (status, attempts, dead_reason, last_error, last_status_code, last_duration_ms, lease_expires_at,
+                   available_at - now() BETWEEN interval '5 seconds' AND interval '10 seconds')::text
+             FROM inbox.outbox WHERE effect_id = 's3'), '(pending,1,,"HTTP 503",503,11,,t)',
+          'fail_effects: pending again after the destination''s backoff (50..100% of 10 s after attempt 1)');
+SELECT is((SELECT (status, dead_reason, length(last_response_excerpt))::text FROM inbox.outbox WHERE effect_id = 's5'),
+          '(dead,permanent_failure,2000)', 'fail_effects: permanent failure, excerpt cut to 2000 characters');
+SELECT is((SELECT (status, attempts, dead_reason)::text FROM inbox.outbox WHERE effect_id = 's4'), '(dead,2,max_attempts)',
+          'fail_effects: dead after max_attempts');
+SELECT is((SELECT count(*)::integer FROM inbox.outbox_fenced_report WHERE report = 'fail'), 2,
+          'fail_effects: the refused reports are recorded with report = fail');
+SELECT is((SELECT status::text FROM inbox.outbox WHERE effect_id = 'sk2'), 'leased', 'fail_effects: a fenced report changed nothing');
+SELECT is((SELECT r.result FROM inbox.fail_effects(ARRAY['sk2'], ARRAY[pg_temp.token('sk2')], ARRAY['HTTP 500'],
+                                                   ARRAY[false]) r), 'dead', 'fail_effects: a keyed head dies');
+SELECT is((SELECT count(*)::integer FROM inbox.outbox WHERE blocked), 0, 'fail_effects: a failed head unblocks nothing');
+SELECT is((SELECT count(*)::integer FROM inbox.complete_effects('{}', '{}')), 0, 'complete_effects: no reports, no rows');
+-- The same effect twice in one call, a stale token first: the current one is accepted wherever it stands.
+SELECT inbox.enqueue_effect('s7', 'tap-batch', '{}') \g /dev/null
+SELECT is(pg_temp.claimed('tap-b', 10), ARRAY['s7'], 'batch: s7 claimed');
+SELECT results_eq(format($$SELECT ord, result, fenced_reason FROM inbox.complete_effects('{s7,s7}', ARRAY[%s, %s]::bigint[])$$,
+                         pg_temp.token('s7') - 1, pg_temp.token('s7')),
+                  $$VALUES (1, 'fenced', 'not_leased'), (2, 'delivered', NULL::text)$$,
+                  'complete_effects: a stale report of an effect does not hide the current one later in the call '
+                  '(the reason describes the effect after the call: delivered)');
+-- Bad input: a stable SQLSTATE, raised before anything is written.
+SELECT public.tap_writes() AS wb0 \gset
+SELECT throws_ok(c.sql, c.state, c.msg, c.description)
+  FROM (VALUES
+        (1, $$SELECT * FROM inbox.complete_effects(NULL, '{1}')$$, '22004', 'inbox.complete_effects: effect_ids must not be NULL',
+            'complete_effects: NULL effect_ids is 22004'),
+        (2, $$SELECT * FROM inbox.complete_effects('{s6}', NULL)$$, '22004', 'inbox.complete_effects: lease_tokens must not be NULL',
+            'complete_effects: NULL lease_tokens is 22004'),
+        (3, $$SELECT * FROM inbox.complete_effects('{s6,s1}', '{1}')$$, '22023',
+            'inbox.complete_effects: lease_tokens has 1 elements, effect_ids has 2', 'complete_effects: arrays of different lengths are 22023'),
+        (4, $$SELECT * FROM inbox.complete_effects('{s6}', '{1}', '{200,200}')$$, '22023',
+            'inbox.complete_effects: status_codes has 2 elements, effect_ids has 1', 'complete_effects: an optional array of another length is 22023'),
+        (5, $$SELECT * FROM inbox.complete_effects('{{s6}}', '{{1}}')$$, '22023',
+            'inbox.complete_effects: effect_ids must be a one-dimensional array, got 2 dimensions', 'complete_effects: a 2-D array is 22023'),
+        (6, $$SELECT * FROM inbox.complete_effects(array_fill('s6'::text, '{1001}'), array_fill(1::bigint, '{1001}'))$$, '54000',
+            'inbox.complete_effects: 1001 reports in one call, the limit is 1000', 'complete_effects: over 1000 reports is 54000'),
+        (7, $$SELECT * FROM inbox.complete_effects('{s6,NULL}', '{1,1}')$$, '22004',
+            'inbox.complete_effects: report 2: effect_id must not be NULL', 'complete_effects: a NULL effect_id is 22004, naming the report'),
+        (8, $$SELECT * FROM inbox.complete_effects(ARRAY['s6', repeat('i', 257)], '{1,1}')$$, '22001',
+            'inbox.complete_effects: report 2: effect_id is 257 bytes long, the limit is 256', 'complete_effects: a 257-byte effect_id is 22001'),
+        (9, $$SELECT * FROM inbox.complete_effects('{s6}', '{NULL}')$$, '22004',
+            'inbox.complete_effects: report 1: lease_token must not be NULL', 'complete_effects: a NULL lease_token is 22004'),
+        (10, $$SELECT * FROM inbox.complete_effects('{s6}', '{1}', '{99}')$$, '22023',
+            'inbox.complete_effects: report 1: status_code must be NULL or an HTTP status between 100 and 599, got 99',
+            'complete_effects: status_code 99 is 22023'),
+        (11, $$SELECT * FROM inbox.complete_effects('{s6}', '{1}', durations_ms => '{-1}')$$, '22023',
+            'inbox.complete_effects: report 1: duration_ms must not be negative, got -1', 'complete_effects: a negative duration is 22023'),
+        (12, $$SELECT * FROM inbox.fail_effects('{s6}', '{1}', NULL, '{t}')$$, '22004', 'inbox.fail_effects: errors must not be NULL',
+            'fail_effects: NULL errors is 22004'),
+        (13, $$SELECT * FROM inbox.fail_effects('{s6}', '{1}', '{e}', NULL)$$, '22004', 'inbox.fail_effects: retryables must not be NULL',
+            'fail_effects: NULL retryables is 22004'),
+        (14, $$SELECT * FROM inbox.fail_effects('{s6,s1}', '{1,1}', '{e,"  "}', '{t,t}')$$, '22023',
+            'inbox.fail_effects: report 2: error must say what went wrong', 'fail_effects: a blank error is 22023'),
+        (15, $$SELECT * FROM inbox.fail_effects('{s6}', '{1}', '{NULL}', '{t}')$$, '22004',
+            'inbox.fail_effects: report 1: error must say what went wrong', 'fail_effects: a NULL error is 22004'),
+        (16, $$SELECT * FROM inbox.fail_effects('{s6}', '{1}', '{e}', '{NULL}')$$, '22004',
+            'inbox.fail_effects: report 1: retryable must not be NULL', 'fail_effects: a NULL retryable is 22004'),
+        (17, $$SELECT * FROM inbox.fail_effects('{s6}', '{1}', '{e}', '{t}', '{1000}')$$, '22023',
+            'inbox.fail_effects: report 1: status_code must be NULL or an HTTP status between 100 and 599, got 1000',
+            'fail_effects: status_code 1000 is 22023'),
+        (18, $$SELECT * FROM inbox.fail_effects(array_fill('s6'::text, '{1001}'), array_fill(1::bigint, '{1001}'),
+                                                array_fill('e'::text, '{1001}'), array_fill(true, '{1001}'))$$, '54000',
+            'inbox.fail_effects: 1001 reports in one call, the limit is 1000', 'fail_effects: over 1000 reports is 54000')
+       ) AS c(ord, sql, state, msg, description)
+ ORDER BY c.ord;
+SELECT is(public.tap_writes() - :wb0, 0::bigint, 'complete_effects, fail_effects: bad input writes nothing (not even a fenced report)');
 
 SELECT * FROM finish();
 ROLLBACK;

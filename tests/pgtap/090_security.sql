@@ -8,7 +8,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(268);
+SELECT plan(284);
 
 -- ================================================================== catalog meta-tests
 SELECT set_eq($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc p
@@ -16,8 +16,14 @@ SELECT set_eq($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc
               ARRAY['claim', 'claim_bytea', 'record_failure', 'record_start', 'configure_consumer', 'register_handler',
                     '_begin_apply', 'discard', 'release', '_begin_repair', '_repair_failed',
                     'enqueue_effect', 'claim_effects', 'complete_effect', 'fail_effect', 'extend_lease', 'dispatcher_idle',
-                    'configure_destination', 'redrive_effect', 'purge_delivered_effects', '_order_at_commit',
-                    '_signal_at_commit'],
+                    'complete_effects', 'fail_effects',
+                    'configure_destination', 'redrive_effect', 'discard_effect', 'purge_delivered_effects', '_order_at_commit',
+                    '_signal_at_commit', 'retention_window', 'set_retention_policy', 'purge_lock', 'purge_unlock',
+                    'announce_purge', 'purge_batch',
+                    'metrics', 'metrics_rollup', 'configure_metrics',
+                    'create_replay_plan', 'add_replay_items', 'accept_replay_version', 'cancel_replay_plan',
+                    '_replay_run_start', '_replay_next', '_begin_replay_item', '_replay_item_failed',
+                    '_replay_run_finish'],
               'exactly the expected functions in schema inbox are SECURITY DEFINER');
 SELECT is_empty($$SELECT p.oid::regprocedure::text, p.proconfig::text FROM pg_catalog.pg_proc p
                    WHERE p.pronamespace = 'inbox'::regnamespace AND p.prosecdef
@@ -91,7 +97,11 @@ SELECT function_privs_are('inbox', f.name, f.args, r.role,
         ('configure_destination', ARRAY['text', 'integer', 'interval', 'interval'], ARRAY['inbox_operator'], 20),
         ('redrive_effect', ARRAY['text', 'text'], ARRAY['inbox_operator'], 21),
         ('_order_at_commit', ARRAY[]::text[], ARRAY[]::text[], 22),
-        ('_signal_at_commit', ARRAY[]::text[], ARRAY[]::text[], 23)
+        ('_signal_at_commit', ARRAY[]::text[], ARRAY[]::text[], 23),
+        ('discard_effect', ARRAY['text', 'text'], ARRAY['inbox_operator'], 24),
+        ('complete_effects', ARRAY['text[]', 'bigint[]', 'integer[]', 'text[]', 'integer[]'], ARRAY['inbox_dispatcher'], 25),
+        ('fail_effects', ARRAY['text[]', 'bigint[]', 'text[]', 'boolean[]', 'integer[]', 'text[]', 'integer[]'],
+         ARRAY['inbox_dispatcher'], 26)
        ) AS f(name, args, roles, ord)
  CROSS JOIN (VALUES ('inbox_consumer', 1), ('inbox_operator', 2), ('inbox_reader', 3), ('inbox_dispatcher', 4)) AS r(role, ord)
  ORDER BY f.ord, r.ord;
@@ -105,14 +115,21 @@ SELECT set_eq(format($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.
         ('inbox_consumer', ARRAY['claim', 'claim_bytea', 'claim_and_apply', 'claim_and_apply_batch', 'record_start',
                                  'record_failure', '_begin_apply', '_check_identity', '_check_message_type',
                                  '_reason_code', 'payload_hash', 'schema_version', 'enqueue_effect', 'effect_id',
-                                 '_check_text'], 1),
+                                 '_check_text', 'versioned_consumer'], 1),
         ('inbox_operator', ARRAY['register_handler', 'configure_consumer', 'repair', 'discard', 'release',
                                  '_begin_repair', '_repair_failed', '_reason_code', 'payload_hash',
-                                 'schema_version', 'configure_destination', 'redrive_effect',
-                                 'purge_delivered_effects'], 2),
-        ('inbox_reader', ARRAY['payload_hash', 'schema_version'], 3),
+                                 'schema_version', 'configure_destination', 'redrive_effect', 'discard_effect',
+                                 'purge_delivered_effects', 'retention_window', '_retention_window', '_active_cutoff',
+                                 'set_retention_policy', 'purge_lock', 'purge_unlock', 'announce_purge', 'purge_batch',
+                                 'purge', 'metrics', 'metrics_rollup', 'configure_metrics',
+                                 'create_replay_plan', 'add_replay_items', 'accept_replay_version',
+                                 'cancel_replay_plan', '_replay_run_start', '_replay_next', '_begin_replay_item',
+                                 '_replay_item_failed', '_replay_run_finish', 'run_replay_plan',
+                                 'versioned_consumer', 'replay_operation_id'], 2),
+        ('inbox_reader', ARRAY['payload_hash', 'schema_version', 'retention_window', '_retention_window',
+                               '_active_cutoff', 'metrics', 'versioned_consumer', 'replay_operation_id'], 3),
         ('inbox_dispatcher', ARRAY['claim_effects', 'complete_effect', 'fail_effect', 'extend_lease', 'dispatcher_idle',
-                                   'purge_delivered_effects', 'schema_version'], 4)
+                                   'complete_effects', 'fail_effects', 'purge_delivered_effects', 'schema_version'], 4)
        ) AS r(role, expected, ord)
  ORDER BY r.ord;
 
@@ -120,15 +137,15 @@ SELECT set_eq(format($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.
 SELECT table_privs_are('inbox', t, r, ARRAY[]::text[], r || ' has no privilege on inbox.' || t)
   FROM unnest(ARRAY['message', 'attempt', 'quarantine', 'quarantine_decision', 'consumer_config', 'handler',
                     'handler_registration', 'outbox', 'outbox_destination', 'outbox_redrive', 'outbox_fenced_report',
-                    'outbox_waiter']) t
+                    'outbox_waiter', 'outbox_discard']) t
  CROSS JOIN unnest(ARRAY['inbox_consumer', 'inbox_dispatcher']) r;
 SELECT table_privs_are('inbox', t, 'inbox_reader', ARRAY['SELECT'], 'inbox_reader may only SELECT inbox.' || t)
   FROM unnest(ARRAY['message', 'attempt', 'quarantine_decision', 'consumer_config', 'handler', 'handler_registration',
-                    'outbox_destination', 'outbox_redrive', 'outbox_fenced_report', 'outbox_waiter']) t;
+                    'outbox_destination', 'outbox_redrive', 'outbox_fenced_report', 'outbox_waiter', 'outbox_discard']) t;
 SELECT table_privs_are('inbox', t, 'inbox_operator', ARRAY['SELECT'], 'inbox_operator may only SELECT inbox.' || t)
   FROM unnest(ARRAY['message', 'attempt', 'quarantine', 'quarantine_decision', 'consumer_config', 'handler',
                     'handler_registration', 'outbox', 'outbox_destination', 'outbox_redrive', 'outbox_fenced_report',
-                    'outbox_waiter']) t;
+                    'outbox_waiter', 'outbox_discard']) t;
 SELECT table_privs_are('inbox', 'outbox', 'inbox_reader', ARRAY[]::text[],
                        'inbox_reader has no table-wide privilege on inbox.outbox (column grants only)');
 SELECT column_privs_are('inbox', 'outbox', c, 'inbox_reader', ARRAY[]::text[], 'inbox_reader cannot read inbox.outbox.' || c)

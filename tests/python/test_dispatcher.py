@@ -9,6 +9,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -278,3 +280,249 @@ def test_hung_delivery_times_out_as_ambiguous_and_its_late_report_is_fenced(
     release.set()
     assert wait_until(lambda: dispatcher.stats.fenced == 1, timeout=5)  # the hung call's late report
     assert (dispatcher.stats.retried, dispatcher.stats.delivered) == (1, 1)
+
+
+# ------------------------------------------------------------------ rolled-back handlers, lost signals
+
+
+def test_a_rolled_back_handler_leaves_no_effect_and_no_wake_up(conn: Conn, db_dsn: str) -> None:
+    conn.execute("""
+        CREATE FUNCTION notify_then_fail(payload jsonb) RETURNS void LANGUAGE plpgsql AS $$
+        BEGIN
+            PERFORM inbox.enqueue_effect(inbox.effect_id('billing', 'shop', payload->>'id', 'email'), 'sink', payload);
+            RAISE EXCEPTION 'mail template missing' USING ERRCODE = 'data_exception';
+        END $$""")
+    conn.execute("SELECT inbox.register_handler('billing', 'notify', 'notify_then_fail(jsonb)'::regprocedure, 'v1')")
+    with psycopg.connect(db_dsn, autocommit=True) as listener:
+        listener.execute("LISTEN inbox_outbox")
+        conn.execute("SELECT inbox.dispatcher_idle('idle-one', true)")
+        row = conn.execute(
+            "SELECT outcome::text, reason_code"
+            " FROM inbox.claim_and_apply('billing', 'shop', 'm-1', 'notify', %s::jsonb)",
+            (json.dumps({"id": "m-1"}),),
+        ).fetchone()
+        assert row is not None and row[0] == "failed"
+        assert conn.execute("SELECT count(*) FROM inbox.outbox").fetchone() == (0,), "the enqueue rolled back"
+        assert list(listener.notifies(timeout=0.5)) == [], "no wake-up for an effect that does not exist"
+        waiters = conn.execute("SELECT dispatcher FROM inbox.outbox_waiter").fetchall()
+        assert waiters == [("idle-one",)], "the idle dispatcher is still registered for the next real effect"
+
+
+def test_an_effect_signalled_while_no_dispatcher_listens_is_delivered(
+    conn: Conn, make_dispatcher: Callable[..., Dispatcher]
+) -> None:
+    # A registration left by a dispatcher that died: the enqueue notifies, and nobody listens.
+    conn.execute("SELECT inbox.dispatcher_idle('gone', true)")
+    enqueue(conn, "while-nobody-listened")
+    assert conn.execute("SELECT count(*) FROM inbox.outbox_waiter").fetchone() == (0,), "the NOTIFY was sent"
+    recorder = Recorder()
+    dispatcher = make_dispatcher("late", recorder, poll_interval=30.0)
+    runner = threading.Thread(target=dispatcher.run)
+    runner.start()
+    try:  # the daemon's first claim (and its catch-up claim) find it: no signal needed
+        assert wait_until(lambda: recorder.ids == ["while-nobody-listened"], timeout=5)
+    finally:
+        dispatcher.stop()
+        runner.join(10)
+
+
+def test_a_lost_signal_is_covered_by_polling(conn: Conn, make_dispatcher: Callable[..., Dispatcher]) -> None:
+    recorder = Recorder()
+    dispatcher = make_dispatcher("poller", recorder, poll_interval=0.3)
+    runner = threading.Thread(target=dispatcher.run)
+    runner.start()
+    try:
+        assert wait_until(lambda: conn.execute("SELECT count(*) FROM inbox.outbox_waiter").fetchone() == (1,))
+        # Lose the signal: the registration disappears (as in the race §7 describes), so the
+        # enqueue's commit notifies nobody.
+        conn.execute("SELECT inbox.dispatcher_idle('poller', false)")
+        with psycopg.connect(conn.info.dsn, autocommit=True) as listener:
+            listener.execute("LISTEN inbox_outbox")
+            enqueue(conn, "unsignalled")
+            assert list(listener.notifies(timeout=0.2)) == [], "no NOTIFY was sent"
+        started = time.monotonic()
+        assert wait_until(lambda: recorder.ids == ["unsignalled"], timeout=5)
+        assert time.monotonic() - started < 0.3 + 1.0, "found by the poll, within the poll interval (+ slack)"
+    finally:
+        dispatcher.stop()
+        runner.join(10)
+
+
+# ------------------------------------------------------------------ discard, health
+
+
+def test_cli_outbox_discard_lets_the_ordering_key_move_on(
+    conn: Conn, db_dsn: str, make_dispatcher: Callable[..., Dispatcher]
+) -> None:
+    with conn.transaction():
+        for effect_id in ("k-1", "k-2"):
+            conn.execute("SELECT inbox.enqueue_effect(%s, 'sink', '{}', ordering_key => 'K')", (effect_id,))
+    failing = Recorder(lambda e: DeliveryReport.failed("410 gone", retryable=False, status_code=410))
+    make_dispatcher("d1", failing).run_once()
+    assert failing.ids == ["k-1"], "k-2 waits behind its key's head"
+    assert status_of(conn, "k-1")[0] == "dead"
+    recorder = Recorder()
+    assert make_dispatcher("d2", recorder).run_once() == 0, "a dead head blocks its key"
+    base = [*_pginbox(), "--dsn", db_dsn, "outbox"]
+    refused = subprocess.run([*base, "discard", "k-2", "--note", "x"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "k-2' is pending, not dead" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    no_note = subprocess.run([*base, "discard", "k-1"], capture_output=True, text=True, timeout=60)
+    assert no_note.returncode == 2 and "--note" in no_note.stderr
+    done = subprocess.run([*base, "discard", "k-1", "--note", "customer gone, OPS-12"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "discarded" in done.stdout and "ordering key K moves on" in done.stdout
+    assert make_dispatcher("d3", recorder).run_once() == 1
+    assert recorder.ids == ["k-2"], "the key moved on; the discarded effect was not sent"
+    shown = subprocess.run([*base, "show", "k-1", "--json"], capture_output=True, text=True, timeout=60)
+    details = json.loads(shown.stdout)
+    assert details["status"] == "discarded" and details["discarded_at"] is not None
+    assert [d["note"] for d in details["discards"]] == ["customer gone, OPS-12"]
+    listed = subprocess.run([*base, "list", "--status", "discarded", "--json"], capture_output=True, text=True,
+                            timeout=60)
+    assert [e["effect_id"] for e in json.loads(listed.stdout)["effects"]] == ["k-1"]
+
+
+def test_health_reports_a_loop_that_does_not_run(conn: Conn, make_dispatcher: Callable[..., Dispatcher]) -> None:
+    from pginbox.dispatcher import HealthServer
+
+    dispatcher = make_dispatcher("h", Recorder(), poll_interval=0.05, stall_after=0.5)
+    with HealthServer(dispatcher) as server:
+        url = f"http://127.0.0.1:{server.port}"
+
+        def get(path: str) -> tuple[int, str]:
+            try:
+                with urllib.request.urlopen(url + path, timeout=5) as response:
+                    return int(response.status), response.read().decode()
+            except urllib.error.HTTPError as exc:
+                return int(exc.code), exc.read().decode()
+
+        status, body = get("/healthz")
+        assert status == 503 and json.loads(body)["last_loop_age_seconds"] is None, "not started yet"
+        runner = threading.Thread(target=dispatcher.run)
+        runner.start()
+        try:
+            assert wait_until(lambda: get("/healthz")[0] == 200)
+            enqueue(conn, "h-1")
+            assert wait_until(lambda: json.loads(get("/healthz")[1])["counters"]["delivered"] == 1)
+        finally:
+            dispatcher.stop()
+            runner.join(10)
+        # The loop has stopped: once stall_after has passed, unhealthy (so does a stuck loop).
+        assert wait_until(lambda: get("/healthz")[0] == 503, timeout=5)
+        assert get("/nope")[0] == 404
+        assert "pginbox_dispatcher_delivered_total 1.0" in get("/metrics")[1]
+
+
+# ------------------------------------------------------------------ capacity, claim errors, batched reports
+
+
+def test_run_once_drains_everything_when_in_flight_capacity_is_full(
+    conn: Conn, make_dispatcher: Callable[..., Dispatcher]
+) -> None:
+    """The repro: with in-flight capacity full, a claim round used to look like "nothing due" and
+    run_once stopped early (256 of 10 000 delivered)."""
+    conn.execute("SELECT count(inbox.enqueue_effect('cap-' || g, 'sink', '{}')) FROM generate_series(1, 10000) g")
+    recorder = Recorder()
+    dispatcher = make_dispatcher("cap", recorder, batch_size=100, concurrency_per_destination=4, max_in_flight=4)
+    assert dispatcher.run_once() == 10000
+    assert len(recorder.ids) == 10000 and len(set(recorder.ids)) == 10000, "each effect delivered once"
+    counts = dict(conn.execute("SELECT status::text, count(*) FROM inbox.outbox GROUP BY 1").fetchall())
+    assert counts == {"delivered": 10000}
+    assert dispatcher.stats.delivered == 10000 and dispatcher.stats.claimed == 10000
+    assert dispatcher.in_flight == 0
+
+
+def test_a_failed_claim_is_retried(conn: Conn, make_dispatcher: Callable[..., Dispatcher],
+                                   caplog: pytest.LogCaptureFixture) -> None:
+    enqueue(conn, "after-claim-error-1", "after-claim-error-2")
+    recorder = Recorder()
+    dispatcher = make_dispatcher("flaky-claim", recorder)
+    app = "pginbox-dispatch:flaky-claim"
+    assert wait_until(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                                           (app,)).fetchone() == (1,))
+    # the pool's idle connection dies: the next claim on it fails with a database error
+    conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s", (app,))
+    with caplog.at_level("WARNING", logger="pginbox.dispatcher"):
+        assert dispatcher.run_once() == 2
+    assert "claim_failed" in caplog.text, "the first claim failed and was retried"
+    assert sorted(recorder.ids) == ["after-claim-error-1", "after-claim-error-2"]
+    assert status_of(conn, "after-claim-error-1")[0] == "delivered"
+
+
+@pytest.fixture
+def no_dispatcher_role(conn: Conn, db_dsn: str) -> Iterator[str]:
+    """A DSN whose role may connect but is not an inbox_dispatcher: every claim fails (42501)."""
+    role = f"not_a_dispatcher_{os.getpid()}"
+    conn.execute(f"CREATE ROLE {role} LOGIN")
+    yield f"{db_dsn} user={role}"
+    conn.execute(f"DROP ROLE {role}")
+
+
+def test_run_once_gives_up_on_persistent_claim_errors(conn: Conn, no_dispatcher_role: str) -> None:
+    from pginbox.dispatcher import ClaimError
+
+    enqueue(conn, "never-claimed")
+    recorder = Recorder()
+    dispatcher = Dispatcher(no_dispatcher_role, "denied", {"sink": CallableTransport(recorder)}, claim_retries=3)
+    try:
+        started = time.monotonic()
+        expected = r"3 claims in a row failed, the last with: permission denied .*\(SQLSTATE 42501\)$"
+        with pytest.raises(ClaimError, match=expected):
+            dispatcher.run_once()
+        assert time.monotonic() - started >= 0.1, "retried with backoff (0.05-0.1 s, then 0.1-0.2 s)"
+    finally:
+        dispatcher.close()
+    assert recorder.ids == []
+    assert status_of(conn, "never-claimed")[0] == "pending"
+
+
+def test_cli_dispatch_once_exits_non_zero_when_claims_keep_failing(conn: Conn, no_dispatcher_role: str) -> None:
+    enqueue(conn, "never-claimed")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run(
+        [*_pginbox(), "--dsn", no_dispatcher_role, "dispatch", "--once", "--name", "denied",
+         "--callable", "sink=_dispatch_sink:record"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )
+    assert result.returncode == 1, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "claims in a row failed" in errors[0] and "permission denied" in errors[0]
+    assert status_of(conn, "never-claimed")[0] == "pending"
+
+
+def test_reports_are_flushed_in_batches_with_every_outcome_counted(
+    conn: Conn, fast_retries: None, make_dispatcher: Callable[..., Dispatcher]
+) -> None:
+    """One flush carries completions and failures together; each effect's outcome is counted as
+    with one report per effect (delivered, retried, dead)."""
+    enqueue(conn, *[f"ok-{i}" for i in range(30)], "gone", "busy")
+
+    def behaviour(effect: Effect) -> object:
+        if effect.effect_id == "gone":
+            return DeliveryReport.failed("410 gone", retryable=False, status_code=410)
+        if effect.effect_id == "busy" and effect.attempts == 1:
+            return DeliveryReport.failed("503 busy", retryable=True, status_code=503)
+        return None
+
+    recorder = Recorder(behaviour)
+    dispatcher = make_dispatcher("batched", recorder, report_batch=1000, report_interval=0.05)
+    flushes = conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()").fetchone()
+    assert wait_until(lambda: (dispatcher.run_once(), status_of(conn, "busy")[0])[1] == "delivered", timeout=10)
+    after = conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()").fetchone()
+    assert flushes is not None and after is not None
+    assert status_of(conn, "gone")[:3] == ("dead", 1, "permanent_failure")
+    assert status_of(conn, "busy")[:2] == ("delivered", 2)
+    assert (dispatcher.stats.delivered, dispatcher.stats.dead, dispatcher.stats.retried) == (31, 1, 1)
+    assert dispatcher.stats.fenced == 0 and dispatcher.stats.report_errors == 0
+    assert dispatcher.in_flight == 0
+    counts = dict(conn.execute("SELECT status::text, count(*) FROM inbox.outbox GROUP BY 1").fetchall())
+    assert counts == {"delivered": 31, "dead": 1}
+
+
+def test_report_interval_must_stay_far_below_the_lease(db_dsn: str) -> None:
+    with pytest.raises(ValueError, match="report_interval must be between 0 and lease / 10"):
+        Dispatcher(db_dsn, "bad", {}, lease=1.0, report_interval=0.5)
+    with pytest.raises(ValueError, match="report_batch must be between 1 and 1000"):
+        Dispatcher(db_dsn, "bad", {}, report_batch=1001)
