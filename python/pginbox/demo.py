@@ -8,7 +8,10 @@ from the domain tables: no message was applied twice, none that committed was lo
 
 Act 2 (pginbox.simulation) then runs thousands of messages through a simulated broker that
 redelivers, loses acks, crashes consumers and races duplicates, and proves the same invariant.
-Both acts use a new consumer name on every run, so the demo can run again on the same database.
+Act 3 (pginbox.demo_outbox) shows the outbox: handlers enqueue effects in their transactions, the
+real dispatcher delivers them to a local HTTP sink that fails and times out, and the demo proves
+that every committed effect arrived with one stable idempotency key and was counted once.
+Every act uses a new consumer name on every run, so the demo can run again on the same database.
 """
 
 from __future__ import annotations
@@ -17,12 +20,13 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Collection
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
-from pginbox import simulation, sqitch
+from pginbox import demo_outbox, simulation, sqitch
 from pginbox._core import SUPPORTED_SCHEMA_VERSIONS
 from pginbox.errors import PginboxError
 
@@ -319,15 +323,32 @@ def ensure_schema(dsn: str) -> None:
         )
 
 
-def run(dsn: str, *, messages: int = 3000, workers: int = 4, seed: int | None = None) -> None:
+def run(
+    dsn: str,
+    *,
+    messages: int = 3000,
+    workers: int = 4,
+    seed: int | None = None,
+    acts: Collection[int] = (1, 2, 3),
+    outbox_messages: int = 200,
+    sink_dedup: bool = True,
+) -> None:
     """Deploy if needed; act 1 walks through every outcome of the inbox, act 2 simulates
-    at-least-once delivery with faults (pginbox.simulation) and proves the invariant.
-    Raises InvariantBroken (exit status 1 from the CLI) when either act finds it broken."""
+    at-least-once delivery with faults (pginbox.simulation) and proves the invariant, act 3
+    (pginbox.demo_outbox) delivers outbox effects to a flaky HTTP sink and proves the outbox's
+    promise. `acts` selects the acts. Raises InvariantBroken (exit status 1 from the CLI) when an
+    act finds its invariant broken."""
     ensure_schema(dsn)
-    demo = Demo(dsn)
-    try:
-        demo.run()
-    finally:
-        demo.conn.close()
-    if not simulation.run(dsn, messages=messages, workers=workers, seed=seed):
+    if 1 in acts:
+        demo = Demo(dsn)
+        try:
+            demo.run()
+        finally:
+            demo.conn.close()
+    if 2 in acts and not simulation.run(dsn, messages=messages, workers=workers, seed=seed):
         raise InvariantBroken("the invariant is broken: a message was applied twice or lost (see FAILED above)")
+    if 3 in acts and not demo_outbox.run(dsn, seed=seed, messages=outbox_messages, sink_dedup=sink_dedup):
+        raise InvariantBroken(
+            "the outbox promise is broken: an effect was lost, sent with another key or counted twice "
+            "(see FAILED above)"
+        )

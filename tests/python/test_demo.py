@@ -1,4 +1,4 @@
-"""`pginbox demo`: both acts as a real subprocess (against a test database, and against the
+"""`pginbox demo`: every act as a real subprocess (against a test database, and against the
 embedded private cluster with no DSN at all), and the simulation's proof catching a broken
 invariant."""
 
@@ -67,8 +67,9 @@ def test_demo_subprocess(db_dsn: str) -> None:
     result = run_demo("--messages", "300", "--workers", "3", "--seed", "7", "--dsn", db_dsn)
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
-    assert "Act 1:" in out and "Act 2: 300 messages" in out
+    assert "Act 1:" in out and "Act 2: 300 messages" in out and "Act 3:" in out
     assert_invariant_proven(out)
+    assert "OUTBOX PROMISE HOLDS" in out  # act 3 (tests/python/test_demo_outbox.py looks closer)
     assert re.search(r"^\s+delivered\s+\d+ \| applied\s+\d+ \| duplicates", out, re.MULTILINE)  # progress
     applied = counted(out, "applied")
     poison = counted(out, "poison messages quarantined")
