@@ -7,6 +7,7 @@ BEGIN;
 DROP FUNCTION inbox.purge_delivered_effects(interval, integer);
 DROP FUNCTION inbox.discard_effect(text, text);
 DROP FUNCTION inbox.redrive_effect(text, text);
+DROP FUNCTION inbox._lock_dead_effect(text, text, text, text, text, text);
 DROP FUNCTION inbox.extend_lease(text, bigint, interval);
 DROP FUNCTION inbox.fail_effect(text, bigint, text, boolean, integer, text, integer);
 DROP FUNCTION inbox.complete_effect(text, bigint, integer, text, integer);

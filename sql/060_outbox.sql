@@ -1163,6 +1163,36 @@ COMMENT ON FUNCTION inbox.extend_lease(text, bigint, interval) IS
 
 -- ------------------------------------------------------------------ operations
 
+-- What an operator decision on a dead effect checks first (redrive, discard): a valid id and a
+-- note, an effect that exists and is dead. Returns the effect locked (FOR UPDATE).
+CREATE FUNCTION inbox._lock_dead_effect(fn text, verb text, effect_id text, note text, audit text, not_dead_hint text)
+    RETURNS inbox.outbox
+    LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    effect inbox.outbox;
+BEGIN
+    PERFORM inbox._check_text(fn, 'effect_id', _lock_dead_effect.effect_id, 256);
+    IF _lock_dead_effect.note IS NULL OR _lock_dead_effect.note !~ '\S' THEN
+        RAISE EXCEPTION '%: a % needs a note saying why', fn, verb
+            USING ERRCODE = CASE WHEN _lock_dead_effect.note IS NULL THEN 'null_value_not_allowed' ELSE 'invalid_parameter_value' END,
+                  HINT = pg_catalog.format('The note goes into the audit trail (%s).', audit);
+    END IF;
+    SELECT o.* INTO effect FROM inbox.outbox o WHERE o.effect_id = _lock_dead_effect.effect_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '%: no effect %', fn, pg_catalog.quote_literal(_lock_dead_effect.effect_id)
+            USING ERRCODE = 'no_data_found';
+    END IF;
+    IF effect.status <> 'dead' THEN
+        RAISE EXCEPTION '%: effect % is %, not dead', fn, pg_catalog.quote_literal(effect.effect_id), effect.status
+            USING ERRCODE = 'object_not_in_prerequisite_state', HINT = not_dead_hint;
+    END IF;
+    RETURN effect;
+END
+$$;
+COMMENT ON FUNCTION inbox._lock_dead_effect(text, text, text, text, text, text) IS
+    'internal: validates an operator decision on a dead effect and returns the effect locked (22004, 22023, 22001, P0002, 55000)';
+
 -- dead -> pending, due now, attempts reset; one audit row with the session user and the note.
 -- The effect keeps its place in its ordering key.
 CREATE FUNCTION inbox.redrive_effect(effect_id text, note text) RETURNS inbox.outbox
@@ -1172,22 +1202,8 @@ AS $$
 DECLARE
     effect inbox.outbox;
 BEGIN
-    PERFORM inbox._check_text('inbox.redrive_effect', 'effect_id', redrive_effect.effect_id, 256);
-    IF redrive_effect.note IS NULL OR redrive_effect.note !~ '\S' THEN
-        RAISE EXCEPTION 'inbox.redrive_effect: a redrive needs a note saying why'
-            USING ERRCODE = CASE WHEN redrive_effect.note IS NULL THEN 'null_value_not_allowed' ELSE 'invalid_parameter_value' END,
-                  HINT = 'The note goes into the audit trail (inbox.outbox_redrive).';
-    END IF;
-    SELECT o.* INTO effect FROM inbox.outbox o WHERE o.effect_id = redrive_effect.effect_id FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'inbox.redrive_effect: no effect %', pg_catalog.quote_literal(redrive_effect.effect_id)
-            USING ERRCODE = 'no_data_found';
-    END IF;
-    IF effect.status <> 'dead' THEN
-        RAISE EXCEPTION 'inbox.redrive_effect: effect % is %, not dead', pg_catalog.quote_literal(effect.effect_id),
-            effect.status
-            USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'Only dead effects can be redriven.';
-    END IF;
+    effect := inbox._lock_dead_effect('inbox.redrive_effect', 'redrive', redrive_effect.effect_id, redrive_effect.note,
+                                      'inbox.outbox_redrive', 'Only dead effects can be redriven.');
     INSERT INTO inbox.outbox_redrive (effect_id, note, attempts, dead_reason, last_error)
     VALUES (effect.effect_id, redrive_effect.note, effect.attempts, effect.dead_reason, effect.last_error);
     UPDATE inbox.outbox o
@@ -1214,23 +1230,9 @@ AS $$
 DECLARE
     effect inbox.outbox;
 BEGIN
-    PERFORM inbox._check_text('inbox.discard_effect', 'effect_id', discard_effect.effect_id, 256);
-    IF discard_effect.note IS NULL OR discard_effect.note !~ '\S' THEN
-        RAISE EXCEPTION 'inbox.discard_effect: a discard needs a note saying why'
-            USING ERRCODE = CASE WHEN discard_effect.note IS NULL THEN 'null_value_not_allowed' ELSE 'invalid_parameter_value' END,
-                  HINT = 'The note goes into the audit trail (inbox.outbox_discard).';
-    END IF;
-    SELECT o.* INTO effect FROM inbox.outbox o WHERE o.effect_id = discard_effect.effect_id FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'inbox.discard_effect: no effect %', pg_catalog.quote_literal(discard_effect.effect_id)
-            USING ERRCODE = 'no_data_found';
-    END IF;
-    IF effect.status <> 'dead' THEN
-        RAISE EXCEPTION 'inbox.discard_effect: effect % is %, not dead', pg_catalog.quote_literal(effect.effect_id),
-            effect.status
-            USING ERRCODE = 'object_not_in_prerequisite_state',
-                  HINT = 'Only dead effects can be discarded; a pending or leased effect is still being delivered.';
-    END IF;
+    effect := inbox._lock_dead_effect('inbox.discard_effect', 'discard', discard_effect.effect_id, discard_effect.note,
+                                      'inbox.outbox_discard',
+                                      'Only dead effects can be discarded; a pending or leased effect is still being delivered.');
     INSERT INTO inbox.outbox_discard (effect_id, note, attempts, dead_reason, last_error)
     VALUES (effect.effect_id, discard_effect.note, effect.attempts, effect.dead_reason, effect.last_error);
     UPDATE inbox.outbox o
