@@ -115,6 +115,21 @@ def result_from_row(row: Sequence[Any], start: int = 0) -> Result:
     )
 
 
+def first_result(rows: Sequence[Sequence[Any]]) -> Result:
+    """The Result of a statement that returns one delivery_result row."""
+    return result_from_row(rows[0])
+
+
+def batch_results(rows: Sequence[Sequence[Any]]) -> list[Result]:
+    """Results of claim_and_apply_batch rows (position, then the delivery_result columns)."""
+    return [result_from_row(row, 1) for row in rows]
+
+
+def start_results(rows: Sequence[Sequence[Any]]) -> list[Result | None]:
+    """record_start rows: a Result where the delivery is held by quarantine, else None (go on)."""
+    return [result_from_row(row, 1) if row[1] == "quarantined" else None for row in rows]
+
+
 # ----------------------------------------------------------------------------- failures
 
 
@@ -275,6 +290,12 @@ class StatsCounter:
             self.retries += cost.retries
             self.lock_wait += cost.lock_wait
             self.backoff += cost.backoff
+
+    def stamp(self, results: Sequence[Result], cost: CallCost, exception: BaseException | None = None) -> list[Result]:
+        """The results with the call's cost on them, counted."""
+        stamped = [cost.stamp(r, exception) for r in results]
+        self.finished(stamped, cost)
+        return stamped
 
     def transient_error(self, error: BaseException) -> None:
         with self._lock:

@@ -173,12 +173,12 @@ class AsyncInbox:
         if message.redelivered:
             start = (await self._record_starts([message], cost))[0]
             if start is not None:
-                return self._done([start], cost)[0]
+                return self._stats.stamp([start], cost)[0]
         attempt = await self._run(lambda conn: self._handle_attempt(conn, message, handler), cost)
         if isinstance(attempt, Result):
-            return self._done([attempt], cost)[0]
+            return self._stats.stamp([attempt], cost)[0]
         recorded = await self._record_failure(message, attempt.error, cost)
-        result = self._done([recorded], cost, attempt.error)[0]
+        result = self._stats.stamp([recorded], cost, attempt.error)[0]
         if self.raise_on_failure if raise_on_failure is None else raise_on_failure:
             attempt.error.add_note(
                 f"pginbox: recorded as {result.outcome.value} (attempt {result.attempts}, "
@@ -194,12 +194,12 @@ class AsyncInbox:
         if message.redelivered:
             start = (await self._record_starts([message], cost))[0]
             if start is not None:
-                return self._done([start], cost)[0]
+                return self._stats.stamp([start], cost)[0]
         params = _core.apply_params(self.consumer, message)
         result = await self._run(
-            lambda conn: self._statement_tx(conn, queries.CLAIM_AND_APPLY, params, _first_result), cost
+            lambda conn: self._statement_tx(conn, queries.CLAIM_AND_APPLY, params, _core.first_result), cost
         )
-        return self._done([result], cost)[0]
+        return self._stats.stamp([result], cost)[0]
 
     async def apply_batch(self, messages: Iterable[Message]) -> list[Result]:
         """See `Inbox.apply_batch`."""
@@ -212,12 +212,12 @@ class AsyncInbox:
                 params = _core.batch_params(self.consumer, [chunk[i] for i in pending])
                 applied = await self._run(
                     partial(self._statement_tx, query=queries.CLAIM_AND_APPLY_BATCH, params=params,
-                            build=_batch_results),
+                            build=_core.batch_results),
                     cost,
                 )
                 for i, r in zip(pending, applied, strict=True):
                     out[i] = r
-            results.extend(self._done(cast(list[Result], out), cost))
+            results.extend(self._stats.stamp(cast(list[Result], out), cost))
         return results
 
     async def handle_batch(self, messages: Iterable[Message], handler: AsyncHandler) -> list[Result]:
@@ -232,7 +232,7 @@ class AsyncInbox:
                 done = await self._run(partial(self._handle_batch_attempt, messages=todo, handler=handler), cost)
                 for i, (r, exc) in zip(pending, done, strict=True):
                     out[i] = r if exc is None else replace(r, exception=exc)
-            results.extend(self._done(cast(list[Result], out), cost))
+            results.extend(self._stats.stamp(cast(list[Result], out), cost))
         return results
 
     # ------------------------------------------------------------------------- attempts
@@ -402,14 +402,14 @@ class AsyncInbox:
     async def _record_starts(self, messages: Sequence[Message], cost: CallCost) -> list[Result | None]:
         params = _core.record_starts_params(self.consumer, self.handler_version, messages)
         return await self._run(
-            lambda conn: self._statement_tx(conn, queries.RECORD_STARTS, params, _start_results), cost
+            lambda conn: self._statement_tx(conn, queries.RECORD_STARTS, params, _core.start_results), cost
         )
 
     async def _record_failure(self, message: Message, error: BaseException, cost: CallCost) -> Result:
         reason, text = _core.failure_reason(error)
         params = _core.record_failure_params(self.consumer, self.handler_version, message, reason, text)
         return await self._run(
-            lambda conn: self._statement_tx(conn, queries.RECORD_FAILURE, params, _first_result), cost
+            lambda conn: self._statement_tx(conn, queries.RECORD_FAILURE, params, _core.first_result), cost
         )
 
     async def _commit(self, conn: AConn, xid: str | None, value: object) -> None:
@@ -567,20 +567,3 @@ class AsyncInbox:
         version = _core.check_schema_version(row[0] if row else None, where)
         self._schema_version = version
         return version
-
-    def _done(self, results: list[Result], cost: CallCost, exception: BaseException | None = None) -> list[Result]:
-        stamped = [cost.stamp(r, exception) for r in results]
-        self._stats.finished(stamped, cost)
-        return stamped
-
-
-def _first_result(rows: list[TupleRow]) -> Result:
-    return _core.result_from_row(rows[0])
-
-
-def _batch_results(rows: list[TupleRow]) -> list[Result]:
-    return [_core.result_from_row(row, 1) for row in rows]
-
-
-def _start_results(rows: list[TupleRow]) -> list[Result | None]:
-    return [_core.result_from_row(row, 1) if row[1] == "quarantined" else None for row in rows]
