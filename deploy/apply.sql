@@ -1,3 +1,4 @@
+-- Deploy pginbox:apply. Generated from sql/040_apply.sql by python/tools/sync_deploy.py: edit that file.
 -- pginbox: claim_and_apply. One round trip per message: claim the identity, run the registered SQL
 -- handler with the caller's rights, and let both commit with the caller's transaction. A handler's
 -- permanent error rolls back its writes and the claim (a subtransaction) and is recorded; a
@@ -6,7 +7,7 @@ BEGIN;
 
 SET LOCAL ROLE inbox_owner;
 
-CREATE FUNCTION inbox._check_message_type(fn text, message_type text) RETURNS void
+CREATE OR REPLACE FUNCTION inbox._check_message_type(fn text, message_type text) RETURNS void
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
@@ -27,7 +28,7 @@ COMMENT ON FUNCTION inbox._check_message_type(text, text) IS 'internal: validate
 -- whoever calls inbox.claim_and_apply, so a SECURITY DEFINER function owned by a role with the
 -- inbox owner's rights (inbox_owner, its members, superusers) is refused: it would run with rights
 -- no consumer has.
-CREATE FUNCTION inbox.register_handler(consumer text, message_type text, handler regprocedure, handler_version text)
+CREATE OR REPLACE FUNCTION inbox.register_handler(consumer text, message_type text, handler regprocedure, handler_version text)
     RETURNS inbox.handler
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
@@ -105,7 +106,7 @@ COMMENT ON FUNCTION inbox.register_handler(text, text, regprocedure, text) IS
 
 -- The definer half of claim_and_apply: validate, find the handler, hash, claim. Returns the handler
 -- to call; the caller's (invoker) half calls it, so the handler never runs with the owner's rights.
-CREATE FUNCTION inbox._begin_apply(
+CREATE OR REPLACE FUNCTION inbox._begin_apply(
     consumer text, producer text, message_id text, message_type text, payload jsonb, tenant text,
     produced_at timestamptz)
     RETURNS inbox._handler_call
@@ -157,7 +158,7 @@ BEGIN
                                       settings.max_payload_bytes, version);
     END IF;
     hash := inbox.payload_hash(_begin_apply.payload, settings.hash_exclude_keys);
-    -- Retention's heartbeat (sql/070_retention.sql), at most once a minute per consumer.
+    -- Retention's heartbeat (sql/075_retention.sql), at most once a minute per consumer.
     IF settings.last_active_at IS NULL OR settings.last_active_at < now() - '60 seconds'::interval THEN
         PERFORM inbox._heartbeat(_begin_apply.consumer);
     END IF;
@@ -191,7 +192,7 @@ $$;
 COMMENT ON FUNCTION inbox._begin_apply(text, text, text, text, jsonb, text, timestamptz) IS
     'internal (granted to consumers): the privileged half of claim_and_apply';
 
-CREATE FUNCTION inbox.claim_and_apply(
+CREATE OR REPLACE FUNCTION inbox.claim_and_apply(
     consumer text, producer text, message_id text, message_type text, payload jsonb, tenant text DEFAULT '',
     produced_at timestamptz DEFAULT NULL)
     RETURNS inbox.delivery_result
@@ -252,7 +253,7 @@ COMMENT ON FUNCTION inbox.claim_and_apply(text, text, text, text, jsonb, text, t
 -- element are validated before the first is applied; an unknown message type or an oversize
 -- payload raises when its element's turn comes. Either way the call fails as a whole, so the
 -- caller's transaction keeps nothing of it. An empty array returns no rows.
-CREATE FUNCTION inbox.claim_and_apply_batch(consumer text, messages jsonb)
+CREATE OR REPLACE FUNCTION inbox.claim_and_apply_batch(consumer text, messages jsonb)
     RETURNS TABLE (ordinal integer, tenant text, producer text, message_id text, outcome text,
                    payload_sha256 text, stored_sha256 text, handler_version text, processed_at timestamptz,
                    quarantine_id bigint, attempts integer, reason_code text, error_message text)

@@ -1,3 +1,4 @@
+-- Deploy pginbox:claim. Generated from sql/030_claim.sql by python/tools/sync_deploy.py: edit that file.
 -- pginbox: the claim. inbox.claim takes a message identity inside the caller's transaction; the
 -- caller then makes its domain change and both commit or roll back together. Failures and crash
 -- loops are recorded here too, because quarantine is decided on the same identity.
@@ -5,16 +6,101 @@ BEGIN;
 
 SET LOCAL ROLE inbox_owner;
 
+-- The semantic hash: SHA-256 of jsonb's canonical text (key order and whitespace normalised),
+-- with the named top-level keys of an object left out. Number scale is not normalised: 1.0 and
+-- 1.00 hash differently.
+-- It runs on every claim, so it must be inlined by the planner: hence not STRICT (a strict body
+-- with a CASE is never inlined) and STABLE, like convert_to (an immutable function calling a
+-- stable one is not inlined either). NULL in, NULL out all the same.
+CREATE OR REPLACE FUNCTION inbox.payload_hash(payload jsonb, exclude_keys text[] DEFAULT '{}') RETURNS bytea
+    LANGUAGE sql STABLE PARALLEL SAFE
+    RETURN pg_catalog.sha256(pg_catalog.convert_to(
+        (CASE WHEN pg_catalog.cardinality(exclude_keys) > 0 AND pg_catalog.jsonb_typeof(payload) = 'object'
+              THEN payload OPERATOR(pg_catalog.-) exclude_keys
+              ELSE payload END)::text,
+        'UTF8'));
+COMMENT ON FUNCTION inbox.payload_hash(jsonb, text[]) IS 'SHA-256 of the canonical payload text, without the excluded top-level keys';
+
+-- Rejects a bad identity before anything is written. fn names the public function in messages.
+CREATE OR REPLACE FUNCTION inbox._check_identity(fn text, consumer text, producer text, message_id text, tenant text)
+    RETURNS void
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+AS $$
+BEGIN
+    IF consumer IS NULL OR producer IS NULL OR message_id IS NULL OR tenant IS NULL THEN
+        RAISE EXCEPTION '%: % must not be NULL', fn,
+            CASE WHEN consumer IS NULL THEN 'consumer' WHEN producer IS NULL THEN 'producer'
+                 WHEN message_id IS NULL THEN 'message_id' ELSE 'tenant' END
+            USING ERRCODE = 'null_value_not_allowed',
+                  HINT = CASE WHEN message_id IS NULL THEN 'Pass the producer-assigned id of the message.'
+                              WHEN tenant IS NULL THEN 'Use tenant '''' when message ids are global.'
+                              ELSE 'consumer and producer name who applies and who sent the message.' END;
+    END IF;
+    IF consumer = '' OR producer = '' OR message_id = '' THEN
+        RAISE EXCEPTION '%: % must not be empty', fn,
+            CASE WHEN consumer = '' THEN 'consumer' WHEN producer = '' THEN 'producer' ELSE 'message_id' END
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'An empty id cannot tell one message from another.';
+    END IF;
+    IF pg_catalog.octet_length(consumer) > 128 OR pg_catalog.octet_length(producer) > 128
+       OR pg_catalog.octet_length(tenant) > 128 THEN
+        RAISE EXCEPTION '%: % is longer than 128 bytes', fn,
+            CASE WHEN pg_catalog.octet_length(consumer) > 128 THEN 'consumer'
+                 WHEN pg_catalog.octet_length(producer) > 128 THEN 'producer' ELSE 'tenant' END
+            USING ERRCODE = 'string_data_right_truncation',
+                  HINT = 'consumer, producer and tenant are names: keep them to 128 bytes.';
+    END IF;
+    IF pg_catalog.octet_length(message_id) > 256 THEN
+        RAISE EXCEPTION '%: message_id is % bytes long, the limit is 256', fn, pg_catalog.octet_length(message_id)
+            USING ERRCODE = 'string_data_right_truncation',
+                  HINT = 'Use the producer''s event or command id, not the payload, as message_id.';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION inbox._check_identity(text, text, text, text, text) IS 'internal: validates an identity (22004, 22023, 22001)';
+
+-- The fast checks of the hot paths: inlined by the planner into one boolean expression. Only when
+-- one says no does the caller run the _check_* function, which names what is wrong.
+CREATE OR REPLACE FUNCTION inbox._identity_ok(consumer text, producer text, message_id text, tenant text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN consumer <> '' AND producer <> '' AND message_id <> '' AND tenant IS NOT NULL
+       AND pg_catalog.octet_length(consumer) <= 128 AND pg_catalog.octet_length(producer) <= 128
+       AND pg_catalog.octet_length(tenant) <= 128 AND pg_catalog.octet_length(message_id) <= 256;
+COMMENT ON FUNCTION inbox._identity_ok(text, text, text, text) IS 'internal: true when inbox._check_identity would accept the identity';
+
+-- The settings of a consumer that has no row: the column defaults of inbox.consumer_config
+-- (a pgTAP test keeps the two in step).
+CREATE OR REPLACE FUNCTION inbox._default_settings(consumer text) RETURNS inbox.consumer_config
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN ROW(consumer, '{}'::text[], 5, true, 1048576, NULL::timestamptz, NULL::text, NULL::timestamptz,
+               NULL::timestamptz)::inbox.consumer_config;
+COMMENT ON FUNCTION inbox._default_settings(text) IS 'internal: settings of an unconfigured consumer';
+
+CREATE OR REPLACE FUNCTION inbox._settings(consumer text) RETURNS inbox.consumer_config
+    LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    settings inbox.consumer_config;
+BEGIN
+    SELECT c.* INTO settings FROM inbox.consumer_config c WHERE c.consumer = _settings.consumer;
+    IF NOT FOUND THEN
+        settings := inbox._default_settings(_settings.consumer);
+    END IF;
+    RETURN settings;
+END
+$$;
+COMMENT ON FUNCTION inbox._settings(text) IS 'internal: a consumer''s settings, defaults when unconfigured';
+
 -- Rejects a bad payload or handler version before anything is written. _delivery_ok is the fast,
 -- inlined check of the hot paths; _check_delivery names what is wrong.
-CREATE FUNCTION inbox._delivery_ok(payload_size integer, max_payload_bytes integer, handler_version text)
+CREATE OR REPLACE FUNCTION inbox._delivery_ok(payload_size integer, max_payload_bytes integer, handler_version text)
     RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     RETURN payload_size <= max_payload_bytes AND handler_version <> ''
        AND pg_catalog.octet_length(handler_version) <= 128;
 COMMENT ON FUNCTION inbox._delivery_ok(integer, integer, text) IS 'internal: true when inbox._check_delivery would accept the delivery';
 
-CREATE FUNCTION inbox._check_delivery(fn text, payload_size integer, max_payload_bytes integer, handler_version text)
+CREATE OR REPLACE FUNCTION inbox._check_delivery(fn text, payload_size integer, max_payload_bytes integer, handler_version text)
     RETURNS void
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -42,33 +128,11 @@ END
 $$;
 COMMENT ON FUNCTION inbox._check_delivery(text, integer, integer, text) IS 'internal: validates payload size and handler version (22004, 54000, 22023, 22001)';
 
--- Hooks of later modules on the claim paths. They start as no-ops here and are replaced by
--- sql/070_retention.sql (_heartbeat, _expire_check) and sql/090_metrics.sql (_count_duplicate),
--- whose revert scripts put these no-ops back: reverting one of those modules alone
--- (sqitch revert --to ...) leaves claims that work, instead of claims that call dropped objects.
-CREATE FUNCTION inbox._heartbeat(consumer text) RETURNS void
-    LANGUAGE sql VOLATILE
-    RETURN NULL;
-COMMENT ON FUNCTION inbox._heartbeat(text) IS 'internal: retention''s heartbeat (a no-op until sql/070_retention.sql replaces it)';
-
-CREATE FUNCTION inbox._expire_check(
-    consumer text, tenant text, producer text, message_id text, payload_hash bytea, handler_version text,
-    produced_at timestamptz, message_type text, payload jsonb, payload_bytes bytea, store_payload boolean)
-    RETURNS inbox.delivery_result
-    LANGUAGE sql VOLATILE
-    RETURN NULL::inbox.delivery_result;
-COMMENT ON FUNCTION inbox._expire_check(text, text, text, text, bytea, text, timestamptz, text, jsonb, bytea, boolean) IS 'internal: retention''s watermark check (a no-op until sql/070_retention.sql replaces it)';
-
-CREATE FUNCTION inbox._count_duplicate(consumer text, producer text) RETURNS void
-    LANGUAGE sql VOLATILE
-    RETURN NULL;
-COMMENT ON FUNCTION inbox._count_duplicate(text, text) IS 'internal: counts a duplicate delivery (a no-op until sql/090_metrics.sql replaces it)';
-
 -- The claim itself. INSERT ... ON CONFLICT DO NOTHING on the identity: the unique key, not a
 -- prior SELECT, decides who owns first processing. At READ COMMITTED a concurrent claimer waits
 -- for the first one to commit (then sees it) or abort (then claims). At REPEATABLE READ and above
 -- PostgreSQL raises 40001 instead: the caller retries the whole transaction and sees a duplicate.
-CREATE FUNCTION inbox._claim_core(
+CREATE OR REPLACE FUNCTION inbox._claim_core(
     consumer text, tenant text, producer text, message_id text, payload_hash bytea, handler_version text,
     produced_at timestamptz, payload jsonb, payload_bytes bytea, store_payload boolean)
     RETURNS inbox.delivery_result
@@ -88,7 +152,7 @@ BEGIN
         ON CONFLICT ON CONSTRAINT message_pkey DO NOTHING;
         IF FOUND THEN
             -- A first delivery (also after a purge deleted the row we conflicted with): check the
-            -- purge watermark (sql/070_retention.sql).
+            -- purge watermark (sql/075_retention.sql).
             IF _claim_core.produced_at IS NOT NULL THEN
                 result := coalesce(inbox._expire_check(_claim_core.consumer, _claim_core.tenant, _claim_core.producer,
                                                        _claim_core.message_id, _claim_core.payload_hash,
@@ -123,7 +187,7 @@ BEGIN
     IF existing.status = 'discarded'
        OR (existing.status = 'processed' AND existing.payload_sha256 = _claim_core.payload_hash) THEN
         result.outcome := 'duplicate';
-        -- Metrics (sql/090_metrics.sql): one appended event row, no counter row shared with anyone.
+        -- Metrics (sql/095_metrics.sql): one appended event row, no counter row shared with anyone.
         PERFORM inbox._count_duplicate(_claim_core.consumer, _claim_core.producer);
         RETURN result;
     END IF;
@@ -165,7 +229,7 @@ END
 $$;
 COMMENT ON FUNCTION inbox._claim_core(text, text, text, text, bytea, text, timestamptz, jsonb, bytea, boolean) IS 'internal: the claim on a validated, hashed delivery';
 
-CREATE FUNCTION inbox.claim(
+CREATE OR REPLACE FUNCTION inbox.claim(
     consumer text, producer text, message_id text, payload jsonb, handler_version text DEFAULT 'unversioned',
     tenant text DEFAULT '', produced_at timestamptz DEFAULT NULL)
     RETURNS inbox.delivery_result
@@ -189,7 +253,7 @@ BEGIN
                                       claim.handler_version);
     END IF;
     hash := inbox.payload_hash(claim.payload, settings.hash_exclude_keys);
-    -- Retention's heartbeat (sql/070_retention.sql), at most once a minute per consumer.
+    -- Retention's heartbeat (sql/075_retention.sql), at most once a minute per consumer.
     IF settings.last_active_at IS NULL OR settings.last_active_at < now() - '60 seconds'::interval THEN
         PERFORM inbox._heartbeat(claim.consumer);
     END IF;
@@ -219,7 +283,7 @@ $$;
 COMMENT ON FUNCTION inbox.claim(text, text, text, jsonb, text, text, timestamptz) IS
     'Claim a message identity in the caller''s transaction: claimed | duplicate | conflict | quarantined';
 
-CREATE FUNCTION inbox.claim_bytea(
+CREATE OR REPLACE FUNCTION inbox.claim_bytea(
     consumer text, producer text, message_id text, payload bytea, handler_version text DEFAULT 'unversioned',
     tenant text DEFAULT '', produced_at timestamptz DEFAULT NULL)
     RETURNS inbox.delivery_result
@@ -250,7 +314,7 @@ COMMENT ON FUNCTION inbox.claim_bytea(text, text, text, bytea, text, text, times
 -- An identity has at most one open failure entry: when it is held already (a concurrent failure,
 -- or redeliveries announced after the hold), the open entry is updated, never doubled.
 -- Returns NULL when the identity was meanwhile processed or discarded: nothing to hold then.
-CREATE FUNCTION inbox._quarantine_failure(
+CREATE OR REPLACE FUNCTION inbox._quarantine_failure(
     attempt inbox.attempt, reason_code text, error_message text, crashes integer,
     payload jsonb, payload_ref text, store_payload boolean)
     RETURNS bigint
@@ -311,7 +375,7 @@ COMMENT ON FUNCTION inbox._quarantine_failure(inbox.attempt, text, text, integer
 
 -- A 'quarantined' result names what the identity is held for: the entry's reason and message,
 -- which a later failure or announced redelivery does not change.
-CREATE FUNCTION inbox._held_by(result inbox.delivery_result) RETURNS inbox.delivery_result
+CREATE OR REPLACE FUNCTION inbox._held_by(result inbox.delivery_result) RETURNS inbox.delivery_result
     LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
@@ -323,7 +387,7 @@ $$;
 COMMENT ON FUNCTION inbox._held_by(inbox.delivery_result) IS 'internal: fills a quarantined result from its entry';
 
 -- Records a permanent failure outside the rolled-back work; quarantines at max_attempts.
-CREATE FUNCTION inbox._record_failure_core(
+CREATE OR REPLACE FUNCTION inbox._record_failure_core(
     settings inbox.consumer_config, tenant text, producer text, message_id text, message_type text,
     payload jsonb, payload_hash bytea, payload_ref text, reason_code text, error_message text, handler_version text)
     RETURNS inbox.delivery_result
@@ -371,7 +435,7 @@ END
 $$;
 COMMENT ON FUNCTION inbox._record_failure_core(inbox.consumer_config, text, text, text, text, jsonb, bytea, text, text, text, text) IS 'internal: records a failed attempt, quarantines at max_attempts';
 
-CREATE FUNCTION inbox._check_reason(fn text, reason_code text) RETURNS void
+CREATE OR REPLACE FUNCTION inbox._check_reason(fn text, reason_code text) RETURNS void
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
@@ -387,13 +451,13 @@ COMMENT ON FUNCTION inbox._check_reason(text, text) IS 'internal: validates a fa
 
 -- The reason code of a handler error: the constraint it names (a violated named constraint, or
 -- RAISE ... USING CONSTRAINT = 'my_code') when that is a valid code, else its SQLSTATE.
-CREATE FUNCTION inbox._reason_code(sqlstate text, constraint_name text) RETURNS text
+CREATE OR REPLACE FUNCTION inbox._reason_code(sqlstate text, constraint_name text) RETURNS text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     RETURN CASE WHEN pg_catalog.octet_length(constraint_name) BETWEEN 1 AND 64 THEN constraint_name ELSE sqlstate END;
 COMMENT ON FUNCTION inbox._reason_code(text, text) IS 'internal: reason code of a handler error (constraint name or SQLSTATE)';
 
 -- The optional fields of record_failure / record_start.
-CREATE FUNCTION inbox._check_optional(fn text, message_type text, payload_ref text) RETURNS void
+CREATE OR REPLACE FUNCTION inbox._check_optional(fn text, message_type text, payload_ref text) RETURNS void
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
@@ -413,7 +477,7 @@ COMMENT ON FUNCTION inbox._check_optional(text, text, text) IS 'internal: valida
 
 -- For clients that run handlers outside SQL: after rolling back the failed attempt, record it in
 -- a new transaction. payload may be NULL when the body cannot be represented as jsonb.
-CREATE FUNCTION inbox.record_failure(
+CREATE OR REPLACE FUNCTION inbox.record_failure(
     consumer text, producer text, message_id text, payload jsonb, reason_code text,
     error_message text DEFAULT NULL, handler_version text DEFAULT 'unversioned', tenant text DEFAULT '',
     message_type text DEFAULT NULL, payload_ref text DEFAULT NULL)
@@ -446,7 +510,7 @@ COMMENT ON FUNCTION inbox.record_failure(text, text, text, jsonb, text, text, te
 -- processes it. Attempts so far = the first delivery + each announced redelivery; once they reach
 -- max_attempts the identity is quarantined and the delivery must not be processed.
 -- First deliveries never call it, so the happy path pays nothing.
-CREATE FUNCTION inbox.record_start(
+CREATE OR REPLACE FUNCTION inbox.record_start(
     consumer text, producer text, message_id text, tenant text DEFAULT '', message_type text DEFAULT NULL,
     payload jsonb DEFAULT NULL, handler_version text DEFAULT 'unversioned', payload_ref text DEFAULT NULL)
     RETURNS inbox.delivery_result
@@ -510,7 +574,7 @@ COMMENT ON FUNCTION inbox.record_start(text, text, text, text, text, jsonb, text
 -- Per-consumer settings. An argument left out (or NULL) keeps the consumer's current value (the
 -- default for a new consumer). Changing hash_exclude_keys after messages were processed would turn
 -- their redeliveries into conflicts, so it needs allow_hash_change => true (or a new consumer name).
-CREATE FUNCTION inbox.configure_consumer(
+CREATE OR REPLACE FUNCTION inbox.configure_consumer(
     consumer text, hash_exclude_keys text[] DEFAULT NULL, max_attempts integer DEFAULT NULL,
     store_payloads boolean DEFAULT NULL, max_payload_bytes integer DEFAULT NULL,
     allow_hash_change boolean DEFAULT false)
@@ -586,7 +650,7 @@ GRANT EXECUTE ON FUNCTION inbox.claim(text, text, text, jsonb, text, text, times
     inbox.record_failure(text, text, text, jsonb, text, text, text, text, text, text),
     inbox.record_start(text, text, text, text, text, jsonb, text, text) TO inbox_consumer;
 GRANT EXECUTE ON FUNCTION inbox.configure_consumer(text, text[], integer, boolean, integer, boolean) TO inbox_operator;
-GRANT EXECUTE ON FUNCTION inbox.payload_hash(jsonb, text[]), inbox.schema_version()
+GRANT EXECUTE ON FUNCTION inbox.payload_hash(jsonb, text[])
     TO inbox_consumer, inbox_operator, inbox_reader;
 GRANT EXECUTE ON FUNCTION inbox._reason_code(text, text) TO inbox_consumer, inbox_operator;
 

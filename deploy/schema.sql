@@ -1,4 +1,7 @@
--- pginbox: schema inbox, its types and tables, and the small helpers every module shares.
+-- Deploy pginbox:schema. Generated from sql/020_schema.sql by python/tools/sync_deploy.py: edit that file.
+-- pginbox: schema inbox, its core types and tables (the claims, attempts, quarantine, handlers).
+-- Tables are never reworked: a later change ALTERs them in a change of its own. Functions are in
+-- 030_claim.sql and the modules after it.
 -- Everything here is owned by inbox_owner. Consumers get no table privileges at all: they reach
 -- the tables only through the SECURITY DEFINER functions of the later modules.
 BEGIN;
@@ -6,7 +9,7 @@ BEGIN;
 CREATE SCHEMA inbox AUTHORIZATION inbox_owner;
 COMMENT ON SCHEMA inbox IS 'pginbox: claim message identities in the same transaction as the business change they cause';
 REVOKE ALL ON SCHEMA inbox FROM PUBLIC;
-GRANT USAGE ON SCHEMA inbox TO inbox_consumer, inbox_operator, inbox_reader;
+GRANT USAGE ON SCHEMA inbox TO inbox_consumer, inbox_operator, inbox_reader, inbox_dispatcher;
 
 -- No function created by inbox_owner is ever executable by PUBLIC, not even for the instant
 -- between CREATE FUNCTION and its REVOKE.
@@ -67,7 +70,7 @@ CREATE TABLE inbox.consumer_config (
     max_payload_bytes integer NOT NULL DEFAULT 1048576 CHECK (max_payload_bytes BETWEEN 1 AND 104857600),
     updated_at timestamptz NOT NULL DEFAULT now(),
     updated_by text NOT NULL DEFAULT session_user,
-    -- Retention (sql/070_retention.sql): the claims' heartbeat (refreshed at most once a minute) and
+    -- Retention (sql/075_retention.sql): the claims' heartbeat (refreshed at most once a minute) and
     -- the highest purge watermark of the consumer over its producers (NULL: never purged). The
     -- claim paths read both with the settings, so checking a delivery against them costs nothing.
     last_active_at timestamptz,
@@ -196,96 +199,5 @@ GRANT SELECT (quarantine_id, consumer, tenant, producer, message_id, kind, messa
     last_failure_at, handler_version, status, created_at, last_seen_at, decided_at, decided_by)
     ON inbox.quarantine TO inbox_reader;
 GRANT SELECT ON inbox.quarantine TO inbox_operator;
-
--- The schema version a client checks before it runs (bumped with every change clients depend on).
-CREATE FUNCTION inbox.schema_version() RETURNS integer
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    RETURN 1;
-COMMENT ON FUNCTION inbox.schema_version() IS 'Version of the inbox SQL API; clients refuse to run against one they do not know';
-
--- The semantic hash: SHA-256 of jsonb's canonical text (key order and whitespace normalised),
--- with the named top-level keys of an object left out. Number scale is not normalised: 1.0 and
--- 1.00 hash differently.
--- It runs on every claim, so it must be inlined by the planner: hence not STRICT (a strict body
--- with a CASE is never inlined) and STABLE, like convert_to (an immutable function calling a
--- stable one is not inlined either). NULL in, NULL out all the same.
-CREATE FUNCTION inbox.payload_hash(payload jsonb, exclude_keys text[] DEFAULT '{}') RETURNS bytea
-    LANGUAGE sql STABLE PARALLEL SAFE
-    RETURN pg_catalog.sha256(pg_catalog.convert_to(
-        (CASE WHEN pg_catalog.cardinality(exclude_keys) > 0 AND pg_catalog.jsonb_typeof(payload) = 'object'
-              THEN payload OPERATOR(pg_catalog.-) exclude_keys
-              ELSE payload END)::text,
-        'UTF8'));
-COMMENT ON FUNCTION inbox.payload_hash(jsonb, text[]) IS 'SHA-256 of the canonical payload text, without the excluded top-level keys';
-
--- Rejects a bad identity before anything is written. fn names the public function in messages.
-CREATE FUNCTION inbox._check_identity(fn text, consumer text, producer text, message_id text, tenant text)
-    RETURNS void
-    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
-AS $$
-BEGIN
-    IF consumer IS NULL OR producer IS NULL OR message_id IS NULL OR tenant IS NULL THEN
-        RAISE EXCEPTION '%: % must not be NULL', fn,
-            CASE WHEN consumer IS NULL THEN 'consumer' WHEN producer IS NULL THEN 'producer'
-                 WHEN message_id IS NULL THEN 'message_id' ELSE 'tenant' END
-            USING ERRCODE = 'null_value_not_allowed',
-                  HINT = CASE WHEN message_id IS NULL THEN 'Pass the producer-assigned id of the message.'
-                              WHEN tenant IS NULL THEN 'Use tenant '''' when message ids are global.'
-                              ELSE 'consumer and producer name who applies and who sent the message.' END;
-    END IF;
-    IF consumer = '' OR producer = '' OR message_id = '' THEN
-        RAISE EXCEPTION '%: % must not be empty', fn,
-            CASE WHEN consumer = '' THEN 'consumer' WHEN producer = '' THEN 'producer' ELSE 'message_id' END
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'An empty id cannot tell one message from another.';
-    END IF;
-    IF pg_catalog.octet_length(consumer) > 128 OR pg_catalog.octet_length(producer) > 128
-       OR pg_catalog.octet_length(tenant) > 128 THEN
-        RAISE EXCEPTION '%: % is longer than 128 bytes', fn,
-            CASE WHEN pg_catalog.octet_length(consumer) > 128 THEN 'consumer'
-                 WHEN pg_catalog.octet_length(producer) > 128 THEN 'producer' ELSE 'tenant' END
-            USING ERRCODE = 'string_data_right_truncation',
-                  HINT = 'consumer, producer and tenant are names: keep them to 128 bytes.';
-    END IF;
-    IF pg_catalog.octet_length(message_id) > 256 THEN
-        RAISE EXCEPTION '%: message_id is % bytes long, the limit is 256', fn, pg_catalog.octet_length(message_id)
-            USING ERRCODE = 'string_data_right_truncation',
-                  HINT = 'Use the producer''s event or command id, not the payload, as message_id.';
-    END IF;
-END
-$$;
-COMMENT ON FUNCTION inbox._check_identity(text, text, text, text, text) IS 'internal: validates an identity (22004, 22023, 22001)';
-
--- The fast checks of the hot paths: inlined by the planner into one boolean expression. Only when
--- one says no does the caller run the _check_* function, which names what is wrong.
-CREATE FUNCTION inbox._identity_ok(consumer text, producer text, message_id text, tenant text) RETURNS boolean
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    RETURN consumer <> '' AND producer <> '' AND message_id <> '' AND tenant IS NOT NULL
-       AND pg_catalog.octet_length(consumer) <= 128 AND pg_catalog.octet_length(producer) <= 128
-       AND pg_catalog.octet_length(tenant) <= 128 AND pg_catalog.octet_length(message_id) <= 256;
-COMMENT ON FUNCTION inbox._identity_ok(text, text, text, text) IS 'internal: true when inbox._check_identity would accept the identity';
-
--- The settings of a consumer that has no row: the column defaults of inbox.consumer_config
--- (a pgTAP test keeps the two in step).
-CREATE FUNCTION inbox._default_settings(consumer text) RETURNS inbox.consumer_config
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    RETURN ROW(consumer, '{}'::text[], 5, true, 1048576, NULL::timestamptz, NULL::text, NULL::timestamptz,
-               NULL::timestamptz)::inbox.consumer_config;
-COMMENT ON FUNCTION inbox._default_settings(text) IS 'internal: settings of an unconfigured consumer';
-
-CREATE FUNCTION inbox._settings(consumer text) RETURNS inbox.consumer_config
-    LANGUAGE plpgsql STABLE
-AS $$
-DECLARE
-    settings inbox.consumer_config;
-BEGIN
-    SELECT c.* INTO settings FROM inbox.consumer_config c WHERE c.consumer = _settings.consumer;
-    IF NOT FOUND THEN
-        settings := inbox._default_settings(_settings.consumer);
-    END IF;
-    RETURN settings;
-END
-$$;
-COMMENT ON FUNCTION inbox._settings(text) IS 'internal: a consumer''s settings, defaults when unconfigured';
 
 COMMIT;

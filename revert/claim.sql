@@ -13,10 +13,12 @@ DROP FUNCTION inbox._quarantine_failure(inbox.attempt, text, text, integer, json
 DROP FUNCTION inbox.claim_bytea(text, text, text, bytea, text, text, timestamptz);
 DROP FUNCTION inbox.claim(text, text, text, jsonb, text, text, timestamptz);
 DROP FUNCTION inbox._claim_core(text, text, text, text, bytea, text, timestamptz, jsonb, bytea, boolean);
-DROP FUNCTION inbox._count_duplicate(text, text);
-DROP FUNCTION inbox._expire_check(text, text, text, text, bytea, text, timestamptz, text, jsonb, bytea, boolean);
-DROP FUNCTION inbox._heartbeat(text);
 DROP FUNCTION inbox._check_delivery(text, integer, integer, text);
 DROP FUNCTION inbox._delivery_ok(integer, integer, text);
+DROP FUNCTION inbox._settings(text);
+DROP FUNCTION inbox._default_settings(text);
+DROP FUNCTION inbox._identity_ok(text, text, text, text);
+DROP FUNCTION inbox._check_identity(text, text, text, text, text);
+DROP FUNCTION inbox.payload_hash(jsonb, text[]);
 
 COMMIT;

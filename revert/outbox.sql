@@ -1,7 +1,5 @@
 -- Revert pginbox:outbox
 -- No CASCADE: an object some later change left behind makes this fail loudly instead of vanishing.
--- inbox_dispatcher is cluster-wide: when something still depends on it (usually pginbox deployed in
--- another database of the cluster) it is kept, with a notice saying why, like revert/roles.sql does.
 BEGIN;
 
 DROP FUNCTION inbox.purge_delivered_effects(interval, integer);
@@ -36,23 +34,5 @@ DROP FUNCTION inbox._check_lease(text, interval);
 DROP FUNCTION inbox._check_effect(text, text, text, integer, jsonb, text, timestamptz);
 DROP FUNCTION inbox._effect_ok(text, text, integer, jsonb, text, timestamptz);
 DROP FUNCTION inbox._check_text(text, text, text, integer);
-DROP TABLE inbox.outbox_waiter;
-DROP TABLE inbox.outbox_fenced_report;
-DROP TABLE inbox.outbox_discard;
-DROP TABLE inbox.outbox_redrive;
-DROP TABLE inbox.outbox_destination;
-DROP TABLE inbox.outbox;
-DROP SEQUENCE inbox.outbox_order_seq;
-DROP SEQUENCE inbox.outbox_lease_token;
-DROP TYPE inbox.effect_status;
-
-REVOKE USAGE ON SCHEMA inbox FROM inbox_dispatcher;
-DO $roles$
-BEGIN
-    DROP ROLE IF EXISTS inbox_dispatcher;
-EXCEPTION WHEN dependent_objects_still_exist THEN
-    RAISE NOTICE 'role inbox_dispatcher kept: % (pginbox deployed in another database of this cluster?)', SQLERRM;
-END
-$roles$;
 
 COMMIT;

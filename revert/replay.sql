@@ -1,9 +1,7 @@
 -- Revert pginbox:replay
 -- No CASCADE: an object some later change left behind makes this fail loudly instead of vanishing.
--- Retention holds a replay plan still kept (holder replay:<plan_id>) go with it.
 BEGIN;
 
-DELETE FROM inbox.retention_hold WHERE holder LIKE 'replay:%';
 DROP FUNCTION inbox.run_replay_plan(bigint, integer);
 DROP FUNCTION inbox._replay_run_finish(bigint);
 DROP FUNCTION inbox._replay_item_failed(bigint, bigint, text, text);
@@ -21,10 +19,5 @@ DROP FUNCTION inbox._check_replay_note(text, text);
 DROP FUNCTION inbox.replay_operation_id(bigint, text, text, text, text);
 DROP FUNCTION inbox.versioned_consumer(text, text);
 DROP VIEW inbox.replay_status;
-DROP TYPE inbox.replay_run;
-DROP TYPE inbox._replay_step;
-DROP TABLE inbox.replay_decision;
-DROP TABLE inbox.replay_item;
-DROP TABLE inbox.replay_plan;
 
 COMMIT;

@@ -7,7 +7,8 @@ DO $roles$
 DECLARE
     role_name text;
 BEGIN
-    FOREACH role_name IN ARRAY ARRAY['inbox_reader', 'inbox_operator', 'inbox_consumer', 'inbox_owner'] LOOP
+    FOREACH role_name IN ARRAY ARRAY['inbox_dispatcher', 'inbox_reader', 'inbox_operator', 'inbox_consumer',
+                                          'inbox_owner'] LOOP
         BEGIN
             EXECUTE format('DROP ROLE IF EXISTS %I', role_name);
         EXCEPTION WHEN dependent_objects_still_exist THEN

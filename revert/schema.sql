@@ -2,12 +2,6 @@
 -- No CASCADE: an object some later change left behind makes this fail loudly instead of vanishing.
 BEGIN;
 
-DROP FUNCTION inbox._settings(text);
-DROP FUNCTION inbox._default_settings(text);
-DROP FUNCTION inbox._identity_ok(text, text, text, text);
-DROP FUNCTION inbox._check_identity(text, text, text, text, text);
-DROP FUNCTION inbox.payload_hash(jsonb, text[]);
-DROP FUNCTION inbox.schema_version();
 DROP TABLE inbox.quarantine_decision;
 DROP TABLE inbox.quarantine;
 DROP TABLE inbox.attempt;

@@ -4,13 +4,15 @@
 --   inbox_consumer  delivers messages: claim, claim_and_apply, record_start, record_failure.
 --   inbox_operator  registers handlers, configures consumers, decides on quarantine, reads payloads.
 --   inbox_reader    reads inbox state and metrics, never payloads.
+--   inbox_dispatcher  claims outbox effects and reports their delivery (pginbox dispatch).
 BEGIN;
 
 DO $roles$
 DECLARE
     role_name text;
 BEGIN
-    FOREACH role_name IN ARRAY ARRAY['inbox_owner', 'inbox_consumer', 'inbox_operator', 'inbox_reader'] LOOP
+    FOREACH role_name IN ARRAY ARRAY['inbox_owner', 'inbox_consumer', 'inbox_operator', 'inbox_reader',
+                                          'inbox_dispatcher'] LOOP
         IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = role_name) THEN
             EXECUTE format('CREATE ROLE %I NOLOGIN', role_name);
         END IF;

@@ -16,7 +16,7 @@ BEGIN;
 SET LOCAL ROLE inbox_owner;
 
 -- Locks an open entry for a decision; rejects a missing note, an unknown id or a closed entry.
-CREATE FUNCTION inbox._lock_open_entry(fn text, quarantine_id bigint, note text) RETURNS inbox.quarantine
+CREATE OR REPLACE FUNCTION inbox._lock_open_entry(fn text, quarantine_id bigint, note text) RETURNS inbox.quarantine
     LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -44,7 +44,7 @@ END
 $$;
 COMMENT ON FUNCTION inbox._lock_open_entry(text, bigint, text) IS 'internal: locks an open quarantine entry for a decision';
 
-CREATE FUNCTION inbox._close_entry(entry inbox.quarantine, decision text, result text, note text) RETURNS void
+CREATE OR REPLACE FUNCTION inbox._close_entry(entry inbox.quarantine, decision text, result text, note text) RETURNS void
     LANGUAGE sql VOLATILE
     BEGIN ATOMIC
         UPDATE inbox.quarantine q
@@ -55,7 +55,7 @@ CREATE FUNCTION inbox._close_entry(entry inbox.quarantine, decision text, result
     END;
 COMMENT ON FUNCTION inbox._close_entry(inbox.quarantine, text, text, text) IS 'internal: closes an entry and writes its audit row';
 
-CREATE FUNCTION inbox.discard(quarantine_id bigint, note text) RETURNS inbox.quarantine
+CREATE OR REPLACE FUNCTION inbox.discard(quarantine_id bigint, note text) RETURNS inbox.quarantine
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$
@@ -76,7 +76,7 @@ END
 $$;
 COMMENT ON FUNCTION inbox.discard(bigint, text) IS 'Close a quarantine entry without effect: redeliveries become duplicate';
 
-CREATE FUNCTION inbox.release(quarantine_id bigint, note text) RETURNS inbox.quarantine
+CREATE OR REPLACE FUNCTION inbox.release(quarantine_id bigint, note text) RETURNS inbox.quarantine
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$
@@ -107,7 +107,7 @@ COMMENT ON FUNCTION inbox.release(bigint, text) IS 'Lift the hold on a failed me
 -- The definer half of repair: checks the entry can be repaired, turns the quarantine hold into a
 -- processed claim with the current handler version, closes the entry as recovered and returns the
 -- handler call. All of it rolls back with the handler if the handler fails.
-CREATE FUNCTION inbox._begin_repair(
+CREATE OR REPLACE FUNCTION inbox._begin_repair(
     quarantine_id bigint, note text)
     RETURNS inbox._handler_call
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -177,7 +177,7 @@ END
 $$;
 COMMENT ON FUNCTION inbox._begin_repair(bigint, text) IS 'internal (granted to operators): the privileged half of repair';
 
-CREATE FUNCTION inbox._repair_failed(quarantine_id bigint, note text, reason_code text, error_message text)
+CREATE OR REPLACE FUNCTION inbox._repair_failed(quarantine_id bigint, note text, reason_code text, error_message text)
     RETURNS void
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
@@ -198,7 +198,7 @@ $$;
 COMMENT ON FUNCTION inbox._repair_failed(bigint, text, text, text) IS 'internal (granted to operators): audits a failed repair';
 
 -- Runs the handler with the operator's rights (SECURITY INVOKER), like claim_and_apply does for consumers.
-CREATE FUNCTION inbox.repair(quarantine_id bigint, note text) RETURNS inbox.delivery_result
+CREATE OR REPLACE FUNCTION inbox.repair(quarantine_id bigint, note text) RETURNS inbox.delivery_result
     LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 AS $$
 DECLARE

@@ -1,10 +1,11 @@
 -- Verify pginbox:claim
 BEGIN;
 
+SELECT inbox.payload_hash('{}'::jsonb);
 SELECT 'inbox._delivery_ok(integer, integer, text)'::regprocedure, 'inbox._check_optional(text, text, text)'::regprocedure,
-       'inbox._held_by(inbox.delivery_result)'::regprocedure, 'inbox._heartbeat(text)'::regprocedure,
-       'inbox._expire_check(text, text, text, text, bytea, text, timestamptz, text, jsonb, bytea, boolean)'::regprocedure,
-       'inbox._count_duplicate(text, text)'::regprocedure;
+       'inbox._held_by(inbox.delivery_result)'::regprocedure, 'inbox._check_identity(text, text, text, text, text)'::regprocedure,
+       'inbox._settings(text)'::regprocedure, 'inbox._default_settings(text)'::regprocedure,
+       'inbox._identity_ok(text, text, text, text)'::regprocedure;
 
 DO $verify$
 BEGIN

@@ -1,13 +1,9 @@
 -- Verify pginbox:metrics
 BEGIN;
 
-SELECT singleton, counting, rollup_grace, rollup_batch, updated_at, updated_by FROM inbox.metric_config WHERE false;
-SELECT metric, consumer, producer, label, n FROM inbox.metric_event WHERE false;
-SELECT metric, consumer, producer, label, value FROM inbox.metric_total WHERE false;
-SELECT singleton, processed_cursor, last_run_at, last_rows, last_events FROM inbox.metric_rollup_state WHERE false;
 SELECT consumer, producer, first_seen, duplicates, conflicts, failures, quarantined, recovered, unprotected
   FROM inbox.metric_summary WHERE false;
--- The claim's duplicate hook is this change's version, not the no-op of deploy/claim.sql.
+-- The claim's duplicate hook is this change's version, not the no-ops of sql/025_hooks.sql.
 SELECT 1 / (p.prosrc LIKE '%metric_event%')::integer FROM pg_catalog.pg_proc p
  WHERE p.oid = 'inbox._count_duplicate(text, text)'::regprocedure;
 SELECT 'inbox._count_failure()'::regprocedure,
@@ -21,9 +17,6 @@ SELECT 1 / count(*) FROM pg_catalog.pg_trigger
  WHERE tgrelid = 'inbox.attempt'::regclass AND tgname = 'attempt_count_failure_insert';
 SELECT 1 / count(*) FROM pg_catalog.pg_trigger
  WHERE tgrelid = 'inbox.attempt'::regclass AND tgname = 'attempt_count_failure_update';
--- The one settings row and the rollup position exist.
-SELECT 1 / count(*) FROM inbox.metric_config;
-SELECT 1 / count(*) FROM inbox.metric_rollup_state;
 -- Grants: readers read metrics, operators also configure and roll up, consumers do neither.
 SELECT 1 / (pg_catalog.has_function_privilege('inbox_reader', 'inbox.metrics()', 'EXECUTE')
             AND pg_catalog.has_function_privilege('inbox_operator', 'inbox.metrics()', 'EXECUTE')

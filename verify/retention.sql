@@ -1,23 +1,9 @@
 -- Verify pginbox:retention
 BEGIN;
 
-SELECT consumer, tenant, producer, message_id, holder, created_at FROM inbox.retention_hold WHERE false;
-SELECT consumer, producer, broker_retention, max_offset_rewind, dead_letter_redrive_horizon, producer_retry_horizon,
-       outage_allowance, backup_restore_window, planned_replay_horizon, safety_margin, note, updated_at, updated_by
-  FROM inbox.retention_policy WHERE false;
-SELECT change_id, consumer, producer, broker_retention, max_offset_rewind, dead_letter_redrive_horizon,
-       producer_retry_horizon, outage_allowance, backup_restore_window, planned_replay_horizon, safety_margin,
-       retention_window, dominating_scenario, note, changed_at, changed_by
-  FROM inbox.retention_policy_change WHERE false;
-SELECT consumer, gap_from, gap_to FROM inbox.activity_gap WHERE false;
-SELECT consumer, producer, announced_before, watermark, announced_at, announce_xid, waiting_for, purged_before,
-       settled_at, last_purge_at, rows_purged, resume_at
-  FROM inbox.purge_state WHERE false;
-SELECT last_active_at, purge_watermark FROM inbox.consumer_config WHERE false;
 SELECT consumer, producer, retention_window, dominating_scenario, watermark, purged_before, announced_before,
        last_purge_at, rows_purged, purge_lag, expired_total, last_active_at
   FROM inbox.retention_status WHERE false;
-SELECT 'inbox.message_purge_idx'::regclass;
 
 SELECT 'inbox._retention_window(inbox.retention_policy)'::regprocedure,
        'inbox._policy_for(text, text)'::regprocedure,
@@ -58,7 +44,7 @@ BEGIN
 END
 $$;
 
--- The claim hooks are this change's versions, not the no-ops of deploy/claim.sql.
+-- The claim hooks are this change's versions, not the no-ops of sql/025_hooks.sql.
 SELECT 1 / (p.prosrc LIKE '%activity_gap%')::integer FROM pg_catalog.pg_proc p
  WHERE p.oid = 'inbox._heartbeat(text)'::regprocedure;
 SELECT 1 / (p.prosrc LIKE '%_watermark%')::integer FROM pg_catalog.pg_proc p

@@ -3,7 +3,8 @@ BEGIN;
 
 SELECT pg_catalog.has_schema_privilege('inbox', 'usage');
 SELECT NULL::inbox.delivery_result, NULL::inbox.message_context, NULL::inbox._handler_call, NULL::inbox.message_status;
-SELECT consumer, hash_exclude_keys, max_attempts, store_payloads, max_payload_bytes, updated_at, updated_by
+SELECT consumer, hash_exclude_keys, max_attempts, store_payloads, max_payload_bytes, updated_at, updated_by,
+       last_active_at, purge_watermark
   FROM inbox.consumer_config WHERE false;
 SELECT consumer, message_type, handler, handler_version, takes_context, registered_at, registered_by
   FROM inbox.handler WHERE false;
@@ -21,14 +22,14 @@ SELECT quarantine_id, consumer, tenant, producer, message_id, kind, message_type
   FROM inbox.quarantine WHERE false;
 SELECT decision_id, quarantine_id, decision, result, decided_by, decided_at, note, reason_code, error_message
   FROM inbox.quarantine_decision WHERE false;
-SELECT inbox.schema_version(), inbox.payload_hash('{}'::jsonb);
-SELECT 'inbox._check_identity(text, text, text, text, text)'::regprocedure, 'inbox._settings(text)'::regprocedure,
-       'inbox._default_settings(text)'::regprocedure, 'inbox._identity_ok(text, text, text, text)'::regprocedure;
 
 DO $verify$
 BEGIN
     IF pg_catalog.has_table_privilege('inbox_consumer', 'inbox.message', 'SELECT, INSERT, UPDATE, DELETE') THEN
         RAISE EXCEPTION 'inbox_consumer must not touch inbox.message directly';
+    END IF;
+    IF NOT pg_catalog.has_schema_privilege('inbox_dispatcher', 'inbox', 'USAGE') THEN
+        RAISE EXCEPTION 'inbox_dispatcher has no USAGE on schema inbox';
     END IF;
     IF pg_catalog.has_column_privilege('inbox_reader', 'inbox.quarantine', 'payload', 'SELECT') THEN
         RAISE EXCEPTION 'inbox_reader must not read quarantined payloads';

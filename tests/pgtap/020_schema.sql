@@ -1,4 +1,5 @@
--- pgTAP: sql/020_schema.sql — schema, types, tables, keys, the semantic hash, shared helpers.
+-- pgTAP: sql/020_schema.sql — schema, types, tables, keys; and the shared helpers of sql/030_claim.sql
+-- (the semantic hash, identity checks, settings).
 \set QUIET 1
 \pset format unaligned
 \pset tuples_only true
@@ -6,7 +7,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(89);
+SELECT plan(86);
 
 -- ------------------------------------------------------------------ schema, tables, types
 SELECT has_schema('inbox', 'schema inbox exists');
@@ -113,11 +114,6 @@ SELECT throws_ok($$INSERT INTO inbox.consumer_config (consumer, max_attempts) VA
                  '23514', NULL, 'inbox.consumer_config.max_attempts must be at least 1');
 SELECT throws_ok($$INSERT INTO inbox.consumer_config (consumer, max_payload_bytes) VALUES ('c', 0)$$,
                  '23514', NULL, 'inbox.consumer_config.max_payload_bytes must be at least 1');
-
--- ------------------------------------------------------------------ schema_version
-SELECT has_function('inbox', 'schema_version', ARRAY[]::name[], 'inbox.schema_version() exists');
-SELECT function_returns('inbox', 'schema_version', ARRAY[]::name[], 'integer', 'inbox.schema_version() returns integer');
-SELECT is(inbox.schema_version(), 1, 'schema_version() is 1');
 
 -- ------------------------------------------------------------------ payload_hash
 SELECT has_function('inbox', 'payload_hash', ARRAY['jsonb', 'text[]'], 'inbox.payload_hash(jsonb, text[]) exists');

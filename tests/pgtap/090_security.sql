@@ -114,11 +114,13 @@ SELECT set_eq(format($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.
   FROM (VALUES
         ('inbox_consumer', ARRAY['claim', 'claim_bytea', 'claim_and_apply', 'claim_and_apply_batch', 'record_start',
                                  'record_failure', '_begin_apply', '_check_identity', '_check_message_type',
-                                 '_reason_code', 'payload_hash', 'schema_version', 'enqueue_effect', 'effect_id',
+                                 '_reason_code', 'payload_hash', 'schema_version', 'schema_release', 'enqueue_effect',
+                                 'effect_id',
                                  '_check_text', 'versioned_consumer'], 1),
         ('inbox_operator', ARRAY['register_handler', 'configure_consumer', 'repair', 'discard', 'release',
                                  '_begin_repair', '_repair_failed', '_reason_code', 'payload_hash',
-                                 'schema_version', 'configure_destination', 'redrive_effect', 'discard_effect',
+                                 'schema_version', 'schema_release', 'configure_destination', 'redrive_effect',
+                                 'discard_effect',
                                  'purge_delivered_effects', 'retention_window', '_retention_window', '_active_cutoff',
                                  'set_retention_policy', 'purge_lock', 'purge_unlock', 'announce_purge', 'purge_batch',
                                  'purge', 'metrics', 'metrics_rollup', 'configure_metrics',
@@ -126,10 +128,11 @@ SELECT set_eq(format($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.
                                  'cancel_replay_plan', '_replay_run_start', '_replay_next', '_begin_replay_item',
                                  '_replay_item_failed', '_replay_run_finish', 'run_replay_plan',
                                  'versioned_consumer', 'replay_operation_id'], 2),
-        ('inbox_reader', ARRAY['payload_hash', 'schema_version', 'retention_window', '_retention_window',
+        ('inbox_reader', ARRAY['payload_hash', 'schema_version', 'schema_release', 'retention_window', '_retention_window',
                                '_active_cutoff', 'metrics', 'versioned_consumer', 'replay_operation_id'], 3),
         ('inbox_dispatcher', ARRAY['claim_effects', 'complete_effect', 'fail_effect', 'extend_lease', 'dispatcher_idle',
-                                   'complete_effects', 'fail_effects', 'purge_delivered_effects', 'schema_version'], 4)
+                                   'complete_effects', 'fail_effects', 'purge_delivered_effects', 'schema_version',
+                                   'schema_release'], 4)
        ) AS r(role, expected, ord)
  ORDER BY r.ord;
 

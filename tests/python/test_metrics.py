@@ -250,7 +250,7 @@ def test_alert_rules_name_only_served_metrics(conn: Conn, db_dsn: str) -> None:
 
 def test_metrics_doc_lists_every_served_metric(conn: Conn, db_dsn: str) -> None:
     """docs/metrics.md names every family inbox.metrics() can serve (read from the SQL source)."""
-    source = (ROOT / "sql" / "090_metrics.sql").read_text()
+    source = (ROOT / "sql" / "095_metrics.sql").read_text()
     families = set(re.findall(r"'(pginbox_[a-z0-9_]+)'", source))
     families |= set(re.findall(r'"(pginbox_[a-z0-9_]+)"', (ROOT / "python" / "pginbox" / "metrics.py").read_text()))
     doc = (ROOT / "docs" / "metrics.md").read_text()

@@ -1,182 +1,14 @@
--- pginbox: the transactional outbox. A handler cannot call an API atomically with its database
--- change, so it records the intended effect in the same transaction (inbox.enqueue_effect); a
--- dispatcher (role inbox_dispatcher) claims committed effects under a lease with a fencing token,
--- delivers each with its effect id as the idempotency key, and records the remote result.
---   pending -> leased (claim_effects) -> delivered (complete_effect)
---                                    -> pending, after a jittered exponential backoff (fail_effect, retryable)
---                                    -> dead (fail_effect, permanent or at max_attempts; claim_effects, when a
---                                       lease at max_attempts expired without a report)
---   dead -> pending (redrive_effect, by an operator, audited)
---   dead -> discarded (discard_effect, by an operator, audited): closed without delivery
--- Effects that share an ordering_key go out one at a time, in commit order: numbered at commit
--- (_order_at_commit), claimed only at the head of their key, the others set aside until the head
--- is delivered or discarded (claim_effects, complete_effect, discard_effect). A dead head blocks its
--- key until it is redriven or discarded.
--- The role inbox_dispatcher is created here, idempotently like the roles of 010_roles.sql.
+-- pginbox: the transactional outbox's functions (tables in 060_outbox_tables.sql).
 BEGIN;
 
-DO $roles$
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'inbox_dispatcher') THEN
-        CREATE ROLE inbox_dispatcher NOLOGIN;
-    END IF;
-END
-$roles$;
-GRANT USAGE ON SCHEMA inbox TO inbox_dispatcher;
-
 SET LOCAL ROLE inbox_owner;
-
--- An enum, like inbox.message_status: no CHECK expression to evaluate on every insert.
-CREATE TYPE inbox.effect_status AS ENUM ('pending', 'leased', 'delivered', 'dead', 'discarded');
-COMMENT ON TYPE inbox.effect_status IS
-    'pending: waits for available_at; leased: a dispatcher holds it; delivered: the destination accepted it; dead: given up, until redriven or discarded; discarded: closed by an operator without delivery';
-
--- Fencing tokens: every claim gets a new one, so a late report of an earlier lease never matches.
-CREATE SEQUENCE inbox.outbox_lease_token;
--- Commit order of effects with an ordering key (assigned at commit, see _order_at_commit).
-CREATE SEQUENCE inbox.outbox_order_seq;
-
--- The effects. Every column is written by the functions below only: nobody else has a privilege
--- on this table except SELECT for operators (and readers, without payload, headers and response).
-CREATE TABLE inbox.outbox (
-    effect_id text NOT NULL,
-    destination text NOT NULL,
-    payload jsonb NOT NULL,
-    payload_sha256 bytea NOT NULL,
-    headers jsonb NOT NULL DEFAULT '{}',
-    ordering_key text,
-    order_seq bigint,
-    blocked boolean NOT NULL DEFAULT false,
-    status inbox.effect_status NOT NULL DEFAULT 'pending',
-    attempts integer NOT NULL DEFAULT 0,
-    available_at timestamptz NOT NULL DEFAULT now(),
-    created_at timestamptz NOT NULL DEFAULT now(),
-    created_xid xid8 NOT NULL DEFAULT pg_current_xact_id(),
-    lease_token bigint,
-    leased_by text,
-    lease_expires_at timestamptz,
-    last_attempt_at timestamptz,
-    last_error text,
-    last_status_code integer,
-    last_response_excerpt text,
-    last_duration_ms integer,
-    delivered_at timestamptz,
-    dead_reason text,
-    discarded_at timestamptz,
-    CONSTRAINT outbox_pkey PRIMARY KEY (effect_id)
-);
-COMMENT ON TABLE inbox.outbox IS 'Effects to deliver at least once, each under its stable effect id (the idempotency key)';
-COMMENT ON COLUMN inbox.outbox.payload_sha256 IS 'inbox.payload_hash(payload): a second enqueue of the id must match it';
-COMMENT ON COLUMN inbox.outbox.order_seq IS
-    'Commit order among effects with an ordering_key; NULL until the enqueuing transaction commits, and for keyless effects';
-COMMENT ON COLUMN inbox.outbox.blocked IS
-    'Set aside by claim_effects: waits behind an earlier undelivered effect of its ordering key, until complete_effect delivers that one';
-COMMENT ON COLUMN inbox.outbox.available_at IS
-    'When the effect can be claimed next: its due time while pending, the lease expiry while leased';
-COMMENT ON COLUMN inbox.outbox.created_xid IS 'Top-level transaction that enqueued the effect';
-COMMENT ON COLUMN inbox.outbox.attempts IS 'Claims so far (each claim is one delivery attempt)';
-COMMENT ON COLUMN inbox.outbox.lease_token IS 'Fencing token of the current (status leased) or last lease';
-COMMENT ON COLUMN inbox.outbox.leased_by IS 'Dispatcher holding the current (status leased) or last lease';
-COMMENT ON COLUMN inbox.outbox.lease_expires_at IS 'End of the current lease; NULL unless leased';
-COMMENT ON COLUMN inbox.outbox.dead_reason IS 'permanent_failure | max_attempts | lease_expired (details in last_error)';
-COMMENT ON COLUMN inbox.outbox.discarded_at IS 'When an operator discarded the dead effect (discard_effect); NULL otherwise';
-
--- The claim scans due effects in due order: pending ones whose time has come and leased ones whose
--- lease expired (available_at is the lease expiry then), in one index. Effects set aside behind
--- their ordering key (blocked) leave it, so a long queue on one key is not scanned again and again.
-CREATE INDEX outbox_due_idx ON inbox.outbox (available_at) WHERE status IN ('pending', 'leased') AND NOT blocked;
--- "Is there an earlier undelivered effect with my ordering key?" (keyless effects stay out of it)
-CREATE INDEX outbox_order_idx ON inbox.outbox (ordering_key, order_seq)
-    WHERE ordering_key IS NOT NULL AND status IN ('pending', 'leased', 'dead');
--- Keyed effects of a transaction that has not committed yet (the commit-time numbering finds them).
-CREATE INDEX outbox_unordered_idx ON inbox.outbox (created_xid) WHERE ordering_key IS NOT NULL AND order_seq IS NULL;
-CREATE INDEX outbox_delivered_idx ON inbox.outbox (delivered_at) WHERE status = 'delivered';
-CREATE INDEX outbox_dead_idx ON inbox.outbox (created_at) WHERE status = 'dead';
-CREATE INDEX outbox_discarded_idx ON inbox.outbox (discarded_at) WHERE status = 'discarded';
-
--- Per-destination retry policy. Transport settings (URL, method, timeouts) live in the
--- dispatcher's configuration, not here. A destination without a row uses the column defaults.
-CREATE TABLE inbox.outbox_destination (
-    destination text NOT NULL,
-    max_attempts integer NOT NULL DEFAULT 10 CHECK (max_attempts BETWEEN 1 AND 1000),
-    base_backoff interval NOT NULL DEFAULT '1 second' CHECK (base_backoff > '0'),
-    max_backoff interval NOT NULL DEFAULT '1 hour' CHECK (max_backoff >= base_backoff AND max_backoff <= '30 days'),
-    updated_at timestamptz NOT NULL DEFAULT now(),
-    updated_by text NOT NULL DEFAULT session_user,
-    CONSTRAINT outbox_destination_pkey PRIMARY KEY (destination)
-);
-COMMENT ON TABLE inbox.outbox_destination IS 'Retry policy per destination; a destination without a row uses the column defaults';
-
-CREATE TABLE inbox.outbox_redrive (
-    redrive_id bigint GENERATED ALWAYS AS IDENTITY,
-    effect_id text NOT NULL,
-    redriven_by text NOT NULL DEFAULT session_user,
-    redriven_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-    note text NOT NULL,
-    attempts integer NOT NULL,
-    dead_reason text,
-    last_error text,
-    CONSTRAINT outbox_redrive_pkey PRIMARY KEY (redrive_id)
-);
-COMMENT ON TABLE inbox.outbox_redrive IS 'Audit trail: every redrive of a dead effect (who, when, note, and the failure it overrode)';
-CREATE INDEX outbox_redrive_effect_idx ON inbox.outbox_redrive (effect_id);
-
-CREATE TABLE inbox.outbox_discard (
-    discard_id bigint GENERATED ALWAYS AS IDENTITY,
-    effect_id text NOT NULL,
-    discarded_by text NOT NULL DEFAULT session_user,
-    discarded_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-    note text NOT NULL,
-    attempts integer NOT NULL,
-    dead_reason text,
-    last_error text,
-    CONSTRAINT outbox_discard_pkey PRIMARY KEY (discard_id)
-);
-COMMENT ON TABLE inbox.outbox_discard IS
-    'Audit trail: every discard of a dead effect (who, when, note, and the failure it closed); kept by the purge';
-CREATE INDEX outbox_discard_effect_idx ON inbox.outbox_discard (effect_id);
-
--- Late reports refused by fencing: one row each (counted here rather than in a hot counter row).
-CREATE TABLE inbox.outbox_fenced_report (
-    report_id bigint GENERATED ALWAYS AS IDENTITY,
-    effect_id text NOT NULL,
-    lease_token bigint NOT NULL,
-    report text NOT NULL,
-    reported_by text NOT NULL DEFAULT session_user,
-    application_name text,
-    reported_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-    current_status inbox.effect_status,
-    current_token bigint,
-    CONSTRAINT outbox_fenced_report_pkey PRIMARY KEY (report_id)
-);
-COMMENT ON TABLE inbox.outbox_fenced_report IS
-    'Reports (complete, fail, extend) refused because the lease they name is no longer current';
-COMMENT ON COLUMN inbox.outbox_fenced_report.current_status IS 'Status of the effect when the report came; NULL: no such effect';
-CREATE INDEX outbox_fenced_report_at_idx ON inbox.outbox_fenced_report (reported_at);
-
--- Idle dispatchers waiting on LISTEN inbox_outbox. An enqueue notifies only when this table has a
--- row, so under load (no dispatcher idle) nobody pays for NOTIFY.
-CREATE TABLE inbox.outbox_waiter (
-    dispatcher text NOT NULL,
-    since timestamptz NOT NULL DEFAULT now(),
-    CONSTRAINT outbox_waiter_pkey PRIMARY KEY (dispatcher)
-);
-COMMENT ON TABLE inbox.outbox_waiter IS 'Dispatchers registered idle (inbox.dispatcher_idle): the next enqueue wakes them';
-
-GRANT SELECT ON inbox.outbox, inbox.outbox_destination, inbox.outbox_redrive, inbox.outbox_discard,
-    inbox.outbox_fenced_report, inbox.outbox_waiter TO inbox_operator;
--- Readers see no payloads, headers (they may carry credentials) or response bodies.
-GRANT SELECT ON inbox.outbox_destination, inbox.outbox_redrive, inbox.outbox_discard, inbox.outbox_fenced_report,
-    inbox.outbox_waiter TO inbox_reader;
-GRANT SELECT (effect_id, destination, payload_sha256, ordering_key, order_seq, blocked, status, attempts, available_at,
-    created_at, created_xid, lease_token, leased_by, lease_expires_at, last_attempt_at, last_error, last_status_code,
-    last_duration_ms, delivered_at, dead_reason, discarded_at)
-    ON inbox.outbox TO inbox_reader;
+-- DROP ... IF EXISTS below makes this script rerunnable (sqitch rework): no notices for it.
+SET LOCAL client_min_messages = warning;
 
 -- ------------------------------------------------------------------ validation
 
 -- NULL, empty and over-long names and ids, with the argument named: 22004, 22023, 22001.
-CREATE FUNCTION inbox._check_text(fn text, what text, value text, max_bytes integer) RETURNS void
+CREATE OR REPLACE FUNCTION inbox._check_text(fn text, what text, value text, max_bytes integer) RETURNS void
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
@@ -195,7 +27,7 @@ $$;
 COMMENT ON FUNCTION inbox._check_text(text, text, text, integer) IS 'internal: rejects a NULL, empty or over-long argument (22004, 22023, 22001)';
 
 -- The fast check of enqueue_effect, inlined by the planner; _check_effect names what is wrong.
-CREATE FUNCTION inbox._effect_ok(
+CREATE OR REPLACE FUNCTION inbox._effect_ok(
     effect_id text, destination text, payload_size integer, headers jsonb, ordering_key text, available_at timestamptz)
     RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -210,7 +42,7 @@ CREATE FUNCTION inbox._effect_ok(
 COMMENT ON FUNCTION inbox._effect_ok(text, text, integer, jsonb, text, timestamptz) IS
     'internal: true when inbox._check_effect would accept the effect';
 
-CREATE FUNCTION inbox._check_effect(
+CREATE OR REPLACE FUNCTION inbox._check_effect(
     fn text, effect_id text, destination text, payload_size integer, headers jsonb, ordering_key text,
     available_at timestamptz)
     RETURNS void
@@ -265,7 +97,7 @@ COMMENT ON FUNCTION inbox._check_effect(text, text, text, integer, jsonb, text, 
     'internal: validates an effect before it is enqueued (22004, 22023, 22001, 54000)';
 
 -- A lease length: positive, at most a day.
-CREATE FUNCTION inbox._check_lease(fn text, lease interval) RETURNS void
+CREATE OR REPLACE FUNCTION inbox._check_lease(fn text, lease interval) RETURNS void
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
@@ -282,7 +114,7 @@ $$;
 COMMENT ON FUNCTION inbox._check_lease(text, interval) IS 'internal: validates a lease length (22004, 22023)';
 
 -- What a dispatcher reports about one attempt.
-CREATE FUNCTION inbox._check_report(fn text, effect_id text, lease_token bigint, status_code integer, duration_ms integer)
+CREATE OR REPLACE FUNCTION inbox._check_report(fn text, effect_id text, lease_token bigint, status_code integer, duration_ms integer)
     RETURNS void
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -310,7 +142,7 @@ COMMENT ON FUNCTION inbox._check_report(text, text, bigint, integer, integer) IS
 -- A stable effect id: the same message identity and effect name give the same id on every run
 -- of the handler, so a re-run enqueues a no-op. Each part is length-prefixed before hashing, so
 -- ('a', 'bc') and ('ab', 'c') differ; the prefix tag versions the derivation.
-CREATE FUNCTION inbox.effect_id(consumer text, producer text, message_id text, effect_name text, tenant text DEFAULT '')
+CREATE OR REPLACE FUNCTION inbox.effect_id(consumer text, producer text, message_id text, effect_name text, tenant text DEFAULT '')
     RETURNS text
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -342,7 +174,7 @@ COMMENT ON FUNCTION inbox.effect_id(text, text, text, text, text) IS
 -- transaction's own notify wakes them, so in an idle period only the first enqueue notifies.
 -- NOTIFY serializes committing transactions (a cluster-wide lock held through the commit's WAL
 -- flush), which is why it is sent only when a dispatcher is idle, and then about once.
-CREATE FUNCTION inbox._wake_dispatchers() RETURNS void
+CREATE OR REPLACE FUNCTION inbox._wake_dispatchers() RETURNS void
     LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
@@ -367,7 +199,7 @@ COMMENT ON FUNCTION inbox._wake_dispatchers() IS 'internal: notifies channel inb
 -- timeout, never longer. Stale registrations of dead dispatchers cost one NOTIFY: the first
 -- enqueue deletes them.
 -- Neither direction waits for the row lock of a transaction that is waking the dispatcher.
-CREATE FUNCTION inbox.dispatcher_idle(dispatcher text, idle boolean) RETURNS void
+CREATE OR REPLACE FUNCTION inbox.dispatcher_idle(dispatcher text, idle boolean) RETURNS void
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$
@@ -412,7 +244,7 @@ COMMENT ON FUNCTION inbox.dispatcher_idle(text, boolean) IS
 -- The lock lives in its own space (two-int4 form, class 1886282358) so that it cannot collide
 -- with an application's single-bigint advisory locks; a hash collision between two keys only
 -- serializes a little more.
-CREATE FUNCTION inbox._order_at_commit() RETURNS trigger
+CREATE OR REPLACE FUNCTION inbox._order_at_commit() RETURNS trigger
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$
@@ -436,6 +268,7 @@ END
 $$;
 COMMENT ON FUNCTION inbox._order_at_commit() IS 'internal (trigger): numbers keyed effects in commit order, at commit';
 
+DROP TRIGGER IF EXISTS outbox_order_at_commit ON inbox.outbox;
 CREATE CONSTRAINT TRIGGER outbox_order_at_commit
     AFTER INSERT ON inbox.outbox
     DEFERRABLE INITIALLY DEFERRED
@@ -449,7 +282,7 @@ CREATE CONSTRAINT TRIGGER outbox_order_at_commit
 -- (the dispatcher's poll finds them). Under SET CONSTRAINTS ... IMMEDIATE the look happens at
 -- the end of the enqueuing statement instead; at REPEATABLE READ and above it sees the waiters of
 -- the transaction's snapshot: a missed signal, which the dispatcher's settle claim or poll covers.
-CREATE FUNCTION inbox._signal_at_commit() RETURNS trigger
+CREATE OR REPLACE FUNCTION inbox._signal_at_commit() RETURNS trigger
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$
@@ -462,6 +295,7 @@ END
 $$;
 COMMENT ON FUNCTION inbox._signal_at_commit() IS 'internal (trigger): wakes idle dispatchers when an enqueuing transaction commits';
 
+DROP TRIGGER IF EXISTS outbox_signal_at_commit ON inbox.outbox;
 CREATE CONSTRAINT TRIGGER outbox_signal_at_commit
     AFTER INSERT ON inbox.outbox
     DEFERRABLE INITIALLY DEFERRED
@@ -476,7 +310,7 @@ CREATE CONSTRAINT TRIGGER outbox_signal_at_commit
 -- As with inbox.claim, the primary key decides: a concurrent enqueue of the same id waits for the
 -- first transaction; at REPEATABLE READ and above it gets 40001 instead (retry the transaction).
 -- The id is remembered as long as the effect row is kept (see purge_delivered_effects).
-CREATE FUNCTION inbox.enqueue_effect(
+CREATE OR REPLACE FUNCTION inbox.enqueue_effect(
     effect_id text, destination text, payload jsonb, headers jsonb DEFAULT '{}', ordering_key text DEFAULT NULL,
     available_at timestamptz DEFAULT now())
     RETURNS boolean
@@ -530,14 +364,14 @@ COMMENT ON FUNCTION inbox.enqueue_effect(text, text, jsonb, jsonb, text, timesta
 
 -- The policy of a destination that has no row: the column defaults of inbox.outbox_destination
 -- (a pgTAP test keeps the two in step).
-CREATE FUNCTION inbox._default_destination(destination text) RETURNS inbox.outbox_destination
+CREATE OR REPLACE FUNCTION inbox._default_destination(destination text) RETURNS inbox.outbox_destination
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     RETURN ROW(destination, 10, '1 second'::interval, '1 hour'::interval, NULL::timestamptz, NULL::text)::inbox.outbox_destination;
 COMMENT ON FUNCTION inbox._default_destination(text) IS 'internal: retry policy of an unconfigured destination';
 
 -- An argument left out (or NULL) keeps the destination's current value (the default for a new
 -- destination), as inbox.configure_consumer does.
-CREATE FUNCTION inbox.configure_destination(
+CREATE OR REPLACE FUNCTION inbox.configure_destination(
     destination text, max_attempts integer DEFAULT NULL, base_backoff interval DEFAULT NULL,
     max_backoff interval DEFAULT NULL)
     RETURNS inbox.outbox_destination
@@ -602,7 +436,7 @@ COMMENT ON FUNCTION inbox.configure_destination(text, integer, interval, interva
 -- rows (at most 10 rounds per call), so a long queue on one key is set aside in a few calls; a
 -- call can then return fewer than max_effects, or none, although more are due: a dispatcher
 -- claims again until a claim returns nothing (its catch-up claim after registering idle too).
-CREATE FUNCTION inbox.claim_effects(dispatcher text, max_effects integer DEFAULT 10, lease interval DEFAULT '30 seconds')
+CREATE OR REPLACE FUNCTION inbox.claim_effects(dispatcher text, max_effects integer DEFAULT 10, lease interval DEFAULT '30 seconds')
     RETURNS TABLE (effect_id text, destination text, payload jsonb, headers jsonb, ordering_key text, attempts integer,
                    lease_token bigint, lease_expires_at timestamptz, created_at timestamptz)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -719,7 +553,7 @@ COMMENT ON FUNCTION inbox.claim_effects(text, integer, interval) IS
 
 -- The backoff before attempt n + 1 after n failed attempts: base * 2^(n-1), capped at max, then
 -- jittered down to 50..100% of that ("equal jitter") so that a burst of failures spreads out.
-CREATE FUNCTION inbox._backoff(policy inbox.outbox_destination, attempts integer) RETURNS interval
+CREATE OR REPLACE FUNCTION inbox._backoff(policy inbox.outbox_destination, attempts integer) RETURNS interval
     LANGUAGE sql VOLATILE
     RETURN pg_catalog.make_interval(secs => least(
                pg_catalog.date_part('epoch', (policy).max_backoff),
@@ -745,7 +579,7 @@ COMMENT ON FUNCTION inbox._backoff(inbox.outbox_destination, integer) IS
 -- like the single functions) and returned as 'fenced' with a reason: unknown_effect (no such
 -- row: never enqueued, or purged), not_leased (delivered, pending again, dead, discarded, or
 -- reported earlier in the same call) or superseded (leased again under another token).
-CREATE FUNCTION inbox._report_outcomes(
+CREATE OR REPLACE FUNCTION inbox._report_outcomes(
     report text, effect_ids text[], lease_tokens bigint[], accepted integer[], outcomes text[])
     RETURNS TABLE (ord integer, effect_id text, lease_token bigint, result text, fenced_reason text)
     LANGUAGE plpgsql VOLATILE
@@ -804,7 +638,7 @@ COMMENT ON FUNCTION inbox._report_outcomes(text, text[], bigint[], integer[], te
 -- closed (its UPDATE): a claim that was setting a successor aside held a share lock on that row,
 -- so the caller waited for it, and this statement (a new snapshot) sees the successor blocked.
 -- Returns how many effects were unblocked.
-CREATE FUNCTION inbox._unblock_successors(keys text[], seqs bigint[]) RETURNS integer
+CREATE OR REPLACE FUNCTION inbox._unblock_successors(keys text[], seqs bigint[]) RETURNS integer
     LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -828,7 +662,7 @@ COMMENT ON FUNCTION inbox._unblock_successors(text[], bigint[]) IS
     'internal: unblocks the next undelivered effect of each ordering key after its head closed';
 
 -- The error and retryable flag of a failure report (22004, 22023).
-CREATE FUNCTION inbox._check_failure(fn text, error text, retryable boolean) RETURNS void
+CREATE OR REPLACE FUNCTION inbox._check_failure(fn text, error text, retryable boolean) RETURNS void
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
@@ -849,7 +683,7 @@ COMMENT ON FUNCTION inbox._check_failure(text, text, boolean) IS
 -- (22023), at most 1000 reports (54000); then each report as the single functions check it, the
 -- message naming its position ("inbox.fail_effects: report 3: error must say what went wrong").
 -- Optional arrays may be NULL (no value for any report). Nothing is written before this passes.
-CREATE FUNCTION inbox._check_reports(
+CREATE OR REPLACE FUNCTION inbox._check_reports(
     fn text, failures boolean, effect_ids text[], lease_tokens bigint[], status_codes integer[],
     response_excerpts text[], durations_ms integer[], errors text[], retryables boolean[])
     RETURNS void
@@ -920,7 +754,7 @@ COMMENT ON FUNCTION inbox._check_reports(text, boolean, text[], bigint[], intege
 -- second call would be). The next undelivered effect of each delivered effect's ordering key
 -- becomes the head: unblocked if claim_effects had set it aside (if a claim is setting it aside
 -- right now, the UPDATE here waits for that claim, then the unblocking sees it).
-CREATE FUNCTION inbox._complete_reports(
+CREATE OR REPLACE FUNCTION inbox._complete_reports(
     effect_ids text[], lease_tokens bigint[], status_codes integer[], response_excerpts text[], durations_ms integer[])
     RETURNS TABLE (ord integer, effect_id text, lease_token bigint, result text, fenced_reason text)
     LANGUAGE plpgsql VOLATILE
@@ -975,7 +809,7 @@ COMMENT ON FUNCTION inbox._complete_reports(text[], bigint[], integer[], text[],
 -- pending again after the destination's backoff, or dead once attempts reached max_attempts.
 -- Not retryable: dead at once. Fenced like _complete_reports. A failed keyed effect stays the
 -- head of its key.
-CREATE FUNCTION inbox._fail_reports(
+CREATE OR REPLACE FUNCTION inbox._fail_reports(
     effect_ids text[], lease_tokens bigint[], errors text[], retryables boolean[], status_codes integer[],
     response_excerpts text[], durations_ms integer[])
     RETURNS TABLE (ord integer, effect_id text, lease_token bigint, result text, fenced_reason text)
@@ -1049,7 +883,7 @@ COMMENT ON FUNCTION inbox._fail_reports(text[], bigint[], text[], boolean[], int
 
 -- Set-based reports, for a dispatcher that batches them: one statement (and one commit) for up
 -- to 1000 reports. Each element follows exactly the rules of complete_effect / fail_effect.
-CREATE FUNCTION inbox.complete_effects(
+CREATE OR REPLACE FUNCTION inbox.complete_effects(
     effect_ids text[], lease_tokens bigint[], status_codes integer[] DEFAULT NULL,
     response_excerpts text[] DEFAULT NULL, durations_ms integer[] DEFAULT NULL)
     RETURNS TABLE (ord integer, effect_id text, lease_token bigint, result text, fenced_reason text)
@@ -1071,7 +905,7 @@ $$;
 COMMENT ON FUNCTION inbox.complete_effects(text[], bigint[], integer[], text[], integer[]) IS
     'Report up to 1000 deliveries at once (each fenced by its lease token): one row per report, delivered | fenced (with the reason)';
 
-CREATE FUNCTION inbox.fail_effects(
+CREATE OR REPLACE FUNCTION inbox.fail_effects(
     effect_ids text[], lease_tokens bigint[], errors text[], retryables boolean[], status_codes integer[] DEFAULT NULL,
     response_excerpts text[] DEFAULT NULL, durations_ms integer[] DEFAULT NULL)
     RETURNS TABLE (ord integer, effect_id text, lease_token bigint, result text, fenced_reason text)
@@ -1094,7 +928,7 @@ COMMENT ON FUNCTION inbox.fail_effects(text[], bigint[], text[], boolean[], inte
     'Report up to 1000 failed attempts at once (each fenced by its lease token): one row per report, pending | dead | fenced (with the reason)';
 
 -- Delivered: one report, by the rules of complete_effects. true = delivered, false = fenced.
-CREATE FUNCTION inbox.complete_effect(
+CREATE OR REPLACE FUNCTION inbox.complete_effect(
     effect_id text, lease_token bigint, status_code integer DEFAULT NULL, response_excerpt text DEFAULT NULL,
     duration_ms integer DEFAULT NULL)
     RETURNS boolean
@@ -1115,7 +949,7 @@ COMMENT ON FUNCTION inbox.complete_effect(text, bigint, integer, text, integer) 
 
 -- A failed attempt: one report, by the rules of fail_effects. Returns the new status (pending,
 -- dead), or 'fenced' when the lease is not current.
-CREATE FUNCTION inbox.fail_effect(
+CREATE OR REPLACE FUNCTION inbox.fail_effect(
     effect_id text, lease_token bigint, error text, retryable boolean DEFAULT true, status_code integer DEFAULT NULL,
     response_excerpt text DEFAULT NULL, duration_ms integer DEFAULT NULL)
     RETURNS text
@@ -1138,7 +972,7 @@ COMMENT ON FUNCTION inbox.fail_effect(text, bigint, text, boolean, integer, text
 
 -- More time for a slow delivery: the lease now ends at now() + lease. NULL when the lease is not
 -- current (fenced): the dispatcher must abandon the effect.
-CREATE FUNCTION inbox.extend_lease(effect_id text, lease_token bigint, lease interval) RETURNS timestamptz
+CREATE OR REPLACE FUNCTION inbox.extend_lease(effect_id text, lease_token bigint, lease interval) RETURNS timestamptz
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$
@@ -1165,7 +999,7 @@ COMMENT ON FUNCTION inbox.extend_lease(text, bigint, interval) IS
 
 -- What an operator decision on a dead effect checks first (redrive, discard): a valid id and a
 -- note, an effect that exists and is dead. Returns the effect locked (FOR UPDATE).
-CREATE FUNCTION inbox._lock_dead_effect(fn text, verb text, effect_id text, note text, audit text, not_dead_hint text)
+CREATE OR REPLACE FUNCTION inbox._lock_dead_effect(fn text, verb text, effect_id text, note text, audit text, not_dead_hint text)
     RETURNS inbox.outbox
     LANGUAGE plpgsql VOLATILE
 AS $$
@@ -1195,7 +1029,7 @@ COMMENT ON FUNCTION inbox._lock_dead_effect(text, text, text, text, text, text) 
 
 -- dead -> pending, due now, attempts reset; one audit row with the session user and the note.
 -- The effect keeps its place in its ordering key.
-CREATE FUNCTION inbox.redrive_effect(effect_id text, note text) RETURNS inbox.outbox
+CREATE OR REPLACE FUNCTION inbox.redrive_effect(effect_id text, note text) RETURNS inbox.outbox
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$
@@ -1223,7 +1057,7 @@ COMMENT ON FUNCTION inbox.redrive_effect(text, text) IS 'Send a dead effect agai
 -- holds its ordering key: the next effect of the key becomes the head (unblocked, and idle
 -- dispatchers woken at commit). Only a dead effect can be discarded: a pending or leased one may
 -- be in the middle of a delivery, a delivered one is done.
-CREATE FUNCTION inbox.discard_effect(effect_id text, note text) RETURNS inbox.outbox
+CREATE OR REPLACE FUNCTION inbox.discard_effect(effect_id text, note text) RETURNS inbox.outbox
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$
@@ -1258,7 +1092,7 @@ COMMENT ON FUNCTION inbox.discard_effect(text, text) IS
 -- (inbox.outbox_redrive, inbox.outbox_discard) are kept. Once an effect's row is gone, the same
 -- effect id can be enqueued again: keep closed effects at least as long as a handler can re-run
 -- for the same message.
-CREATE FUNCTION inbox.purge_delivered_effects(older_than interval, batch_size integer DEFAULT 1000) RETURNS integer
+CREATE OR REPLACE FUNCTION inbox.purge_delivered_effects(older_than interval, batch_size integer DEFAULT 1000) RETURNS integer
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$
@@ -1349,8 +1183,7 @@ GRANT EXECUTE ON FUNCTION inbox.claim_effects(text, integer, interval),
     inbox.complete_effects(text[], bigint[], integer[], text[], integer[]),
     inbox.fail_effects(text[], bigint[], text[], boolean[], integer[], text[], integer[]),
     inbox.extend_lease(text, bigint, interval),
-    inbox.dispatcher_idle(text, boolean),
-    inbox.schema_version() TO inbox_dispatcher;
+    inbox.dispatcher_idle(text, boolean) TO inbox_dispatcher;
 GRANT EXECUTE ON FUNCTION inbox.configure_destination(text, integer, interval, interval),
     inbox.redrive_effect(text, text),
     inbox.discard_effect(text, text) TO inbox_operator;

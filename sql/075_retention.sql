@@ -1,111 +1,10 @@
--- pginbox: retention. Inbox rows cannot live forever, but deleting one too soon makes an old
--- delivery new again. The window is derived from named failure scenarios (never a free-form TTL),
--- age counts in the consumer's active time (a consumer back from downtime does not purge), and the
--- purge announces a watermark before it deletes: a first delivery produced before the watermark
--- cannot be told apart from a purged message, so it is quarantined as 'expired' instead of applied.
--- docs/retention.md explains the formula, the race argument and every SQLSTATE.
+-- pginbox: retention's functions (tables in 070_retention_tables.sql).
 BEGIN;
 
 SET LOCAL ROLE inbox_owner;
 
--- Identities the purge must keep whatever their age (a replay plan that still needs them, an
--- operator's hold). One row per holder; the purge never deletes an inbox.message row with a hold.
-CREATE TABLE inbox.retention_hold (
-    consumer text NOT NULL,
-    tenant text NOT NULL,
-    producer text NOT NULL,
-    message_id text NOT NULL,
-    holder text NOT NULL,
-    created_at timestamptz NOT NULL DEFAULT now(),
-    CONSTRAINT retention_hold_pkey PRIMARY KEY (consumer, tenant, producer, message_id, holder)
-);
-COMMENT ON TABLE inbox.retention_hold IS 'Identities the purge keeps whatever their age, one row per holder (e.g. replay:<plan_id>)';
-GRANT SELECT ON inbox.retention_hold TO inbox_reader, inbox_operator;
-
--- The policy: one row per consumer (producer '' = every producer without a row of its own).
--- Each scenario is how long after a message was produced a copy of it may still arrive from that
--- source ('0': the scenario does not apply).
-CREATE TABLE inbox.retention_policy (
-    consumer text NOT NULL,
-    producer text NOT NULL DEFAULT '',
-    broker_retention interval NOT NULL,
-    max_offset_rewind interval NOT NULL,
-    dead_letter_redrive_horizon interval NOT NULL,
-    producer_retry_horizon interval NOT NULL,
-    outage_allowance interval NOT NULL,
-    backup_restore_window interval NOT NULL,
-    planned_replay_horizon interval NOT NULL,
-    safety_margin interval NOT NULL,
-    note text NOT NULL,
-    updated_at timestamptz NOT NULL DEFAULT now(),
-    updated_by text NOT NULL DEFAULT session_user,
-    CONSTRAINT retention_policy_pkey PRIMARY KEY (consumer, producer)
-);
-COMMENT ON TABLE inbox.retention_policy IS 'Retention policy per consumer (and producer): named failure scenarios, each an interval';
-
-CREATE TABLE inbox.retention_policy_change (
-    change_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    consumer text NOT NULL,
-    producer text NOT NULL,
-    broker_retention interval NOT NULL,
-    max_offset_rewind interval NOT NULL,
-    dead_letter_redrive_horizon interval NOT NULL,
-    producer_retry_horizon interval NOT NULL,
-    outage_allowance interval NOT NULL,
-    backup_restore_window interval NOT NULL,
-    planned_replay_horizon interval NOT NULL,
-    safety_margin interval NOT NULL,
-    retention_window interval NOT NULL,
-    dominating_scenario text NOT NULL,
-    note text NOT NULL,
-    changed_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-    changed_by text NOT NULL DEFAULT session_user
-);
-COMMENT ON TABLE inbox.retention_policy_change IS 'Audit trail: every retention policy change (who, when, the values, the window, the note)';
-
--- Periods when a consumer claimed nothing (recorded by the claims' heartbeat when the previous
--- heartbeat is more than 5 minutes old; gap_from = '-infinity' before its first heartbeat).
-CREATE TABLE inbox.activity_gap (
-    consumer text NOT NULL,
-    gap_from timestamptz NOT NULL,
-    gap_to timestamptz NOT NULL,
-    CONSTRAINT activity_gap_pkey PRIMARY KEY (consumer, gap_from),
-    CONSTRAINT activity_gap_order CHECK (gap_from <= gap_to)
-);
-COMMENT ON TABLE inbox.activity_gap IS 'Periods without claims per consumer: retention age counts only the time outside them';
-
--- Where the purge of one (consumer, policy producer) stands. announced_before / watermark are
--- committed before anything is deleted; purged_before becomes announced_before once every
--- transaction that was running after the announcement has ended; rows are deleted only below
--- purged_before.
-CREATE TABLE inbox.purge_state (
-    consumer text NOT NULL,
-    producer text NOT NULL,
-    announced_before timestamptz,
-    watermark timestamptz,
-    announced_at timestamptz,
-    announce_xid xid8,
-    waiting_for text[],
-    purged_before timestamptz,
-    settled_at timestamptz,
-    last_purge_at timestamptz,
-    rows_purged bigint NOT NULL DEFAULT 0,
-    resume_at timestamptz,
-    CONSTRAINT purge_state_pkey PRIMARY KEY (consumer, producer)
-);
-COMMENT ON TABLE inbox.purge_state IS 'Purge progress per consumer and policy producer: announced cutoff, watermark, settled cutoff, counts';
-
--- The purge's way to rows older than its cutoff, oldest first, each batch resuming where the last
--- one stopped (purge_state.resume_at). A BRIN on processed_at costs the claims less to maintain but
--- cannot return rows in order, so every batch re-read all remaining candidates: measured in
--- bench/bench_purge.py, figures in docs/retention.md.
-CREATE INDEX message_purge_idx ON inbox.message (consumer, processed_at);
-
-GRANT SELECT ON inbox.retention_policy, inbox.retention_policy_change, inbox.activity_gap, inbox.purge_state
-    TO inbox_reader, inbox_operator;
-
 -- ------------------------------------------------------------------ the window
-CREATE FUNCTION inbox._retention_window(policy inbox.retention_policy,
+CREATE OR REPLACE FUNCTION inbox._retention_window(policy inbox.retention_policy,
                                         OUT retention_window interval, OUT dominating_scenario text)
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -129,7 +28,7 @@ COMMENT ON FUNCTION inbox._retention_window(inbox.retention_policy) IS
     'internal: greatest(redelivery horizons) + outage_allowance + backup_restore_window + safety_margin, and the dominating scenario';
 
 -- The policy that applies to (consumer, producer): the producer's own, else the consumer's ''.
-CREATE FUNCTION inbox._policy_for(consumer text, producer text) RETURNS inbox.retention_policy
+CREATE OR REPLACE FUNCTION inbox._policy_for(consumer text, producer text) RETURNS inbox.retention_policy
     LANGUAGE sql STABLE
 AS $$
     SELECT p.* FROM inbox.retention_policy p
@@ -139,7 +38,7 @@ AS $$
 $$;
 COMMENT ON FUNCTION inbox._policy_for(text, text) IS 'internal: the retention policy of a producer of a consumer (its own, else the consumer''s default)';
 
-CREATE FUNCTION inbox.retention_window(consumer text, producer text DEFAULT '',
+CREATE OR REPLACE FUNCTION inbox.retention_window(consumer text, producer text DEFAULT '',
                                        OUT retention_window interval, OUT dominating_scenario text)
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
@@ -168,7 +67,7 @@ COMMENT ON FUNCTION inbox.retention_window(text, text) IS
     'The retention window of a consumer (and producer) and the scenario that dominates it (P0002 without a policy)';
 
 -- ------------------------------------------------------------------ the policy
-CREATE FUNCTION inbox.set_retention_policy(
+CREATE OR REPLACE FUNCTION inbox.set_retention_policy(
     consumer text, producer text DEFAULT '', broker_retention interval DEFAULT NULL,
     max_offset_rewind interval DEFAULT NULL, dead_letter_redrive_horizon interval DEFAULT NULL,
     producer_retry_horizon interval DEFAULT NULL, outage_allowance interval DEFAULT NULL,
@@ -275,7 +174,7 @@ COMMENT ON FUNCTION inbox.set_retention_policy(text, text, interval, interval, i
 -- The claims' heartbeat: called by the claim paths when the consumer's last_active_at is older
 -- than a minute (or unknown). Never waits: a row another claim is refreshing is skipped, a
 -- concurrent refresh seen at REPEATABLE READ is ignored.
--- Replaces the no-op hook of sql/030_claim.sql (revert/retention.sql puts the no-op back).
+-- Replaces the no-op hook of sql/025_hooks.sql (revert/retention.sql puts the no-op back).
 CREATE OR REPLACE FUNCTION inbox._heartbeat(consumer text) RETURNS void
     LANGUAGE plpgsql VOLATILE
 AS $$
@@ -317,7 +216,7 @@ COMMENT ON FUNCTION inbox._heartbeat(text) IS 'internal: refreshes a consumer''s
 -- The cutoff: the instant T such that the consumer's active time between T and now equals span
 -- (wall time minus the recorded gaps, minus the current gap when the consumer is down now).
 -- NULL when the consumer has not been active that long since its first heartbeat.
-CREATE FUNCTION inbox._active_cutoff(consumer text, span interval) RETURNS timestamptz
+CREATE OR REPLACE FUNCTION inbox._active_cutoff(consumer text, span interval) RETURNS timestamptz
     LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
@@ -358,7 +257,7 @@ COMMENT ON FUNCTION inbox._active_cutoff(text, interval) IS 'internal: the insta
 
 -- ------------------------------------------------------------------ the watermark on the claim path
 -- The precise watermark of a producer of a consumer (the consumer_config column is the maximum).
-CREATE FUNCTION inbox._watermark(consumer text, producer text) RETURNS timestamptz
+CREATE OR REPLACE FUNCTION inbox._watermark(consumer text, producer text) RETURNS timestamptz
     LANGUAGE sql STABLE
 AS $$
     SELECT s.watermark FROM inbox.purge_state s
@@ -373,7 +272,7 @@ COMMENT ON FUNCTION inbox._watermark(text, text) IS 'internal: the purge waterma
 -- than the consumer's highest watermark. Returns NULL when the delivery may proceed; else it
 -- deletes the claim row again (this transaction inserted it), quarantines the delivery as
 -- 'expired' and returns that result. An entry an operator released lets its next delivery through.
--- Replaces the no-op hook of sql/030_claim.sql (revert/retention.sql puts the no-op back).
+-- Replaces the no-op hook of sql/025_hooks.sql (revert/retention.sql puts the no-op back).
 CREATE OR REPLACE FUNCTION inbox._expire_check(
     consumer text, tenant text, producer text, message_id text, payload_hash bytea, handler_version text,
     produced_at timestamptz, message_type text, payload jsonb, payload_bytes bytea, store_payload boolean)
@@ -423,7 +322,7 @@ COMMENT ON FUNCTION inbox._expire_check(text, text, text, text, bytea, text, tim
 
 -- ------------------------------------------------------------------ the purge
 -- One purger per consumer: a session-level advisory lock (class 1886940770, hashtext(consumer)).
-CREATE FUNCTION inbox._purge_lock_held(consumer text) RETURNS boolean
+CREATE OR REPLACE FUNCTION inbox._purge_lock_held(consumer text) RETURNS boolean
     LANGUAGE sql STABLE
 AS $$
     SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
@@ -433,7 +332,7 @@ AS $$
 $$;
 COMMENT ON FUNCTION inbox._purge_lock_held(text) IS 'internal: true when this session is the purger of the consumer';
 
-CREATE FUNCTION inbox.purge_lock(consumer text) RETURNS boolean
+CREATE OR REPLACE FUNCTION inbox.purge_lock(consumer text) RETURNS boolean
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$
@@ -445,7 +344,7 @@ END
 $$;
 COMMENT ON FUNCTION inbox.purge_lock(text) IS 'Become the purger of a consumer for this session: false when another session is';
 
-CREATE FUNCTION inbox.purge_unlock(consumer text) RETURNS boolean
+CREATE OR REPLACE FUNCTION inbox.purge_unlock(consumer text) RETURNS boolean
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$
@@ -461,7 +360,7 @@ END
 $$;
 COMMENT ON FUNCTION inbox.purge_unlock(text) IS 'Stop being the purger of a consumer (true when this session was)';
 
-CREATE FUNCTION inbox._check_purge_args(fn text, consumer text, producer text, batch_size integer) RETURNS void
+CREATE OR REPLACE FUNCTION inbox._check_purge_args(fn text, consumer text, producer text, batch_size integer) RETURNS void
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
@@ -485,7 +384,7 @@ COMMENT ON FUNCTION inbox._check_purge_args(text, text, text, integer) IS 'inter
 --   inactive   the consumer has not been active for a whole window (or is down): nothing to purge
 --   no_policy  no retention policy: never purged
 --   busy       another session is the consumer's purger
-CREATE FUNCTION inbox.announce_purge(consumer text, producer text DEFAULT NULL)
+CREATE OR REPLACE FUNCTION inbox.announce_purge(consumer text, producer text DEFAULT NULL)
     RETURNS TABLE (policy_producer text, status text, purged_before timestamptz, watermark timestamptz, detail text)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
@@ -544,7 +443,7 @@ COMMENT ON FUNCTION inbox.announce_purge(text, text) IS
     'Purge step 1: commit the new cutoff and watermark of a consumer''s policies (announced | unchanged | inactive | no_policy | busy)';
 
 -- The transactions of this database other than this one (their virtual transaction ids).
-CREATE FUNCTION inbox._running_transactions() RETURNS text[]
+CREATE OR REPLACE FUNCTION inbox._running_transactions() RETURNS text[]
     LANGUAGE sql STABLE
 AS $$
     SELECT coalesce(pg_catalog.array_agg(l.virtualxid ORDER BY l.virtualxid), '{}')
@@ -566,7 +465,7 @@ COMMENT ON FUNCTION inbox._running_transactions() IS 'internal: virtual transact
 -- Kept whatever their age: rows that are not 'processed', rows with a retention_hold, identities
 -- with an open quarantine entry, rows processed at or after the creation of the oldest outbox
 -- effect not delivered yet.
-CREATE FUNCTION inbox.purge_batch(consumer text, producer text DEFAULT NULL, batch_size integer DEFAULT 5000)
+CREATE OR REPLACE FUNCTION inbox.purge_batch(consumer text, producer text DEFAULT NULL, batch_size integer DEFAULT 5000)
     RETURNS TABLE (policy_producer text, status text, rows_deleted bigint, purged_before timestamptz,
                    watermark timestamptz, detail text)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -696,7 +595,7 @@ COMMENT ON FUNCTION inbox.purge_batch(text, text, integer) IS
 -- transactions from before the announcement (at most wait_timeout: then it raises 55P03 having
 -- deleted nothing new), then batches with a commit after each, at most max_batches.
 -- Must be CALLed outside an explicit transaction block (it commits).
-CREATE PROCEDURE inbox.purge(consumer text, producer text DEFAULT NULL, batch_size integer DEFAULT 5000,
+CREATE OR REPLACE PROCEDURE inbox.purge(consumer text, producer text DEFAULT NULL, batch_size integer DEFAULT 5000,
                              max_batches integer DEFAULT 1000, wait_timeout interval DEFAULT '5 minutes',
                              INOUT rows_deleted bigint DEFAULT NULL, INOUT status text DEFAULT NULL)
     LANGUAGE plpgsql
@@ -770,7 +669,7 @@ COMMENT ON PROCEDURE inbox.purge(text, text, integer, integer, interval, bigint,
     'The whole purge of a consumer with a commit per batch (CALL it outside a transaction block; cron, pg_cron)';
 
 -- ------------------------------------------------------------------ status
-CREATE VIEW inbox.retention_status AS
+CREATE OR REPLACE VIEW inbox.retention_status AS
 SELECT p.consumer, p.producer, w.retention_window, w.dominating_scenario,
        s.watermark, s.purged_before, s.announced_before, s.last_purge_at, coalesce(s.rows_purged, 0) AS rows_purged,
        CASE WHEN s.purged_before IS NOT NULL

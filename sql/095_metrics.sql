@@ -1,100 +1,12 @@
--- pginbox: metrics that expose the protocol, read through one entry point, inbox.metrics(), that
--- any language can call (docs/metrics.md lists every metric).
--- No counter row is shared by concurrent claims, and the happy path writes nothing for metrics:
---   first-seen, unprotected  not counted on the claim path at all: inbox.message already is the log
---                            of first processing. inbox.metrics_rollup folds rows into
---                            inbox.metric_total incrementally, by processed_at (a cursor), finalizing
---                            only up to now() - rollup_grace: processed_at is the claiming
---                            transaction's start time, so a claim commits after its processed_at;
---                            the grace covers that (a claiming transaction open longer than the
---                            grace is missed: keep transactions shorter, see docs/metrics.md).
---   duplicates               counted on the duplicate path only (inbox._claim_core calls
---                            inbox._count_duplicate, defined below): one appended
---                            row in inbox.metric_event, an unlogged table without indexes that
---                            nothing else updates, so no two transactions ever touch the same row
---                            and the duplicate's commit waits for no WAL flush; the rollup folds
---                            the events into inbox.metric_total.
---   handler failures         counted the same way, by a trigger on inbox.attempt (failures only:
---                            the slow path), labelled with the failure's reason code.
---   conflicts, quarantine    derived from inbox.quarantine and inbox.quarantine_decision (small).
---   outbox, storage, age,    derived at read time from partial indexes, inbox.retention_status and
---   retention                the catalog.
--- inbox.configure_metrics(counting => false) stops the event counting (read on the rare paths).
+-- pginbox: metrics' functions (tables in 090_metrics_tables.sql).
 BEGIN;
 
 SET LOCAL ROLE inbox_owner;
-
--- One row: the metric settings.
-CREATE TABLE inbox.metric_config (
-    singleton boolean NOT NULL DEFAULT true CHECK (singleton),
-    counting boolean NOT NULL DEFAULT true,
-    rollup_grace interval NOT NULL DEFAULT '5 minutes' CHECK (rollup_grace BETWEEN '0' AND '1 day'),
-    rollup_batch integer NOT NULL DEFAULT 500000 CHECK (rollup_batch BETWEEN 1000 AND 100000000),
-    updated_at timestamptz NOT NULL DEFAULT now(),
-    updated_by text NOT NULL DEFAULT session_user,
-    CONSTRAINT metric_config_pkey PRIMARY KEY (singleton)
-);
-COMMENT ON TABLE inbox.metric_config IS
-    'Metric settings (one row): event counting on/off, rollup grace (late commits) and rows per rollup call';
-INSERT INTO inbox.metric_config DEFAULT VALUES;
-
--- Events not folded yet: append-only, no index, no shared row. n is 1 per duplicate delivery, or
--- the failures one statement recorded. UNLOGGED: a duplicate's transaction wrote nothing before,
--- and a transaction that writes only unlogged rows commits without waiting for a WAL flush, so
--- counting a duplicate does not add a flush to it. The price: a crash loses the events not folded
--- yet (the seconds since the last read), never the totals.
-CREATE UNLOGGED TABLE inbox.metric_event (
-    metric text NOT NULL,
-    consumer text NOT NULL,
-    producer text NOT NULL,
-    label text NOT NULL DEFAULT '',
-    n bigint NOT NULL DEFAULT 1
-);
-COMMENT ON TABLE inbox.metric_event IS
-    'Counted events (duplicate, failure) not yet folded into inbox.metric_total; appended, never updated';
-
--- Totals by metric, consumer, producer and label (the failure reason code, else '').
-CREATE TABLE inbox.metric_total (
-    metric text NOT NULL,
-    consumer text NOT NULL,
-    producer text NOT NULL,
-    label text NOT NULL DEFAULT '',
-    value bigint NOT NULL,
-    CONSTRAINT metric_total_pkey PRIMARY KEY (metric, consumer, producer, label)
-);
-COMMENT ON TABLE inbox.metric_total IS
-    'Folded totals: first_seen and unprotected (from inbox.message), duplicate and failure (from inbox.metric_event); first_processed is the earliest processed_at folded, in epoch microseconds';
-
--- One row: where the first-seen rollup stands.
-CREATE TABLE inbox.metric_rollup_state (
-    singleton boolean NOT NULL DEFAULT true CHECK (singleton),
-    processed_cursor timestamptz NOT NULL,
-    last_run_at timestamptz,
-    last_rows bigint NOT NULL DEFAULT 0,
-    last_events bigint NOT NULL DEFAULT 0,
-    CONSTRAINT metric_rollup_state_pkey PRIMARY KEY (singleton)
-);
-COMMENT ON TABLE inbox.metric_rollup_state IS
-    'First-seen rollup position: inbox.message rows with processed_at before processed_cursor are counted';
-COMMENT ON COLUMN inbox.metric_rollup_state.processed_cursor IS
-    'Rows with processed_at < this are in inbox.metric_total; the cursor trails now() by rollup_grace at least';
-
--- The rows already there when this change is deployed: counted once, now.
-INSERT INTO inbox.metric_rollup_state (processed_cursor) VALUES (now() - '5 minutes'::interval);
-INSERT INTO inbox.metric_total (metric, consumer, producer, label, value)
-SELECT v.metric, a.consumer, a.producer, '', v.n
-  FROM (SELECT m.consumer, m.producer, count(*) AS n, count(*) FILTER (WHERE m.produced_at IS NULL) AS nu,
-               min(m.processed_at) AS first_at
-          FROM inbox.message m
-         WHERE m.processed_at < now() - '5 minutes'::interval
-         GROUP BY m.consumer, m.producer) a
- CROSS JOIN LATERAL (VALUES ('first_seen', a.n), ('unprotected', a.nu),
-                            ('first_processed', (extract(epoch FROM a.first_at) * 1000000)::bigint)) AS v(metric, n);
-
-GRANT SELECT ON inbox.metric_config, inbox.metric_total, inbox.metric_rollup_state TO inbox_reader, inbox_operator;
+-- DROP ... IF EXISTS below makes this script rerunnable (sqitch rework): no notices for it.
+SET LOCAL client_min_messages = warning;
 
 -- Duplicates: replaces the no-op hook that inbox._claim_core calls on every duplicate
--- (sql/030_claim.sql; revert/metrics.sql puts the no-op back).
+-- (sql/025_hooks.sql; revert/metrics.sql puts the no-op back).
 CREATE OR REPLACE FUNCTION inbox._count_duplicate(consumer text, producer text) RETURNS void
     LANGUAGE sql VOLATILE
 AS $$
@@ -106,7 +18,7 @@ $$;
 COMMENT ON FUNCTION inbox._count_duplicate(text, text) IS 'internal: counts a duplicate delivery (one appended inbox.metric_event row)';
 
 -- Failures by reason code: a row in inbox.attempt gains failures only in record_failure.
-CREATE FUNCTION inbox._count_failure() RETURNS trigger
+CREATE OR REPLACE FUNCTION inbox._count_failure() RETURNS trigger
     LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
@@ -119,12 +31,14 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION inbox._count_failure() IS 'internal (trigger on inbox.attempt): counts recorded handler failures by reason code';
+DROP TRIGGER IF EXISTS attempt_count_failure_insert ON inbox.attempt;
 CREATE TRIGGER attempt_count_failure_insert AFTER INSERT ON inbox.attempt
     FOR EACH ROW WHEN (NEW.failed > 0) EXECUTE FUNCTION inbox._count_failure();
+DROP TRIGGER IF EXISTS attempt_count_failure_update ON inbox.attempt;
 CREATE TRIGGER attempt_count_failure_update AFTER UPDATE OF failed ON inbox.attempt
     FOR EACH ROW WHEN (NEW.failed > OLD.failed) EXECUTE FUNCTION inbox._count_failure();
 
-CREATE FUNCTION inbox._check_rollup_batch(fn text, max_rows integer) RETURNS void
+CREATE OR REPLACE FUNCTION inbox._check_rollup_batch(fn text, max_rows integer) RETURNS void
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
@@ -140,7 +54,7 @@ COMMENT ON FUNCTION inbox._check_rollup_batch(text, integer) IS 'internal: valid
 -- The rollup: folds first deliveries (processed_at in [cursor, now() - grace)) and counted events
 -- into inbox.metric_total, at most max_rows of each per call. One rollup at a time: a second
 -- concurrent call returns 0 at once. Returns the inbox rows plus events folded.
-CREATE FUNCTION inbox._metrics_rollup(max_rows integer) RETURNS bigint
+CREATE OR REPLACE FUNCTION inbox._metrics_rollup(max_rows integer) RETURNS bigint
     LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -237,7 +151,7 @@ END
 $$;
 COMMENT ON FUNCTION inbox._metrics_rollup(integer) IS 'internal: one bounded rollup step (skipped when another runs)';
 
-CREATE FUNCTION inbox.metrics_rollup(max_rows integer DEFAULT NULL) RETURNS bigint
+CREATE OR REPLACE FUNCTION inbox.metrics_rollup(max_rows integer DEFAULT NULL) RETURNS bigint
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$
@@ -256,7 +170,7 @@ $$;
 COMMENT ON FUNCTION inbox.metrics_rollup(integer) IS
     'Fold new first deliveries and counted events into the metric totals (bounded; inbox.metrics() calls it too)';
 
-CREATE FUNCTION inbox.configure_metrics(
+CREATE OR REPLACE FUNCTION inbox.configure_metrics(
     counting boolean DEFAULT NULL, rollup_grace interval DEFAULT NULL, rollup_batch integer DEFAULT NULL)
     RETURNS inbox.metric_config
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -290,7 +204,7 @@ COMMENT ON FUNCTION inbox.configure_metrics(boolean, interval, integer) IS
 
 -- The events not folded yet; none on a standby, where unlogged tables cannot be read (a query
 -- naming one fails at planning, hence a function of its own).
-CREATE FUNCTION inbox._metric_events()
+CREATE OR REPLACE FUNCTION inbox._metric_events()
     RETURNS TABLE (metric text, consumer text, producer text, label text, n bigint)
     LANGUAGE plpgsql STABLE
 AS $$
@@ -306,7 +220,7 @@ COMMENT ON FUNCTION inbox._metric_events() IS 'internal: unfolded metric events 
 -- Every metric, one row per series. Runs a bounded rollup first unless the transaction is read-only
 -- or the server a standby. Its cost does not depend on the size of inbox.message: totals are
 -- folded, the rest comes from small tables, partial indexes and the catalog.
-CREATE FUNCTION inbox.metrics()
+CREATE OR REPLACE FUNCTION inbox.metrics()
     RETURNS TABLE (metric text, type text, help text, labels jsonb, value double precision)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
@@ -491,7 +405,7 @@ COMMENT ON FUNCTION inbox.metrics() IS
     'Every metric as (metric, type, help, labels, value) rows, Prometheus names; readers may call it';
 
 -- For humans: the counters side by side, per consumer and producer.
-CREATE VIEW inbox.metric_summary AS
+CREATE OR REPLACE VIEW inbox.metric_summary AS
 SELECT m.labels ->> 'consumer' AS consumer, m.labels ->> 'producer' AS producer,
        sum(m.value) FILTER (WHERE m.metric = 'pginbox_first_seen_total')::bigint AS first_seen,
        sum(m.value) FILTER (WHERE m.metric = 'pginbox_duplicates_total')::bigint AS duplicates,

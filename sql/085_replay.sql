@@ -1,115 +1,10 @@
--- pginbox: replay after a handler change. The inbox rightly calls an old message a duplicate, so a
--- fixed handler never sees it again. Three explicit policies instead of deleting inbox rows
--- (docs/replay.md):
---   1. no reapplication     rebuild a derived read model elsewhere; nothing here is needed
---   2. versioned projection the projection version is part of the consumer identity:
---                           inbox.versioned_consumer('orders-projection', 'v2') = 'orders-projection@v2'
---   3. compensated migration a replay plan: a pinned handler and version, a selection of messages the
---                           consumer processed (payloads checked against the stored hashes), and
---                           one operation id per item, claimed in inbox.message under consumer
---                           'replay:<plan_id>' in the same transaction as the handler's change, so
---                           a second run or a resumed crash applies each operation once.
--- A plan is pinned to (handler, handler_version). Before each item the runner compares the pin with
--- what inbox.handler has registered; on a change the plan stops (status stopped_version_changed,
--- SQLSTATE IR001) and runs again only after an operator accepts the new pair. Every operator
--- decision leaves a row in inbox.replay_decision. Inbox rows are never deleted or changed here.
+-- pginbox: replay's functions (tables in 080_replay_tables.sql).
 BEGIN;
 
 SET LOCAL ROLE inbox_owner;
 
--- ------------------------------------------------------------------ tables
-
-CREATE TABLE inbox.replay_plan (
-    plan_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    plan_name text NOT NULL,
-    consumer text NOT NULL,
-    message_type text NOT NULL,
-    handler regprocedure NOT NULL,
-    handler_version text NOT NULL,
-    takes_context boolean NOT NULL,
-    status text NOT NULL DEFAULT 'open'
-        CHECK (status IN ('open', 'stopped_version_changed', 'completed', 'cancelled')),
-    note text NOT NULL,
-    created_at timestamptz NOT NULL DEFAULT now(),
-    created_by text NOT NULL DEFAULT session_user,
-    stopped_at timestamptz,
-    finished_at timestamptz,
-    CONSTRAINT replay_plan_name_key UNIQUE (plan_name)
-);
-COMMENT ON TABLE inbox.replay_plan IS
-    'Replay plans (compensated migration): consumer, message type, pinned handler and version, status';
-
--- One row per message of a plan. The payload is the operator's to read, like quarantine payloads.
-CREATE TABLE inbox.replay_item (
-    plan_id bigint NOT NULL REFERENCES inbox.replay_plan (plan_id),
-    item_no bigint GENERATED ALWAYS AS IDENTITY,
-    tenant text NOT NULL,
-    producer text NOT NULL,
-    message_id text NOT NULL,
-    operation_id text NOT NULL,
-    payload jsonb NOT NULL,
-    payload_sha256 bytea NOT NULL,
-    status text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'applied', 'failed', 'skipped')),
-    handler_version text,
-    reason_code text,
-    error_message text,
-    added_at timestamptz NOT NULL DEFAULT now(),
-    added_by text NOT NULL DEFAULT session_user,
-    finished_at timestamptz,
-    finished_by text,
-    CONSTRAINT replay_item_pkey PRIMARY KEY (plan_id, tenant, producer, message_id),
-    CONSTRAINT replay_item_operation_key UNIQUE (operation_id)
-);
-COMMENT ON TABLE inbox.replay_item IS
-    'Messages of a replay plan: original identity, payload (operators only), operation id, outcome';
-CREATE INDEX replay_item_pending_idx ON inbox.replay_item (plan_id, item_no) WHERE status = 'pending';
-
-CREATE TABLE inbox.replay_decision (
-    decision_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    plan_id bigint NOT NULL REFERENCES inbox.replay_plan (plan_id),
-    decision text NOT NULL CHECK (decision IN ('create', 'add_items', 'stopped_version_changed', 'accept_version',
-                                               'cancel', 'completed')),
-    decided_by text NOT NULL DEFAULT session_user,
-    decided_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-    note text,
-    handler text,
-    handler_version text,
-    previous_handler text,
-    previous_version text,
-    items integer
-);
-COMMENT ON TABLE inbox.replay_decision IS
-    'Audit trail of replay plans: every operator decision and every stop or completion (who, when, note, pins)';
-CREATE INDEX replay_decision_plan_idx ON inbox.replay_decision (plan_id);
-
--- internal: what the privileged half of run_replay_plan hands to the invoker half for one item.
---   action: run | skipped | stop | done
-CREATE TYPE inbox._replay_step AS (
-    action text,
-    item_no bigint,
-    handler regprocedure,
-    takes_context boolean,
-    payload jsonb,
-    context inbox.message_context
-);
-COMMENT ON TYPE inbox._replay_step IS 'internal: the next step of a replay run (run an item, skipped, stop, done)';
-
--- What one call of inbox.run_replay_plan came to: this call's counts and the plan's totals after it.
-CREATE TYPE inbox.replay_run AS (
-    plan_id bigint,
-    status text,
-    applied_now integer,
-    failed_now integer,
-    skipped_now integer,
-    pending bigint,
-    applied bigint,
-    failed bigint,
-    skipped bigint
-);
-COMMENT ON TYPE inbox.replay_run IS 'Result of inbox.run_replay_plan: this call''s counts and the plan''s totals';
-
 -- Progress per plan, and whether the pin still equals what is registered. No payloads.
-CREATE VIEW inbox.replay_status AS
+CREATE OR REPLACE VIEW inbox.replay_status AS
 SELECT p.plan_id, p.plan_name, p.consumer, p.message_type, p.handler::text AS handler, p.handler_version, p.status,
        count(i.item_no) AS total,
        count(i.item_no) FILTER (WHERE i.status = 'pending') AS pending,
@@ -126,18 +21,14 @@ SELECT p.plan_id, p.plan_name, p.consumer, p.message_type, p.handler::text AS ha
 COMMENT ON VIEW inbox.replay_status IS
     'Replay plans with item counts (pending, applied, failed, skipped) and the registered handler; no payloads';
 
-GRANT SELECT ON inbox.replay_plan, inbox.replay_decision, inbox.replay_status TO inbox_reader, inbox_operator;
-GRANT SELECT ON inbox.replay_item TO inbox_operator;
-GRANT SELECT (plan_id, item_no, tenant, producer, message_id, operation_id, payload_sha256, status, handler_version,
-              reason_code, error_message, added_at, added_by, finished_at, finished_by)
-    ON inbox.replay_item TO inbox_reader;
+GRANT SELECT ON inbox.replay_status TO inbox_reader, inbox_operator;
 
 -- ------------------------------------------------------------------ identities
 
 -- Versioned projection: '<base>@<version>'. base has no '@' (so the name splits back at the last
 -- '@') and does not start with 'replay:' (reserved for replay plans); version is 1 to 32 letters,
 -- digits, '.', '_' or '-', starting with a letter or digit; the result is at most 128 bytes.
-CREATE FUNCTION inbox.versioned_consumer(base text, version text) RETURNS text
+CREATE OR REPLACE FUNCTION inbox.versioned_consumer(base text, version text) RETURNS text
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
@@ -169,7 +60,7 @@ COMMENT ON FUNCTION inbox.versioned_consumer(text, text) IS
 
 -- The operation id of one replay item: rp_ + 64 hex digits, derived from the plan and the original
 -- identity (length-prefixed fields, so no two inputs collide by concatenation).
-CREATE FUNCTION inbox.replay_operation_id(plan_id bigint, consumer text, producer text, message_id text,
+CREATE OR REPLACE FUNCTION inbox.replay_operation_id(plan_id bigint, consumer text, producer text, message_id text,
                                           tenant text DEFAULT '')
     RETURNS text
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
@@ -198,7 +89,7 @@ COMMENT ON FUNCTION inbox.replay_operation_id(bigint, text, text, text, text) IS
 
 -- ------------------------------------------------------------------ internal helpers
 
-CREATE FUNCTION inbox._check_replay_note(fn text, note text) RETURNS void
+CREATE OR REPLACE FUNCTION inbox._check_replay_note(fn text, note text) RETURNS void
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
@@ -212,7 +103,7 @@ $$;
 COMMENT ON FUNCTION inbox._check_replay_note(text, text) IS 'internal: a replay decision needs a non-blank note (22004, 22023)';
 
 -- Locks a plan for a decision or a run; rejects a NULL or unknown id.
-CREATE FUNCTION inbox._lock_replay_plan(fn text, plan_id bigint) RETURNS inbox.replay_plan
+CREATE OR REPLACE FUNCTION inbox._lock_replay_plan(fn text, plan_id bigint) RETURNS inbox.replay_plan
     LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -232,7 +123,7 @@ $$;
 COMMENT ON FUNCTION inbox._lock_replay_plan(text, bigint) IS 'internal: locks a replay plan (22004, P0002)';
 
 -- A closed plan (completed, cancelled) takes no decision and no run.
-CREATE FUNCTION inbox._check_plan_active(fn text, plan inbox.replay_plan) RETURNS void
+CREATE OR REPLACE FUNCTION inbox._check_plan_active(fn text, plan inbox.replay_plan) RETURNS void
     LANGUAGE plpgsql IMMUTABLE
 AS $$
 BEGIN
@@ -247,7 +138,7 @@ $$;
 COMMENT ON FUNCTION inbox._check_plan_active(text, inbox.replay_plan) IS 'internal: rejects a completed or cancelled plan (55000)';
 
 -- The handler registered for (consumer, message_type) must be exactly the pair the operator names.
-CREATE FUNCTION inbox._check_registered_pair(fn text, consumer text, message_type text, handler regprocedure,
+CREATE OR REPLACE FUNCTION inbox._check_registered_pair(fn text, consumer text, message_type text, handler regprocedure,
                                              handler_version text)
     RETURNS inbox.handler
     LANGUAGE plpgsql STABLE
@@ -286,7 +177,7 @@ COMMENT ON FUNCTION inbox._check_registered_pair(text, text, text, regprocedure,
 
 -- ------------------------------------------------------------------ operator decisions
 
-CREATE FUNCTION inbox.create_replay_plan(plan_name text, consumer text, message_type text, handler regprocedure,
+CREATE OR REPLACE FUNCTION inbox.create_replay_plan(plan_name text, consumer text, message_type text, handler regprocedure,
                                          handler_version text, note text)
     RETURNS inbox.replay_plan
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -336,7 +227,7 @@ COMMENT ON FUNCTION inbox.create_replay_plan(text, text, text, regprocedure, tex
 -- Every element is checked before anything is written: its identity must be processed by the
 -- consumer and its payload must hash (with the consumer's hash_exclude_keys) to the stored hash.
 -- Items already in the plan are ignored. Returns how many were added.
-CREATE FUNCTION inbox.add_replay_items(plan_id bigint, items jsonb) RETURNS integer
+CREATE OR REPLACE FUNCTION inbox.add_replay_items(plan_id bigint, items jsonb) RETURNS integer
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$
@@ -447,7 +338,7 @@ $$;
 COMMENT ON FUNCTION inbox.add_replay_items(bigint, jsonb) IS
     'Add processed messages to a replay plan (payload checked against the stored hash; holds against the purge)';
 
-CREATE FUNCTION inbox.accept_replay_version(plan_id bigint, handler regprocedure, handler_version text, note text)
+CREATE OR REPLACE FUNCTION inbox.accept_replay_version(plan_id bigint, handler regprocedure, handler_version text, note text)
     RETURNS inbox.replay_plan
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
@@ -481,7 +372,7 @@ $$;
 COMMENT ON FUNCTION inbox.accept_replay_version(bigint, regprocedure, text, text) IS
     'Re-pin a replay plan to the handler and version now registered, and let it run again (audited)';
 
-CREATE FUNCTION inbox.cancel_replay_plan(plan_id bigint, note text) RETURNS inbox.replay_plan
+CREATE OR REPLACE FUNCTION inbox.cancel_replay_plan(plan_id bigint, note text) RETURNS inbox.replay_plan
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$
@@ -514,7 +405,7 @@ COMMENT ON FUNCTION inbox.cancel_replay_plan(bigint, text) IS
 -- runner calls them with the operator's rights in between, and runs the handler itself.
 
 -- Locks the plan for this run (a second runner of the same plan waits) and checks it may run.
-CREATE FUNCTION inbox._replay_run_start(plan_id bigint, max_items integer) RETURNS inbox.replay_plan
+CREATE OR REPLACE FUNCTION inbox._replay_run_start(plan_id bigint, max_items integer) RETURNS inbox.replay_plan
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$
@@ -553,7 +444,7 @@ COMMENT ON FUNCTION inbox._replay_run_start(bigint, integer) IS
 -- The next step: checks the pin against the registration (a change stops the plan, committed with
 -- the caller), then takes the next pending item. An item whose message was processed with the
 -- pinned version already has that version's effect: it is skipped (same_version).
-CREATE FUNCTION inbox._replay_next(plan_id bigint) RETURNS inbox._replay_step
+CREATE OR REPLACE FUNCTION inbox._replay_next(plan_id bigint) RETURNS inbox._replay_step
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$
@@ -621,7 +512,7 @@ COMMENT ON FUNCTION inbox._replay_next(bigint) IS
 -- Claims the item's operation id in inbox.message (consumer 'replay:<plan_id>') and marks the item
 -- applied; runs inside the runner's subtransaction, so a handler error rolls both back. Returns
 -- false when the operation id was already claimed (the item is then skipped, nothing runs).
-CREATE FUNCTION inbox._begin_replay_item(plan_id bigint, item_no bigint) RETURNS boolean
+CREATE OR REPLACE FUNCTION inbox._begin_replay_item(plan_id bigint, item_no bigint) RETURNS boolean
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$
@@ -653,7 +544,7 @@ $$;
 COMMENT ON FUNCTION inbox._begin_replay_item(bigint, bigint) IS
     'internal (granted to operators): claims a replay item''s operation id and marks it applied';
 
-CREATE FUNCTION inbox._replay_item_failed(plan_id bigint, item_no bigint, reason_code text, error_message text)
+CREATE OR REPLACE FUNCTION inbox._replay_item_failed(plan_id bigint, item_no bigint, reason_code text, error_message text)
     RETURNS void
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
@@ -674,7 +565,7 @@ COMMENT ON FUNCTION inbox._replay_item_failed(bigint, bigint, text, text) IS
 
 -- Ends a run: an open plan without pending items (and with at least one item) completes, and
 -- its retention holds go. Returns the plan's totals.
-CREATE FUNCTION inbox._replay_run_finish(plan_id bigint) RETURNS inbox.replay_run
+CREATE OR REPLACE FUNCTION inbox._replay_run_finish(plan_id bigint) RETURNS inbox.replay_run
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$
@@ -710,7 +601,7 @@ COMMENT ON FUNCTION inbox._replay_run_finish(bigint) IS
 -- 40, 08, 53, 57, and 55P03) are re-raised: retry the call. When the registered handler changed,
 -- the plan stops: this call returns status stopped_version_changed (with a WARNING, SQLSTATE IR001)
 -- and later calls raise IR001 until inbox.accept_replay_version.
-CREATE FUNCTION inbox.run_replay_plan(plan_id bigint, max_items integer DEFAULT 100) RETURNS inbox.replay_run
+CREATE OR REPLACE FUNCTION inbox.run_replay_plan(plan_id bigint, max_items integer DEFAULT 100) RETURNS inbox.replay_run
     LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 AS $$
 DECLARE
