@@ -4,6 +4,9 @@
     python/tools/sync_deploy.py           regenerate the deploy scripts of unreleased changes
     python/tools/sync_deploy.py --check   exit 1 if any deploy script differs from its source, or a
                                           released script changed (tests/run runs this)
+    python/tools/sync_deploy.py --lock v0.2.0
+                                          after `sqitch tag v0.2.0`: record in sqitch.lock the SHA-256
+                                          of every script the tag releases (docs/releasing.md)
 
 Each file sql/NNN_<change>.sql is the current state of the Sqitch change <change>. Its deploy script
 is the same text under a header saying where it comes from. A change released at a tag (listed in
@@ -150,12 +153,39 @@ def sync(root: Path, check: bool) -> list[str]:
     return problems
 
 
+def lock(root: Path, tag: str) -> list[str]:
+    """Appends to sqitch.lock the scripts of every change new or reworked since the previous tag."""
+    entries = read_plan(root)
+    try:
+        tag_index = entries.index(Entry("tag", tag))
+    except ValueError:
+        return [f"tag @{tag} is not in sqitch.plan: run `sqitch tag {tag} -n '...'` first"]
+    if any(row[0] == tag for row in read_lock(root)):
+        return [f"{LOCK_FILE} already records @{tag}"]
+    previous = max((i for i in range(tag_index) if entries[i].kind == "tag"), default=-1)
+    released = [i for i in range(previous + 1, tag_index) if entries[i].kind == "change"]
+    lines = [f"# @{tag}: the scripts it released. Never edit them (python/tools/sync_deploy.py --check)."]
+    for index in released:
+        for kind in KINDS:
+            path = script_path(root, entries, index, kind)
+            lines.append(f"{tag} {kind} {entries[index].name} {sha256(path)}")
+    lock_path = root / LOCK_FILE
+    existing = lock_path.read_text() if lock_path.exists() else ""
+    lock_path.write_text(existing + "\n".join(lines) + "\n")
+    print(f"recorded {len(released)} changes released at @{tag} in {LOCK_FILE}")
+    return []
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 on any difference")
+    parser.add_argument("--lock", metavar="TAG", help="record the scripts released at TAG in sqitch.lock")
     parser.add_argument("--root", type=Path, default=ROOT, help="project directory (default: this checkout)")
     args = parser.parse_args()
-    problems = sync(args.root.resolve(), args.check)
+    root = args.root.resolve()
+    problems = sync(root, check=True) if args.lock else sync(root, args.check)
+    if args.lock and not problems:
+        problems = lock(root, args.lock)
     for problem in problems:
         print(f"sync_deploy: {problem}", file=sys.stderr)
     return 1 if problems else 0

@@ -399,3 +399,40 @@ def test_reverting_the_later_changes_leaves_working_claims(db_dsn: str, to_chang
         assert conn.execute("SELECT array_agg(n) FROM public.smoke").fetchone() == ([2],)
     sqitch.deploy(db_dsn, project=sqitch_project())
     sqitch.verify(db_dsn, project=sqitch_project())
+
+
+# --------------------------------------------------------------------------- (d)
+
+# Changes that only create tables, types and indexes (changed later by new ALTER changes), or that
+# must never run twice (the no-op hooks would replace retention's and metrics' real ones).
+NOT_REWORKABLE = ("roles", "schema", "hooks")
+
+
+def reworkable_changes() -> list[str]:
+    return [c for c in plan_changes() if c not in NOT_REWORKABLE and not c.endswith("_tables")]
+
+
+def psql_file(dsn: str, path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(find_bindir() / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", str(path)],
+        capture_output=True, text=True, check=False,
+    )
+
+
+def test_functions_changes_deploy_again_over_themselves(db_dsn: str) -> None:
+    """`sqitch rework` deploys a change's new script over the old one: every functions change must be
+    rerunnable (CREATE OR REPLACE, DROP ... IF EXISTS) and leave the schema as it was, hooks included."""
+    before = schema_dump(db_dsn)
+    changes = reworkable_changes()
+    assert {"claim", "apply", "outbox", "retention", "metrics", "version"} <= set(changes)
+    for change in changes:
+        result = psql_file(db_dsn, REPO_ROOT / "deploy" / f"{change}.sql")
+        assert result.returncode == 0, f"deploy/{change}.sql cannot run again:\n{result.stderr}"
+    assert_same_lines(before, schema_dump(db_dsn), "schema after deploying every functions change again")
+
+
+@pytest.mark.parametrize("change", [c for c in NOT_REWORKABLE if c != "roles"] + ["outbox_tables"])
+def test_tables_and_hooks_changes_refuse_to_run_twice(db_dsn: str, change: str) -> None:
+    """A tables change (or the hooks) run again fails instead of silently replacing what is there."""
+    result = psql_file(db_dsn, REPO_ROOT / "deploy" / f"{change}.sql")
+    assert result.returncode != 0 and "already exists" in result.stderr
