@@ -11,10 +11,7 @@ revert really takes everything away, and verify really checks.
 
 from __future__ import annotations
 
-import difflib
-import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -28,62 +25,21 @@ from conftest import (
     make_cluster,
     sqitch_project,
 )
+from helpers_schema import (
+    assert_same_lines,
+    build_from_sql_sources,
+    plan_changes,
+    psql_file,
+    query,
+    schema_dump,
+)
 from psycopg import sql
 
 from pginbox import sqitch
-from pginbox.cluster import Cluster, find_bindir
+from pginbox.cluster import Cluster
 
-SQL_DIR = REPO_ROOT / "sql"
-# pg_dump lines that say nothing about the schema (the \restrict key changes on every run).
-DUMP_NOISE = ("--", "SET ", "SELECT pg_catalog.set_config(", "\\restrict", "\\unrestrict")
 # Schemas that are not the package's: PostgreSQL's own and Sqitch's registry.
 FOREIGN_SCHEMAS = ("pg_catalog", "information_schema", "pg_toast", "sqitch")
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def sql_sources() -> list[Path]:
-    files = sorted(SQL_DIR.glob("*.sql"))
-    if not files:
-        pytest.fail(f"no SQL sources in {SQL_DIR}")
-    return files
-
-
-def build_from_sql_sources(dsn: str) -> None:
-    psql = str(find_bindir() / "psql")
-    for path in sql_sources():
-        result = subprocess.run(
-            [psql, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", str(path)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert result.returncode == 0, f"psql -f {path.name} failed:\n{result.stderr}"
-
-
-def schema_dump(dsn: str) -> list[str]:
-    """pg_dump of schema inbox (owners and ACLs kept), without comments, SET lines and the
-    per-run \\restrict key."""
-    result = subprocess.run(
-        [str(find_bindir() / "pg_dump"), "--schema-only", "--schema=inbox", "-d", dsn],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode == 0, f"pg_dump failed:\n{result.stderr}"
-    kept = []
-    for line in result.stdout.splitlines():
-        stripped = line.strip()
-        if not stripped or stripped.startswith(DUMP_NOISE):
-            continue
-        kept.append(line.rstrip())
-    return kept
-
-
-def query(dsn: str, statement: str) -> list[tuple[Any, ...]]:
-    with psycopg.connect(dsn, autocommit=True) as connection:
-        return connection.execute(statement).fetchall()
 
 
 ROLES_QUERY = """
@@ -169,12 +125,6 @@ ORDER BY 1, 2, 3
 def database_objects(dsn: str) -> list[tuple[Any, ...]]:
     with psycopg.connect(dsn, autocommit=True) as connection:
         return connection.execute(OBJECTS_QUERY, {"foreign": list(FOREIGN_SCHEMAS)}).fetchall()
-
-
-def assert_same_lines(expected: list[str], actual: list[str], what: str) -> None:
-    if expected != actual:
-        diff = "\n".join(difflib.unified_diff(expected, actual, "sqitch deploy", "sql/*.sql", lineterm=""))
-        pytest.fail(f"{what} differ:\n{diff}")
 
 
 # --------------------------------------------------------------------------- (a)
@@ -290,14 +240,10 @@ def test_sqitch_verify_passes_on_a_fresh_deploy(db_dsn: str) -> None:
 
 
 def verify_bodies() -> list[tuple[str, str]]:
-    """(change, statements) of every verify script in plan order, without its BEGIN; / ROLLBACK;
-    lines, so that they can run inside a transaction of the test's own."""
-    changes = []
-    for line in (REPO_ROOT / "sqitch.plan").read_text().splitlines():
-        if line.strip() and not line.startswith(("%", "#", "@", " ")):
-            changes.append(line.split()[0])
+    """(change, statements) of the current verify script of every change (a reworked change once),
+    without its BEGIN; / ROLLBACK; lines, so that they can run inside a transaction of the test's own."""
     bodies = []
-    for change in changes:
+    for change in dict.fromkeys(plan_changes()):
         lines = (REPO_ROOT / "verify" / f"{change}.sql").read_text().splitlines()
         assert lines.count("BEGIN;") == 1 and lines.count("ROLLBACK;") == 1, f"verify/{change}.sql: unexpected shape"
         bodies.append((change, "\n".join(x for x in lines if x not in ("BEGIN;", "ROLLBACK;"))))
@@ -365,11 +311,6 @@ def test_sqitch_verify_fails_when_an_object_is_missing(
         drop_database(pg_base, clone)
 
 
-def plan_changes() -> list[str]:
-    return [line.split()[0] for line in (REPO_ROOT / "sqitch.plan").read_text().splitlines()
-            if line.strip() and not line.startswith(("%", "#", "@", " "))]
-
-
 SMOKE = """
 CREATE TABLE IF NOT EXISTS public.smoke (n integer NOT NULL);
 CREATE OR REPLACE FUNCTION public.smoke_handler(p jsonb) RETURNS void LANGUAGE sql
@@ -410,13 +351,6 @@ NOT_REWORKABLE = ("roles", "schema", "hooks")
 
 def reworkable_changes() -> list[str]:
     return [c for c in plan_changes() if c not in NOT_REWORKABLE and not c.endswith("_tables")]
-
-
-def psql_file(dsn: str, path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(find_bindir() / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", str(path)],
-        capture_output=True, text=True, check=False,
-    )
 
 
 def test_functions_changes_deploy_again_over_themselves(db_dsn: str) -> None:
