@@ -325,7 +325,7 @@ def _parse_dependencies(
         seen.add(spec)
         dependency = Dependency(
             conflicts=bool(match.group("conflicts")),
-            # An id with no project is resolved against the plan later (see _resolve_id_projects).
+            # An id with no project is resolved against the plan later (see _index_and_identify).
             project=match.group("project") or (None if match.group("id") else project),
             change=match.group("change"),
             tag=match.group("tag") or match.group("tag_only"),
@@ -807,9 +807,6 @@ def _preflight(
     """One DO block: registry version, project registration, database state, dependencies."""
     changes, projects, releases = _table("changes"), _table("projects"), _table("releases")
     allowed = [c.id for c in rendered] + ([since.change.id] if since else [])
-    state_checks: list[sql.Composable] = []
-    if since is None:
-        state_checks.append(sql.SQL("NULL"))
     missing_checks: list[sql.Composable] = []
     conflict_checks: list[sql.Composable] = []
     for change in rendered:
