@@ -779,7 +779,7 @@ def _header(plan: Plan, rendered: Sequence[PlannedChange], since: PlannedTag | N
         f"Range: from {start} through {end}: {len(rendered)} change(s), in plan order:\n"
         f"{listing}\n"
         "\n"
-        "Apply it with psql (it uses psql meta-commands), connected as the role `sqitch deploy` would use:\n"
+        "Apply it with psql 10 or later (it uses \\if and \\gset), connected as the role `sqitch deploy` would use:\n"
         "    psql -X -v ON_ERROR_STOP=1 -d DATABASE -f THIS_FILE        (or: ... -f - < THIS_FILE)\n"
         "For each change not yet deployed, the script runs the change's deploy script as written (it has\n"
         "its own BEGIN/COMMIT), then records the change in Sqitch's registry (schema sqitch, registry v1.1,\n"

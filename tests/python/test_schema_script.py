@@ -322,6 +322,25 @@ def test_upgrade_from_a_tag_equals_a_full_sqitch_deploy(widgets: Path, new_db: C
     assert_same(schema_snapshot(by_sqitch), schema_snapshot(upgraded), "schemas")
 
 
+def test_upgrade_logs_a_tag_planned_after_the_database_was_deployed(widgets: Path, new_db: Callable[[], str]) -> None:
+    """Sqitch's deploy records the tags added to the plan after the change the database is at
+    (Engine::_sync_plan -> log_new_tags); the rendered upgrade does the same."""
+    by_script, by_sqitch = new_db(), new_db()
+    # The project before @v1 was tagged (and label reworked): label.sql held the first version.
+    (widgets / "sqitch.plan").write_text(PLAN.split("@v1 ")[0], encoding="utf-8")
+    write_scripts(widgets, "deploy", {"label": DEPLOY["label@v2"]})
+    for dsn in (by_script, by_sqitch):
+        run_sqitch(widgets, "deploy", dsn)
+    assert query(by_script, "SELECT count(*) FROM sqitch.tags") == [(0,)]
+
+    (widgets / "sqitch.plan").write_text(PLAN, encoding="utf-8")
+    write_scripts(widgets, "deploy", {"label": DEPLOY["label"]})
+    apply_ok(by_script, render_script(widgets, since="v1"))
+    run_sqitch(widgets, "deploy", by_sqitch)
+    assert [row[1] for row in registry(by_script)["tags"]] == ["@v1", "@v2"]
+    assert_same(registry(by_sqitch), registry(by_script), "registry rows")
+
+
 def test_to_and_since_stop_where_sqitch_stops(widgets: Path, new_db: Callable[[], str]) -> None:
     by_script, by_sqitch = new_db(), new_db()
     apply_ok(by_script, render_script(widgets, to="@v1"))
