@@ -20,8 +20,10 @@ import argparse
 import hashlib
 import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
+
+from pginbox import sqitch_script
+from pginbox.sqitch_script import Plan, PlannedChange
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE_NAME = re.compile(r"^(\d{3})_([a-z][a-z0-9_]*)\.sql$")
@@ -30,36 +32,24 @@ LOCK_FILE = "sqitch.lock"
 KINDS = ("deploy", "revert", "verify")
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One line of sqitch.plan: a change or a tag, in plan order."""
-
-    kind: str  # "change" | "tag"
-    name: str
-
-
-def read_plan(root: Path) -> list[Entry]:
-    entries = []
-    for raw in (root / "sqitch.plan").read_text().splitlines():
-        line = raw.strip()
-        if not line or line.startswith(("%", "#")):
-            continue
-        name = line.split()[0]
-        entries.append(Entry("tag", name[1:]) if name.startswith("@") else Entry("change", name))
-    return entries
+def read_plan(root: Path) -> Plan:
+    try:
+        return sqitch_script.read_plan(root)
+    except sqitch_script.SqitchScriptError as exc:
+        raise SystemExit(f"sync_deploy: {exc}") from None
 
 
-def script_path(root: Path, entries: list[Entry], index: int, kind: str) -> Path:
-    """The script of the change at entries[index], as Sqitch resolves it: a change that appears again
-    later in the plan (reworked) keeps its scripts as <change>@<tag>.sql, the first tag after it
-    whose file exists (else the first tag after it)."""
-    name = entries[index].name
-    later = [i for i in range(index + 1, len(entries)) if entries[i] == entries[index]]
-    if not later:
-        return root / kind / f"{name}.sql"
-    tags = [e.name for e in entries[index + 1 : later[0]] if e.kind == "tag"]
-    candidates = [root / kind / f"{name}@{tag}.sql" for tag in tags]
-    return next((p for p in candidates if p.exists()), candidates[0] if candidates else root / kind / f"{name}.sql")
+def script_path(root: Path, change: PlannedChange, kind: str) -> Path:
+    """The deploy, revert or verify script of one plan position, as Sqitch resolves it (a reworked
+    change's earlier positions live in <change>@<tag>.sql)."""
+    return root / kind / change.deploy_file.relative_to(root / "deploy")
+
+
+def released_at(plan: Plan, tag: str, change: str) -> PlannedChange | None:
+    """The position of `change` that tag @`tag` released: its last one at or before the tag."""
+    tagged = plan.tag(tag).change.index
+    before = [c for c in plan.changes if c.name == change and c.index <= tagged]
+    return before[-1] if before else None
 
 
 def sha256(path: Path) -> str:
@@ -79,21 +69,20 @@ def read_lock(root: Path) -> list[tuple[str, str, str, str]]:
     return rows
 
 
-def frozen_scripts(root: Path, entries: list[Entry]) -> tuple[dict[Path, str], list[str]]:
+def frozen_scripts(root: Path, plan: Plan) -> tuple[dict[Path, str], list[str]]:
     """{script path: sha256 recorded at its release}, and problems (a lock entry the plan cannot place)."""
     frozen: dict[Path, str] = {}
     problems = []
     for tag, kind, change, digest in read_lock(root):
         try:
-            tag_index = entries.index(Entry("tag", tag))
-        except ValueError:
+            position = released_at(plan, tag, change)
+        except sqitch_script.SqitchScriptError:
             problems.append(f"{LOCK_FILE}: tag @{tag} is not in sqitch.plan")
             continue
-        instances = [i for i in range(tag_index) if entries[i] == Entry("change", change)]
-        if not instances:
+        if position is None:
             problems.append(f"{LOCK_FILE}: change {change} does not come before @{tag} in sqitch.plan")
             continue
-        frozen[script_path(root, entries, instances[-1], kind)] = digest
+        frozen[script_path(root, position, kind)] = digest
     return frozen, problems
 
 
@@ -113,10 +102,10 @@ def rendered(change: str, source: Path) -> str:
 
 def sync(root: Path, check: bool) -> list[str]:
     """Writes (or with check, compares) every deploy script; returns the problems found."""
-    entries = read_plan(root)
-    changes = [e.name for e in entries if e.kind == "change"]
+    plan = read_plan(root)
+    changes = [c.name for c in plan.changes]
     found = sources(root)
-    frozen, problems = frozen_scripts(root, entries)
+    frozen, problems = frozen_scripts(root, plan)
     for change in sorted(set(changes) - set(found)):
         problems.append(f"sqitch.plan names change {change} but no sql/NNN_{change}.sql holds its source")
     for change in sorted(set(found) - set(changes)):
@@ -131,8 +120,7 @@ def sync(root: Path, check: bool) -> list[str]:
     for change, source in found.items():
         if change not in changes:
             continue
-        last = max(i for i, e in enumerate(entries) if e == Entry("change", change))
-        target = script_path(root, entries, last, "deploy")
+        target = [c for c in plan.changes if c.name == change][-1].deploy_file
         text = rendered(change, source)
         current = target.read_text() if target.exists() else None
         if current == text:
@@ -155,20 +143,19 @@ def sync(root: Path, check: bool) -> list[str]:
 
 def lock(root: Path, tag: str) -> list[str]:
     """Appends to sqitch.lock the scripts of every change new or reworked since the previous tag."""
-    entries = read_plan(root)
+    plan = read_plan(root)
     try:
-        tag_index = entries.index(Entry("tag", tag))
-    except ValueError:
+        tagged = plan.tag(tag).change.index
+    except sqitch_script.SqitchScriptError:
         return [f"tag @{tag} is not in sqitch.plan: run `sqitch tag {tag} -n '...'` first"]
     if any(row[0] == tag for row in read_lock(root)):
         return [f"{LOCK_FILE} already records @{tag}"]
-    previous = max((i for i in range(tag_index) if entries[i].kind == "tag"), default=-1)
-    released = [i for i in range(previous + 1, tag_index) if entries[i].kind == "change"]
+    previous = max((c.index for c in plan.changes[:tagged] if c.tags), default=-1)
+    released = [c for c in plan.changes if previous < c.index <= tagged]
     lines = [f"# @{tag}: the scripts it released. Never edit them (python/tools/sync_deploy.py --check)."]
-    for index in released:
+    for change in released:
         for kind in KINDS:
-            path = script_path(root, entries, index, kind)
-            lines.append(f"{tag} {kind} {entries[index].name} {sha256(path)}")
+            lines.append(f"{tag} {kind} {change.name} {sha256(script_path(root, change, kind))}")
     lock_path = root / LOCK_FILE
     existing = lock_path.read_text() if lock_path.exists() else ""
     lock_path.write_text(existing + "\n".join(lines) + "\n")

@@ -444,8 +444,8 @@ def test_bad_range_is_refused(widgets: Path, arguments: dict[str, str], message:
         render_script(widgets, **arguments)
 
 
-def test_repository_plan_has_no_tag_to_stop_at() -> None:
-    with pytest.raises(SqitchScriptError, match=r'unknown tag "v1" .*\(tags in the plan: none\)'):
+def test_unknown_tag_of_the_repository_plan_names_the_known_ones() -> None:
+    with pytest.raises(SqitchScriptError, match=r'unknown tag "v1" .*\(tags in the plan: @v0\.1\.0.*\)'):
         render_script(REPO_ROOT, to="v1")
 
 
