@@ -13,12 +13,12 @@ SET LOCAL ROLE inbox_owner;
 
 CREATE OR REPLACE FUNCTION inbox.schema_version() RETURNS integer
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    RETURN 1;
+    RETURN 2;
 COMMENT ON FUNCTION inbox.schema_version() IS 'Version of the inbox SQL API (one per release; see inbox.schema_release())';
 
 CREATE OR REPLACE FUNCTION inbox.schema_release(OUT version integer, OUT release text, OUT breaking_since integer)
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $$ SELECT inbox.schema_version(), '0.1.0'::text, 1 $$;
+AS $$ SELECT inbox.schema_version(), '0.2.0'::text, 1 $$;
 COMMENT ON FUNCTION inbox.schema_release() IS
     'The deployed release: API version, release name, and the version of the last release that broke earlier clients';
 

@@ -3,8 +3,7 @@ BEGIN;
 
 SET LOCAL ROLE inbox_owner;
 
-GRANT SELECT ON inbox.message, inbox.attempt, inbox.quarantine_decision, inbox.outbox_redrive, inbox.outbox_discard
-    TO inbox_reader;
+GRANT SELECT ON inbox.message, inbox.attempt, inbox.quarantine_decision TO inbox_reader;
 REVOKE SELECT ON inbox.quarantine, inbox.outbox, inbox.replay_item FROM inbox_reader;
 GRANT SELECT (quarantine_id, consumer, tenant, producer, message_id, kind, message_type, payload_sha256,
     stored_sha256, payload_ref, reason_code, error_message, attempts, crashes, deliveries, first_failure_at,

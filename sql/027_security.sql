@@ -2,7 +2,8 @@
 -- consumer name (claim, claim_bytea, claim_and_apply[_batch], record_failure, record_start,
 -- enqueue_effect) asks inbox._may_act_as first: one index probe of inbox.consumer_binding and the
 -- backend's cached role memberships. Only when it says no does inbox._authorize run, to let a
--- superuser through (unless strict_consumers) or to name what is wrong.
+-- superuser through (unless strict_consumers) or to name what is wrong. inbox._check_operator_run
+-- keeps an operator's repair or replay within the consumer's rights.
 -- The caller is session_user: inside a SECURITY DEFINER function current_user is the owner, and
 -- a session may act as a consumer exactly when its login role is a member of a bound role (which
 -- is also when it could SET ROLE to it).
@@ -18,13 +19,16 @@ CREATE OR REPLACE FUNCTION inbox._consumer_base(consumer text) RETURNS text
 COMMENT ON FUNCTION inbox._consumer_base(text) IS 'internal: the name a versioned consumer is bound under';
 
 -- True when session_user is a member of a role bound to the consumer (or to its base name) for the
--- tenant (NULL tenant: any binding). Inlined into its callers; every operator schema-qualified.
+-- tenant (NULL tenant: any binding). Inlined into its callers; every operator schema-qualified, every
+-- parameter qualified with the function's name (a column of the same name would win otherwise).
 CREATE OR REPLACE FUNCTION inbox._may_act_as(consumer text, tenant text) RETURNS boolean
     LANGUAGE sql STABLE
     RETURN EXISTS (
         SELECT 1 FROM inbox.consumer_binding b
-         WHERE b.consumer OPERATOR(pg_catalog.=) ANY (ARRAY[consumer, inbox._consumer_base(consumer)])
-           AND (b.tenants IS NULL OR tenant IS NULL OR tenant OPERATOR(pg_catalog.=) ANY (b.tenants))
+         WHERE b.consumer OPERATOR(pg_catalog.=) ANY (ARRAY[_may_act_as.consumer,
+                                                             inbox._consumer_base(_may_act_as.consumer)])
+           AND (b.tenants IS NULL OR _may_act_as.tenant IS NULL
+                OR _may_act_as.tenant OPERATOR(pg_catalog.=) ANY (b.tenants))
            AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r
                         WHERE r.oid OPERATOR(pg_catalog.=) b.role
                           AND pg_catalog.pg_has_role(session_user, r.oid, 'MEMBER')));
@@ -77,6 +81,76 @@ END
 $$;
 COMMENT ON FUNCTION inbox._authorize(text, text, text) IS
     'internal: returns when session_user may act as the consumer for the tenant, else raises 42501 / 42704';
+
+-- An operator's repair or replay runs a consumer's handler, and must never do so with more rights
+-- than the consumer's own role, nor with a payload the consumer's role did not send (an operator's
+-- action never runs with more rights than the role that supplied its input). Both hold when
+--   the payload came from a member of a role bound to the consumer (recorded_by, or a replay item
+--   whose payload matches the hash the consumer stored), and
+--   the handler is SECURITY DEFINER, owned by a role that bound role is a member of: it then runs
+--   with no more than the consumer's rights, and no SET ROLE / RESET ROLE inside it can escape
+--   (PostgreSQL forbids both within a security-definer function).
+-- A SECURITY INVOKER handler would run with the operator's rights: refused, with what to do.
+-- Allowed as in 0.1.0 (the operator's rights): a consumer bound only by the upgrade from 0.1.0
+-- (legacy, with a notice, until an operator binds its real role), or one bound to nobody (only a
+-- superuser can have delivered its messages).
+CREATE OR REPLACE FUNCTION inbox._check_operator_run(fn text, consumer text, handler regprocedure, sender text,
+                                                     sender_checked boolean)
+    RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    bound oid[];
+    any_legacy boolean;
+    trusted oid[];
+    handler_owner oid;
+    handler_definer boolean;
+BEGIN
+    SELECT array_agg(b.role) FILTER (WHERE NOT b.legacy), coalesce(bool_or(b.legacy), false)
+      INTO bound, any_legacy
+      FROM inbox.consumer_binding b JOIN pg_roles r ON r.oid = b.role
+     WHERE b.consumer = ANY (ARRAY[_check_operator_run.consumer, inbox._consumer_base(_check_operator_run.consumer)]);
+    IF bound IS NULL THEN
+        IF any_legacy THEN
+            RAISE NOTICE '%: consumer % is bound only by the upgrade from 0.1.0: the handler runs with your rights', fn,
+                quote_literal(_check_operator_run.consumer)
+                USING HINT = 'Bind the consumer to its own role (docs/security.md#repair-and-replay).';
+        END IF;
+        RETURN;
+    END IF;
+    IF _check_operator_run.sender_checked THEN
+        trusted := bound;
+    ELSE
+        -- The bound roles the payload's sender belongs to (a dropped sender belongs to none).
+        trusted := ARRAY(SELECT b FROM unnest(bound) b
+                          WHERE EXISTS (SELECT 1 FROM pg_roles s WHERE s.rolname = _check_operator_run.sender)
+                            AND pg_has_role(_check_operator_run.sender, b, 'MEMBER'));
+        IF cardinality(trusted) = 0 THEN
+            RAISE EXCEPTION '%: the stored payload came from %, not from a role bound to consumer %', fn,
+                coalesce(quote_ident(_check_operator_run.sender), 'an unknown role (recorded before 0.2.0)'),
+                quote_literal(_check_operator_run.consumer)
+                USING ERRCODE = 'insufficient_privilege',
+                      DETAIL = 'Running it would apply input the consumer''s role never sent, with the consumer''s handler.',
+                      HINT = 'Discard the entry, or release it so that the consumer processes its next delivery itself.';
+        END IF;
+    END IF;
+    SELECT p.proowner, p.prosecdef INTO handler_owner, handler_definer FROM pg_proc p WHERE p.oid = _check_operator_run.handler;
+    IF NOT handler_definer OR NOT EXISTS (SELECT 1 FROM unnest(trusted) b WHERE pg_has_role(b, handler_owner, 'MEMBER')) THEN
+        RAISE EXCEPTION '%: handler % would run with more rights than consumer % has', fn, _check_operator_run.handler,
+            quote_literal(_check_operator_run.consumer)
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = CASE WHEN NOT handler_definer
+                                THEN 'It is SECURITY INVOKER: it would run with your rights, and its owner can change its body.'
+                                ELSE pg_catalog.format('It is SECURITY DEFINER owned by %s, which the consumer''s roles are not members of.',
+                                                       pg_get_userbyid(handler_owner)) END,
+                  HINT = pg_catalog.format('Have the consumer''s role own it as SECURITY DEFINER: ALTER FUNCTION %s SECURITY DEFINER SET search_path = <its schemas>, pg_temp; ALTER FUNCTION %s OWNER TO %I;',
+                                           _check_operator_run.handler, _check_operator_run.handler, pg_get_userbyid(trusted[1]));
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION inbox._check_operator_run(text, text, regprocedure, text, boolean) IS
+    'internal: may an operator run this consumer''s handler on this payload without exceeding the consumer''s rights?';
 
 CREATE OR REPLACE FUNCTION inbox._check_note(fn text, note text) RETURNS void
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE

@@ -2,14 +2,23 @@
 -- handler with the caller's rights, and let both commit with the caller's transaction. A handler's
 -- permanent error rolls back its writes and the claim (a subtransaction) and is recorded; a
 -- transient error is re-raised so that the caller retries the whole transaction.
+-- The invoker functions here run with the caller's search_path (the handler needs it), so every
+-- operator in them is schema-qualified: a caller's shadowing operator cannot change an outcome.
+-- Reworked in 0.2.0 (docs/releasing.md).
 BEGIN;
 
 SET LOCAL ROLE inbox_owner;
 
 CREATE OR REPLACE FUNCTION inbox._check_message_type(fn text, message_type text) RETURNS void
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    IF message_type <> '' AND inbox._blank(message_type) THEN
+        RAISE EXCEPTION '%: message_type must not be only whitespace', fn
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'message_type selects the handler registered with inbox.register_handler.';
+    END IF;
     IF message_type IS NULL OR message_type = '' OR pg_catalog.octet_length(message_type) > 128 THEN
         RAISE EXCEPTION '%: message_type must be a name of 1 to 128 bytes, got %', fn,
             coalesce(pg_catalog.quote_literal(pg_catalog.left(message_type, 40)), 'NULL')
@@ -21,6 +30,35 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION inbox._check_message_type(text, text) IS 'internal: validates a message type name';
+
+-- The SQLSTATEs that are not a message's fault: serialization failure, deadlock, lock timeout
+-- (40, 55P03), connection (08), resources (53), operator intervention: cancel, shutdown (57). A
+-- handler raising one is retried by the caller with the whole transaction, never recorded.
+-- Inlined; operators schema-qualified.
+CREATE OR REPLACE FUNCTION inbox._is_transient(sqlstate text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN pg_catalog.left(sqlstate, 2) OPERATOR(pg_catalog.=) ANY (ARRAY['40', '08', '53', '57'])
+        OR sqlstate OPERATOR(pg_catalog.=) '55P03';
+COMMENT ON FUNCTION inbox._is_transient(text) IS 'internal: is this SQLSTATE the caller''s to retry (not the message''s fault)?';
+
+-- The one way a registered handler is called: by claim_and_apply, repair and replay plans alike.
+-- SECURITY INVOKER, search_path not pinned: the handler runs with its caller's rights and resolves
+-- its own names with the caller's search_path (a SECURITY DEFINER handler pins its own).
+CREATE OR REPLACE FUNCTION inbox._run_handler(handler regprocedure, takes_context boolean, payload jsonb,
+                                              context inbox.message_context)
+    RETURNS void
+    LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+AS $$
+BEGIN
+    IF takes_context THEN
+        EXECUTE pg_catalog.format('SELECT %s($1, $2)', handler::regproc) USING payload, context;
+    ELSE
+        EXECUTE pg_catalog.format('SELECT %s($1)', handler::regproc) USING payload;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION inbox._run_handler(regprocedure, boolean, jsonb, inbox.message_context) IS
+    'internal: calls a registered handler with the caller''s rights (claim_and_apply, repair, replay plans)';
 
 -- Binds a SQL function to (consumer, message_type). The function takes (payload jsonb) or
 -- (payload jsonb, ctx inbox.message_context); its result is ignored. It runs with the rights of
@@ -103,6 +141,37 @@ $$;
 COMMENT ON FUNCTION inbox.register_handler(text, text, regprocedure, text) IS
     'Bind a SQL handler function (payload jsonb[, ctx inbox.message_context]) to a consumer and message type';
 
+-- A registered handler is checked again at every call: it may have been dropped, or altered into a
+-- SECURITY DEFINER function owned by a role with the inbox owner's rights, since it was registered.
+-- One syscache-backed probe of pg_proc.
+CREATE OR REPLACE FUNCTION inbox._check_handler(fn text, handler regprocedure, consumer text, message_type text)
+    RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    definer_with_inbox_rights boolean;
+BEGIN
+    SELECT p.prosecdef AND pg_has_role(p.proowner, 'inbox_owner', 'MEMBER') INTO definer_with_inbox_rights
+      FROM pg_proc p WHERE p.oid = _check_handler.handler;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '%: the handler function (OID %) registered for consumer % and message type % no longer exists',
+            fn, _check_handler.handler::oid, quote_literal(_check_handler.consumer),
+            quote_literal(_check_handler.message_type)
+            USING ERRCODE = 'undefined_function', HINT = 'Register the handler again with inbox.register_handler.';
+    END IF;
+    IF definer_with_inbox_rights THEN
+        RAISE EXCEPTION '%: handler % is now SECURITY DEFINER owned by a role with the inbox owner''s rights', fn,
+            _check_handler.handler
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = 'It would run with its owner''s rights instead of the consumer''s.',
+                  HINT = 'Make it SECURITY INVOKER again (ALTER FUNCTION ... SECURITY INVOKER), or have an unprivileged role own it.';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION inbox._check_handler(text, regprocedure, text, text) IS
+    'internal: the registered handler still exists and is not a privileged SECURITY DEFINER function';
+
 -- The definer half of claim_and_apply: validate, find the handler, hash, claim. Returns the handler
 -- to call; the caller's (invoker) half calls it, so the handler never runs with the owner's rights.
 CREATE OR REPLACE FUNCTION inbox._begin_apply(
@@ -123,9 +192,16 @@ BEGIN
         PERFORM inbox._check_identity('inbox.claim_and_apply', _begin_apply.consumer, _begin_apply.producer,
                                       _begin_apply.message_id, _begin_apply.tenant);
     END IF;
-    IF _begin_apply.message_type IS NULL OR _begin_apply.message_type = ''
+    IF _begin_apply.message_type IS NULL OR inbox._blank(_begin_apply.message_type)
        OR pg_catalog.octet_length(_begin_apply.message_type) > 128 THEN
         PERFORM inbox._check_message_type('inbox.claim_and_apply', _begin_apply.message_type);
+    END IF;
+    IF NOT inbox._may_act_as(_begin_apply.consumer, _begin_apply.tenant) THEN
+        PERFORM inbox._authorize('inbox.claim_and_apply', _begin_apply.consumer, _begin_apply.tenant);
+    END IF;
+    IF _begin_apply.produced_at > now() THEN
+        PERFORM inbox._check_produced_at('inbox.claim_and_apply', _begin_apply.consumer, _begin_apply.producer,
+                                         _begin_apply.produced_at);
     END IF;
     -- One query for the handler and the consumer's settings (NULL when unconfigured).
     SELECT h.handler, h.handler_version, h.takes_context,
@@ -142,20 +218,18 @@ BEGIN
             USING ERRCODE = 'undefined_object',
                   HINT = 'An operator registers one: SELECT inbox.register_handler(consumer, message_type, ''f(jsonb)''::regprocedure, version).';
     END IF;
-    -- A syscache probe, NULL when the function was dropped after registration.
-    IF pg_catalog.pg_get_function_result(plan.handler) IS NULL THEN
-        RAISE EXCEPTION 'inbox.claim_and_apply: the handler function (OID %) registered for consumer % and message type % no longer exists',
-            plan.handler::oid, pg_catalog.quote_literal(_begin_apply.consumer),
-            pg_catalog.quote_literal(_begin_apply.message_type)
-            USING ERRCODE = 'undefined_function', HINT = 'Register the handler again with inbox.register_handler.';
-    END IF;
+    -- The handler as it is now, not as it was registered: dropped since, or turned into a SECURITY
+    -- DEFINER function of a role with the inbox owner's rights (it would run with rights no consumer has).
+    PERFORM inbox._check_handler('inbox.claim_and_apply', plan.handler, _begin_apply.consumer, _begin_apply.message_type);
     IF settings.consumer IS NULL THEN
         settings := inbox._default_settings(_begin_apply.consumer);
     END IF;
-    IF inbox._delivery_ok(pg_column_size(_begin_apply.payload), settings.max_payload_bytes, version) IS NOT TRUE THEN
-        PERFORM inbox._check_delivery('inbox.claim_and_apply', pg_column_size(_begin_apply.payload),
+    IF inbox._delivery_ok(inbox._payload_size(_begin_apply.payload), settings.max_payload_bytes, version) IS NOT TRUE THEN
+        PERFORM inbox._check_delivery('inbox.claim_and_apply', inbox._payload_size(_begin_apply.payload),
                                       settings.max_payload_bytes, version);
     END IF;
+    -- The consumer this transaction claims for: the handler's inbox.enqueue_effect enqueues under it.
+    PERFORM pg_catalog.set_config('inbox.consumer', _begin_apply.consumer, true);
     hash := inbox.payload_hash(_begin_apply.payload, settings.hash_exclude_keys);
     -- Retention's heartbeat (sql/075_retention.sql), at most once a minute per consumer.
     IF settings.last_active_at IS NULL OR settings.last_active_at < now() - '60 seconds'::interval THEN
@@ -210,20 +284,14 @@ BEGIN
                                        claim_and_apply.message_type, claim_and_apply.payload, claim_and_apply.tenant,
                                        claim_and_apply.produced_at);
         result := prepared.claim;
-        IF result.outcome <> 'claimed' THEN
+        IF result.outcome OPERATOR(pg_catalog.<>) 'claimed' THEN
             RETURN result;
         END IF;
         handler_running := true;
-        IF prepared.takes_context THEN
-            EXECUTE pg_catalog.format('SELECT %s($1, $2)', prepared.handler::regproc)
-              USING claim_and_apply.payload,
-                    ROW(claim_and_apply.tenant, claim_and_apply.consumer, claim_and_apply.producer, claim_and_apply.message_id,
-                        claim_and_apply.message_type, claim_and_apply.produced_at,
-                        result.handler_version)::inbox.message_context;
-        ELSE
-            EXECUTE pg_catalog.format('SELECT %s($1)', prepared.handler::regproc)
-              USING claim_and_apply.payload;
-        END IF;
+        PERFORM inbox._run_handler(prepared.handler, prepared.takes_context, claim_and_apply.payload,
+                                   ROW(claim_and_apply.tenant, claim_and_apply.consumer, claim_and_apply.producer,
+                                       claim_and_apply.message_id, claim_and_apply.message_type,
+                                       claim_and_apply.produced_at, result.handler_version)::inbox.message_context);
         result.outcome := 'applied';
         RETURN result;
     EXCEPTION WHEN OTHERS OR assert_failure THEN
@@ -232,7 +300,7 @@ BEGIN
         -- Bad input fails before the handler: the caller gets the error. Transient errors
         -- (serialization, deadlock, lock timeout, cancel, shutdown, resources, connection) are the
         -- caller's to retry with the whole transaction: they are not the message's fault.
-        IF NOT handler_running OR pg_catalog.left(err_state, 2) IN ('40', '08', '53', '57') OR err_state = '55P03' THEN
+        IF NOT handler_running OR inbox._is_transient(err_state) THEN
             RAISE;
         END IF;
     END;
@@ -249,9 +317,70 @@ COMMENT ON FUNCTION inbox.claim_and_apply(text, text, text, text, jsonb, text, t
 
 -- Up to 64 messages in one transaction, each in its own subtransaction (more would overflow the
 -- per-backend subtransaction cache and slow every snapshot). The shape and identity of every
--- element are validated before the first is applied; an unknown message type or an oversize
--- payload raises when its element's turn comes. Either way the call fails as a whole, so the
--- caller's transaction keeps nothing of it. An empty array returns no rows.
+-- element are validated before the first is applied (inbox._batch_messages); an unknown message
+-- type or an oversize payload raises when its element's turn comes. Either way the call fails as a
+-- whole, so the caller's transaction keeps nothing of it. An empty array returns no rows.
+CREATE OR REPLACE FUNCTION inbox._batch_messages(consumer text, messages jsonb)
+    RETURNS TABLE (ordinal integer, producer text, message_id text, message_type text, payload jsonb, tenant text,
+                   produced_at timestamptz)
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    n integer;
+    item jsonb;
+    what text;
+BEGIN
+    IF _batch_messages.messages IS NULL THEN
+        RAISE EXCEPTION 'inbox.claim_and_apply_batch: messages must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF jsonb_typeof(_batch_messages.messages) <> 'array' THEN
+        RAISE EXCEPTION 'inbox.claim_and_apply_batch: messages must be a JSON array of message objects'
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Each element: {"producer": ..., "message_id": ..., "message_type": ..., "payload": ..., "tenant"?: ..., "produced_at"?: ...}';
+    END IF;
+    PERFORM inbox._check_identity('inbox.claim_and_apply_batch', _batch_messages.consumer, '-', '-', '');
+    n := jsonb_array_length(_batch_messages.messages);
+    IF n > 64 THEN
+        RAISE EXCEPTION 'inbox.claim_and_apply_batch: a batch holds at most 64 messages, got %', n
+            USING ERRCODE = 'program_limit_exceeded', HINT = 'Split the batch.';
+    END IF;
+    FOR i IN 0 .. n - 1 LOOP
+        item := _batch_messages.messages -> i;
+        what := format('inbox.claim_and_apply_batch: messages[%s]', i);
+        IF jsonb_typeof(item) IS DISTINCT FROM 'object' THEN
+            RAISE EXCEPTION '% must be an object', what USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF jsonb_typeof(item -> 'producer') IS DISTINCT FROM 'string'
+           OR jsonb_typeof(item -> 'message_id') IS DISTINCT FROM 'string'
+           OR jsonb_typeof(item -> 'message_type') IS DISTINCT FROM 'string'
+           OR jsonb_typeof(coalesce(item -> 'tenant', '""')) IS DISTINCT FROM 'string' THEN
+            RAISE EXCEPTION '% needs string fields producer, message_id and message_type (and tenant, if given)', what
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF NOT item ? 'payload' THEN
+            RAISE EXCEPTION '% has no payload', what USING ERRCODE = 'null_value_not_allowed';
+        END IF;
+        IF item ? 'produced_at' AND jsonb_typeof(item -> 'produced_at') NOT IN ('string', 'null') THEN
+            RAISE EXCEPTION '%.produced_at must be a timestamp string', what USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        PERFORM inbox._check_identity(what, _batch_messages.consumer, item ->> 'producer', item ->> 'message_id',
+                                      coalesce(item ->> 'tenant', ''));
+        PERFORM inbox._check_message_type(what, item ->> 'message_type');
+        ordinal := i + 1;
+        producer := item ->> 'producer';
+        message_id := item ->> 'message_id';
+        message_type := item ->> 'message_type';
+        payload := item -> 'payload';
+        tenant := coalesce(item ->> 'tenant', '');
+        produced_at := (item ->> 'produced_at')::timestamptz;
+        RETURN NEXT;
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION inbox._batch_messages(text, jsonb) IS
+    'internal: the validated elements of a claim_and_apply_batch call, in order (raises on the first bad one)';
+
 CREATE OR REPLACE FUNCTION inbox.claim_and_apply_batch(consumer text, messages jsonb)
     RETURNS TABLE (ordinal integer, tenant text, producer text, message_id text, outcome text,
                    payload_sha256 text, stored_sha256 text, handler_version text, processed_at timestamptz,
@@ -259,60 +388,18 @@ CREATE OR REPLACE FUNCTION inbox.claim_and_apply_batch(consumer text, messages j
     LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 AS $$
 DECLARE
-    n integer;
-    item jsonb;
-    what text;
+    item record;
     result inbox.delivery_result;
 BEGIN
-    IF claim_and_apply_batch.messages IS NULL THEN
-        RAISE EXCEPTION 'inbox.claim_and_apply_batch: messages must not be NULL' USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    IF pg_catalog.jsonb_typeof(claim_and_apply_batch.messages) <> 'array' THEN
-        RAISE EXCEPTION 'inbox.claim_and_apply_batch: messages must be a JSON array of message objects'
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Each element: {"producer": ..., "message_id": ..., "message_type": ..., "payload": ..., "tenant"?: ..., "produced_at"?: ...}';
-    END IF;
-    PERFORM inbox._check_identity('inbox.claim_and_apply_batch', claim_and_apply_batch.consumer, '-', '-', '');
-    n := pg_catalog.jsonb_array_length(claim_and_apply_batch.messages);
-    IF n > 64 THEN
-        RAISE EXCEPTION 'inbox.claim_and_apply_batch: a batch holds at most 64 messages, got %', n
-            USING ERRCODE = 'program_limit_exceeded', HINT = 'Split the batch.';
-    END IF;
-
-    FOR i IN 0 .. n - 1 LOOP
-        item := claim_and_apply_batch.messages -> i;
-        what := pg_catalog.format('inbox.claim_and_apply_batch: messages[%s]', i);
-        IF pg_catalog.jsonb_typeof(item) IS DISTINCT FROM 'object' THEN
-            RAISE EXCEPTION '% must be an object', what USING ERRCODE = 'invalid_parameter_value';
-        END IF;
-        IF pg_catalog.jsonb_typeof(item -> 'producer') IS DISTINCT FROM 'string'
-           OR pg_catalog.jsonb_typeof(item -> 'message_id') IS DISTINCT FROM 'string'
-           OR pg_catalog.jsonb_typeof(item -> 'message_type') IS DISTINCT FROM 'string'
-           OR pg_catalog.jsonb_typeof(coalesce(item -> 'tenant', '""')) IS DISTINCT FROM 'string' THEN
-            RAISE EXCEPTION '% needs string fields producer, message_id and message_type (and tenant, if given)', what
-                USING ERRCODE = 'invalid_parameter_value';
-        END IF;
-        IF NOT item ? 'payload' THEN
-            RAISE EXCEPTION '% has no payload', what USING ERRCODE = 'null_value_not_allowed';
-        END IF;
-        IF item ? 'produced_at' AND pg_catalog.jsonb_typeof(item -> 'produced_at') NOT IN ('string', 'null') THEN
-            RAISE EXCEPTION '%.produced_at must be a timestamp string', what USING ERRCODE = 'invalid_parameter_value';
-        END IF;
-        PERFORM (item ->> 'produced_at')::timestamptz;
-        PERFORM inbox._check_identity(what, claim_and_apply_batch.consumer, item ->> 'producer', item ->> 'message_id',
-                                      coalesce(item ->> 'tenant', ''));
-        PERFORM inbox._check_message_type(what, item ->> 'message_type');
-    END LOOP;
-
-    FOR i IN 0 .. n - 1 LOOP
-        item := claim_and_apply_batch.messages -> i;
-        result := inbox.claim_and_apply(claim_and_apply_batch.consumer, item ->> 'producer', item ->> 'message_id',
-                                        item ->> 'message_type', item -> 'payload', coalesce(item ->> 'tenant', ''),
-                                        (item ->> 'produced_at')::timestamptz);
-        ordinal := i + 1;
-        tenant := coalesce(item ->> 'tenant', '');
-        producer := item ->> 'producer';
-        message_id := item ->> 'message_id';
+    -- Every element is parsed and validated before the first is applied (the set is materialized).
+    FOR item IN SELECT * FROM inbox._batch_messages(claim_and_apply_batch.consumer, claim_and_apply_batch.messages)
+    LOOP
+        result := inbox.claim_and_apply(claim_and_apply_batch.consumer, item.producer, item.message_id,
+                                        item.message_type, item.payload, item.tenant, item.produced_at);
+        ordinal := item.ordinal;
+        tenant := item.tenant;
+        producer := item.producer;
+        message_id := item.message_id;
         outcome := result.outcome;
         payload_sha256 := result.payload_sha256;
         stored_sha256 := result.stored_sha256;
@@ -334,9 +421,14 @@ REVOKE ALL ON FUNCTION inbox.register_handler(text, text, regprocedure, text),
     inbox.claim_and_apply(text, text, text, text, jsonb, text, timestamptz),
     inbox.claim_and_apply_batch(text, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION inbox.register_handler(text, text, regprocedure, text) TO inbox_operator;
+GRANT EXECUTE ON FUNCTION inbox._is_transient(text),
+    inbox._run_handler(regprocedure, boolean, jsonb, inbox.message_context) TO inbox_operator;
 GRANT EXECUTE ON FUNCTION inbox._begin_apply(text, text, text, text, jsonb, text, timestamptz),
     inbox.claim_and_apply(text, text, text, text, jsonb, text, timestamptz),
     inbox.claim_and_apply_batch(text, jsonb),
+    inbox._batch_messages(text, jsonb),
+    inbox._is_transient(text),
+    inbox._run_handler(regprocedure, boolean, jsonb, inbox.message_context),
     inbox._check_identity(text, text, text, text, text),
     inbox._check_message_type(text, text) TO inbox_consumer;
 

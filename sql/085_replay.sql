@@ -1,4 +1,6 @@
--- pginbox: replay's functions (tables in 080_replay_tables.sql).
+-- pginbox: replay's functions (tables in 080_replay_tables.sql). Reworked in 0.2.0: a plan runs its
+-- handler only within the consumer's rights (inbox._check_operator_run: SECURITY DEFINER, owned by
+-- the consumer's role; the items' payloads match the hashes the consumer stored).
 BEGIN;
 
 SET LOCAL ROLE inbox_owner;
@@ -30,6 +32,7 @@ GRANT SELECT ON inbox.replay_status TO inbox_reader, inbox_operator;
 -- digits, '.', '_' or '-', starting with a letter or digit; the result is at most 128 bytes.
 CREATE OR REPLACE FUNCTION inbox.versioned_consumer(base text, version text) RETURNS text
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF base IS NULL OR version IS NULL THEN
@@ -64,6 +67,7 @@ CREATE OR REPLACE FUNCTION inbox.replay_operation_id(plan_id bigint, consumer te
                                           tenant text DEFAULT '')
     RETURNS text
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF replay_operation_id.plan_id IS NULL OR replay_operation_id.consumer IS NULL OR replay_operation_id.producer IS NULL
@@ -422,6 +426,8 @@ BEGIN
     END IF;
     plan := inbox._lock_replay_plan(fn, _replay_run_start.plan_id);
     PERFORM inbox._check_plan_active(fn, plan);
+    -- The payloads are the consumer's own (add_replay_items checked them against the stored hashes).
+    PERFORM inbox._check_operator_run(fn, plan.consumer, plan.handler, NULL, true);
     IF plan.status = 'stopped_version_changed' THEN
         SELECT h.* INTO registered FROM inbox.handler h
          WHERE h.consumer = plan.consumer AND h.message_type = plan.message_type;
@@ -619,40 +625,36 @@ BEGIN
     plan := inbox._replay_run_start(run_replay_plan.plan_id, run_replay_plan.max_items);
     FOR i IN 1 .. run_replay_plan.max_items LOOP
         step := inbox._replay_next(plan.plan_id);
-        EXIT WHEN step.action IN ('stop', 'done');
-        IF step.action = 'skipped' THEN
-            skipped_now := skipped_now + 1;
+        EXIT WHEN step.action OPERATOR(pg_catalog.=) ANY (ARRAY['stop', 'done']);
+        IF step.action OPERATOR(pg_catalog.=) 'skipped' THEN
+            skipped_now := skipped_now OPERATOR(pg_catalog.+) 1;
             CONTINUE;
         END IF;
         handler_running := false;
         BEGIN
             IF inbox._begin_replay_item(plan.plan_id, step.item_no) THEN
                 handler_running := true;
-                IF step.takes_context THEN
-                    EXECUTE pg_catalog.format('SELECT %s($1, $2)', step.handler::regproc) USING step.payload, step.context;
-                ELSE
-                    EXECUTE pg_catalog.format('SELECT %s($1)', step.handler::regproc) USING step.payload;
-                END IF;
-                applied_now := applied_now + 1;
+                PERFORM inbox._run_handler(step.handler, step.takes_context, step.payload, step.context);
+                applied_now := applied_now OPERATOR(pg_catalog.+) 1;
             ELSE
-                skipped_now := skipped_now + 1;
+                skipped_now := skipped_now OPERATOR(pg_catalog.+) 1;
             END IF;
         EXCEPTION WHEN OTHERS OR assert_failure THEN
             GET STACKED DIAGNOSTICS err_state = RETURNED_SQLSTATE, err_message = MESSAGE_TEXT,
                                     err_constraint = CONSTRAINT_NAME;
-            IF NOT handler_running OR pg_catalog.left(err_state, 2) IN ('40', '08', '53', '57') OR err_state = '55P03' THEN
+            IF NOT handler_running OR inbox._is_transient(err_state) THEN
                 RAISE;
             END IF;
             PERFORM inbox._replay_item_failed(plan.plan_id, step.item_no, inbox._reason_code(err_state, err_constraint),
                                               err_message);
-            failed_now := failed_now + 1;
+            failed_now := failed_now OPERATOR(pg_catalog.+) 1;
         END;
     END LOOP;
     result := inbox._replay_run_finish(plan.plan_id);
     result.applied_now := applied_now;
     result.failed_now := failed_now;
     result.skipped_now := skipped_now;
-    IF result.status = 'stopped_version_changed' THEN
+    IF result.status OPERATOR(pg_catalog.=) 'stopped_version_changed' THEN
         RAISE WARNING 'inbox.run_replay_plan: replay plan % stopped: the handler registered for consumer % and message type % is no longer the pinned % version %',
             plan.plan_id, pg_catalog.quote_literal(plan.consumer), pg_catalog.quote_literal(plan.message_type),
             plan.handler, pg_catalog.quote_literal(plan.handler_version)

@@ -36,4 +36,10 @@ BEGIN
 END
 $verify$;
 
+SELECT 'inbox._is_transient(text)'::regprocedure, 'inbox._batch_messages(text, jsonb)'::regprocedure,
+       'inbox._check_handler(text, regprocedure, text, text)'::regprocedure,
+       'inbox._run_handler(regprocedure, boolean, jsonb, inbox.message_context)'::regprocedure;
+SELECT 1 / (p.prosrc LIKE '%inbox._may_act_as(%')::integer FROM pg_catalog.pg_proc p
+ WHERE p.oid = 'inbox._begin_apply(text, text, text, text, jsonb, text, timestamptz)'::regprocedure;
+
 ROLLBACK;

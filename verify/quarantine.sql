@@ -42,4 +42,8 @@ BEGIN
 END
 $verify$;
 
+-- 0.2.0: repair stays within the consumer's rights.
+SELECT 1 / (p.prosrc LIKE '%inbox._check_operator_run(%')::integer FROM pg_catalog.pg_proc p
+ WHERE p.oid = 'inbox._begin_repair(bigint, text)'::regprocedure;
+
 ROLLBACK;

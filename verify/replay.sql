@@ -112,4 +112,8 @@ BEGIN
 END
 $verify$;
 
+-- 0.2.0: a plan stays within the consumer's rights.
+SELECT 1 / (p.prosrc LIKE '%inbox._check_operator_run(%')::integer FROM pg_catalog.pg_proc p
+ WHERE p.oid = 'inbox._replay_run_start(bigint, integer)'::regprocedure;
+
 ROLLBACK;

@@ -20,11 +20,13 @@ SELECT 'inbox._retention_window(inbox.retention_policy)'::regprocedure,
        'inbox.announce_purge(text, text)'::regprocedure,
        'inbox._running_transactions()'::regprocedure,
        'inbox.purge_batch(text, text, integer)'::regprocedure,
-       'inbox.purge(text, text, integer, integer, interval, bigint, text)'::regprocedure;
+       'inbox.purge(text, text, integer, integer, interval, bigint, text, interval)'::regprocedure,
+       'inbox._check_purge_call(integer, integer, interval, interval)'::regprocedure, 'inbox._announced(text[])'::regprocedure,
+       'inbox._announced_detail(text)'::regprocedure;
 
 DO $$
 BEGIN
-    IF NOT pg_catalog.has_function_privilege('inbox_operator', 'inbox.purge(text, text, integer, integer, interval, bigint, text)', 'EXECUTE')
+    IF NOT pg_catalog.has_function_privilege('inbox_operator', 'inbox.purge(text, text, integer, integer, interval, bigint, text, interval)', 'EXECUTE')
        OR NOT pg_catalog.has_function_privilege('inbox_operator', 'inbox.purge_batch(text, text, integer)', 'EXECUTE')
        OR NOT pg_catalog.has_function_privilege('inbox_operator', 'inbox.set_retention_policy(text, text, interval, interval, interval, interval, interval, interval, interval, interval, text)', 'EXECUTE') THEN
         RAISE EXCEPTION 'inbox_operator must be able to set retention policies and purge';

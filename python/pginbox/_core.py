@@ -19,7 +19,7 @@ from pginbox.outcomes import InboxStats, Message, Outcome, Result
 from pginbox.retry import TransientKind
 
 #: Versions of `inbox.schema_version()` this package works with.
-SUPPORTED_SCHEMA_VERSIONS: Final = frozenset({1})
+SUPPORTED_SCHEMA_VERSIONS: Final = frozenset({1, 2})
 
 #: inbox.claim_and_apply_batch takes at most this many messages; handle_batch uses the same chunks
 #: (one subtransaction per message: more would overflow the backend's subtransaction cache).

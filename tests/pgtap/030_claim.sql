@@ -171,7 +171,7 @@ SELECT throws_ok($$SELECT inbox.claim('tap-v', 'p', 'mv', '{}', repeat('v', 129)
 SELECT throws_ok(format($$SELECT inbox.claim('tap-v', 'p', 'mv', %L::jsonb)$$, jsonb_build_object('k', repeat('x', 1048576))),
                  '54000',
                  format('inbox.claim: payload is %s bytes, the consumer''s limit is 1048576 bytes',
-                        pg_column_size(jsonb_build_object('k', repeat('x', 1048576)))),
+                        octet_length((jsonb_build_object('k', repeat('x', 1048576)))::text)),
                  'claim: a payload over the default 1 MiB limit is 54000');
 SELECT throws_ok($$SELECT inbox.claim_bytea(NULL, 'p', 'mv', '\x00')$$, '22004',
                  'inbox.claim_bytea: consumer must not be NULL', 'claim_bytea: NULL consumer is 22004');
@@ -233,7 +233,7 @@ SELECT is((SELECT q.payload_sha256 = inbox.payload_hash('{"a": 2}') FROM inbox.q
 SELECT public.tap_writes() AS w0 \gset
 SELECT throws_ok($$SELECT inbox.claim('tap-cfg', 'p', 'x-big', jsonb_build_object('k', repeat('x', 300)))$$, '54000',
                  format('inbox.claim: payload is %s bytes, the consumer''s limit is 200 bytes',
-                        pg_column_size(jsonb_build_object('k', repeat('x', 300)))),
+                        octet_length((jsonb_build_object('k', repeat('x', 300)))::text)),
                  'max_payload_bytes: a payload over the consumer''s limit is 54000');
 SELECT throws_ok($$SELECT inbox.claim_bytea('tap-cfg', 'p', 'x-big', decode(repeat('00', 201), 'hex'))$$, '54000',
                  'inbox.claim_bytea: payload is 201 bytes, the consumer''s limit is 200 bytes',
@@ -297,11 +297,11 @@ SELECT lives_ok($$SELECT inbox.configure_consumer('tap-bounds', max_attempts => 
                   SELECT inbox.configure_consumer('tap-bounds', max_attempts => 1, max_payload_bytes => 1)$$,
                 'configure_consumer: the bounds 1..1000 and 1..104857600 are inclusive');
 
--- The limit is on pg_column_size(payload), jsonb's binary size (documented): cheap, no text
--- serialisation on the hot path. A payload of exactly max_payload_bytes is accepted.
-SELECT inbox.configure_consumer('tap-size', max_payload_bytes => pg_column_size('{"k": "aaaaaaaaaaaaaaaaaaaaaa"}'::jsonb)) \g /dev/null
+-- The limit is on the length of the payload's JSON text (documented; since 0.2.0: pg_column_size
+-- was the stored size, compressed for a value read from a table). Exactly max_payload_bytes passes.
+SELECT inbox.configure_consumer('tap-size', max_payload_bytes => octet_length('{"k": "aaaaaaaaaaaaaaaaaaaaaa"}'::jsonb::text)) \g /dev/null
 SELECT lives_ok($$SELECT inbox.claim('tap-size', 'p', 's1', '{"k": "aaaaaaaaaaaaaaaaaaaaaa"}')$$,
-                'max_payload_bytes: a payload of exactly the limit (pg_column_size) is accepted');
+                'max_payload_bytes: a payload of exactly the limit (its JSON text) is accepted');
 SELECT throws_ok($$SELECT inbox.claim('tap-size', 'p', 's2', '{"k": "aaaaaaaaaaaaaaaaaaaaaaa"}')$$, '54000', NULL,
                  'max_payload_bytes: one byte over the limit is 54000');
 
@@ -412,7 +412,7 @@ SELECT throws_ok($$SELECT inbox.record_failure('tap-rf', 'p', 'f9', '{}', 'X1', 
                  'record_failure: empty handler_version is 22023');
 SELECT throws_ok($$SELECT inbox.record_failure('tap-cfg', 'p', 'f9', jsonb_build_object('k', repeat('x', 300)), 'X1')$$,
                  '54000', format('inbox.record_failure: payload is %s bytes, the consumer''s limit is 200 bytes',
-                                 pg_column_size(jsonb_build_object('k', repeat('x', 300)))),
+                                 octet_length((jsonb_build_object('k', repeat('x', 300)))::text)),
                  'record_failure: a payload over the consumer''s limit is 54000');
 SELECT is(public.tap_writes(), :w0::bigint, 'record_failure: none of the rejected calls above tried to write');
 
@@ -517,7 +517,7 @@ SELECT throws_ok($$SELECT inbox.record_start('tap-rs', 'p', 'r9', handler_versio
                  'inbox.record_start: handler_version must not be NULL or empty', 'record_start: empty handler_version is 22023');
 SELECT throws_ok($$SELECT inbox.record_start('tap-cfg', 'p', 'r9', payload => jsonb_build_object('k', repeat('x', 300)))$$,
                  '54000', format('inbox.record_start: payload is %s bytes, the consumer''s limit is 200 bytes',
-                                 pg_column_size(jsonb_build_object('k', repeat('x', 300)))),
+                                 octet_length((jsonb_build_object('k', repeat('x', 300)))::text)),
                  'record_start: a payload over the consumer''s limit is 54000');
 SELECT is(public.tap_writes(), :w0::bigint, 'record_start: none of the rejected calls above tried to write');
 

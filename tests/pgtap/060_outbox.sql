@@ -832,8 +832,8 @@ SELECT is((SELECT (reported_by, report)::text FROM inbox.outbox_fenced_report OR
 
 -- The reader sees state, not payloads, headers or response bodies.
 SET ROLE tap_ob_reader;
-SELECT lives_ok($$SELECT effect_id, destination, payload_sha256, ordering_key, order_seq, status, attempts, available_at,
-                         created_at, created_xid, lease_token, leased_by, lease_expires_at, last_attempt_at, last_error,
+SELECT lives_ok($$SELECT effect_id, destination, ordering_key, order_seq, status, attempts, available_at,
+                         created_at, created_xid, lease_token, leased_by, lease_expires_at, last_attempt_at,
                          last_status_code, last_duration_ms, delivered_at, dead_reason FROM inbox.outbox$$,
                 'reader: can read the state columns of inbox.outbox');
 SELECT lives_ok($$SELECT * FROM inbox.outbox_destination; SELECT * FROM inbox.outbox_redrive;

@@ -196,8 +196,8 @@ SELECT is((SELECT (outcome, reason_code, quarantine_id IS NOT NULL)::text
              FROM inbox.claim_and_apply('tr', 'p', 'old-3', 'credit', '{"id": "old-3"}', '', now() - interval '30 days')),
           '(expired,expired,t)', 'claim_and_apply: a purged message redelivered is expired');
 SELECT is((SELECT count(*)::integer FROM tapr.ledger WHERE message_id = 'old-3'), 1, 'expired: the handler did not run again');
-SELECT is((SELECT count(*)::integer FROM inbox.message WHERE consumer = 'tr' AND message_id = 'old-3'), 0,
-          'expired: the claim row was undone');
+SELECT is((SELECT status::text FROM inbox.message WHERE consumer = 'tr' AND message_id = 'old-3'), 'quarantined',
+          'expired: the claim row became a hold (0.2.0): every later delivery meets it');
 SELECT is((SELECT (kind, status, reason_code, message_type, payload, deliveries)::text FROM inbox.quarantine
             WHERE consumer = 'tr' AND message_id = 'old-3'), '(expired,open,expired,credit,"{""id"": ""old-3""}",1)',
           'expired: a quarantine entry of kind expired with the payload');
@@ -239,11 +239,12 @@ SELECT is((SELECT outcome FROM inbox.claim_and_apply('tr', 'p', 'old-3', 'credit
           'applied', 'release: the next delivery of an expired identity is applied');
 SELECT is((SELECT outcome FROM inbox.claim_and_apply('tr', 'p', 'old-3', 'credit', '{"id": "old-3"}', '', now() - interval '30 days')),
           'duplicate', 'release: and the one after is a duplicate');
--- discarded: the entry closes, redeliveries stay expired.
+-- discarded: the entry closes and the identity is discarded (0.2.0, as for failure entries):
+-- redeliveries are duplicates.
 DO $$ BEGIN PERFORM inbox.discard((SELECT quarantine_id FROM inbox.quarantine WHERE consumer = 'tr' AND message_id = 'old-4'),
                                  'already applied'); END $$;
 SELECT is((SELECT (outcome, quarantine_id IS NOT NULL)::text FROM inbox.claim_bytea('tr', 'p', 'old-4', '\x01', 'v1', '', now() - interval '30 days')),
-          '(expired,t)', 'discard: redeliveries stay expired');
+          '(duplicate,f)', 'discard: redeliveries are duplicates');
 SELECT is((SELECT status FROM inbox.quarantine WHERE consumer = 'tr' AND message_id = 'old-4'), 'discarded',
           'discard: the entry stays closed');
 -- repaired: a never-seen message produced before the watermark is expired too; the operator
@@ -302,7 +303,7 @@ SELECT is((SELECT count(*)::integer FROM inbox.retention_status WHERE consumer =
 SELECT function_returns('inbox', 'purge_batch', ARRAY['text', 'text', 'integer'], 'setof record', 'purge_batch returns rows');
 SELECT ok(pg_catalog.has_function_privilege('inbox_reader', 'inbox.retention_window(text, text)', 'EXECUTE'),
           'readers may compute a window');
-SELECT ok(NOT pg_catalog.has_function_privilege('inbox_consumer', 'inbox.purge(text, text, integer, integer, interval, bigint, text)', 'EXECUTE'),
+SELECT ok(NOT pg_catalog.has_function_privilege('inbox_consumer', 'inbox.purge(text, text, integer, integer, interval, bigint, text, interval)', 'EXECUTE'),
           'consumers may not purge');
 
 SELECT * FROM finish();

@@ -8,7 +8,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(284);
+SELECT plan(290);
 
 -- ================================================================== catalog meta-tests
 SELECT set_eq($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc p
@@ -23,7 +23,7 @@ SELECT set_eq($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc
                     'metrics', 'metrics_rollup', 'configure_metrics',
                     'create_replay_plan', 'add_replay_items', 'accept_replay_version', 'cancel_replay_plan',
                     '_replay_run_start', '_replay_next', '_begin_replay_item', '_replay_item_failed',
-                    '_replay_run_finish'],
+                    '_replay_run_finish', 'bind_consumer', 'unbind_consumer', 'configure_security'],
               'exactly the expected functions in schema inbox are SECURITY DEFINER');
 SELECT is_empty($$SELECT p.oid::regprocedure::text, p.proconfig::text FROM pg_catalog.pg_proc p
                    WHERE p.pronamespace = 'inbox'::regnamespace AND p.prosecdef
@@ -116,7 +116,8 @@ SELECT set_eq(format($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.
                                  'record_failure', '_begin_apply', '_check_identity', '_check_message_type',
                                  '_reason_code', 'payload_hash', 'schema_version', 'schema_release', 'enqueue_effect',
                                  'effect_id',
-                                 '_check_text', 'versioned_consumer'], 1),
+                                 '_check_text', 'versioned_consumer', '_batch_messages', '_is_transient',
+                                 '_run_handler', '_blank'], 1),
         ('inbox_operator', ARRAY['register_handler', 'configure_consumer', 'repair', 'discard', 'release',
                                  '_begin_repair', '_repair_failed', '_reason_code', 'payload_hash',
                                  'schema_version', 'schema_release', 'configure_destination', 'redrive_effect',
@@ -127,8 +128,10 @@ SELECT set_eq(format($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.
                                  'create_replay_plan', 'add_replay_items', 'accept_replay_version',
                                  'cancel_replay_plan', '_replay_run_start', '_replay_next', '_begin_replay_item',
                                  '_replay_item_failed', '_replay_run_finish', 'run_replay_plan',
-                                 'versioned_consumer', 'replay_operation_id'], 2),
-        ('inbox_reader', ARRAY['payload_hash', 'schema_version', 'schema_release', 'retention_window', '_retention_window',
+                                 'versioned_consumer', 'replay_operation_id', '_is_transient', '_run_handler', '_blank',
+                                 '_check_purge_call', '_announced', '_announced_detail', 'bind_consumer',
+                                 'unbind_consumer', 'configure_security'], 2),
+        ('inbox_reader', ARRAY['schema_version', 'schema_release', 'retention_window', '_retention_window',
                                '_active_cutoff', 'metrics', 'versioned_consumer', 'replay_operation_id'], 3),
         ('inbox_dispatcher', ARRAY['claim_effects', 'complete_effect', 'fail_effect', 'extend_lease', 'dispatcher_idle',
                                    'complete_effects', 'fail_effects', 'purge_delivered_effects', 'schema_version',
@@ -143,7 +146,7 @@ SELECT table_privs_are('inbox', t, r, ARRAY[]::text[], r || ' has no privilege o
                     'outbox_waiter', 'outbox_discard']) t
  CROSS JOIN unnest(ARRAY['inbox_consumer', 'inbox_dispatcher']) r;
 SELECT table_privs_are('inbox', t, 'inbox_reader', ARRAY['SELECT'], 'inbox_reader may only SELECT inbox.' || t)
-  FROM unnest(ARRAY['message', 'attempt', 'quarantine_decision', 'consumer_config', 'handler', 'handler_registration',
+  FROM unnest(ARRAY['consumer_config', 'handler', 'handler_registration',
                     'outbox_destination', 'outbox_redrive', 'outbox_fenced_report', 'outbox_waiter', 'outbox_discard']) t;
 SELECT table_privs_are('inbox', t, 'inbox_operator', ARRAY['SELECT'], 'inbox_operator may only SELECT inbox.' || t)
   FROM unnest(ARRAY['message', 'attempt', 'quarantine', 'quarantine_decision', 'consumer_config', 'handler',
@@ -160,8 +163,17 @@ SELECT column_privs_are('inbox', 'quarantine', c, 'inbox_reader', ARRAY[]::text[
   FROM unnest(ARRAY['payload', 'payload_bytes']) c;
 SELECT column_privs_are('inbox', 'quarantine', c, 'inbox_reader', ARRAY['SELECT'],
                         'inbox_reader can read inbox.quarantine.' || c)
-  FROM unnest(ARRAY['quarantine_id', 'consumer', 'message_id', 'kind', 'payload_sha256', 'payload_ref', 'reason_code',
+  FROM unnest(ARRAY['quarantine_id', 'consumer', 'message_id', 'kind', 'payload_ref', 'reason_code',
                     'status']) c;
+-- Readers see reason codes and counts, not error texts or payload hashes (0.2.0).
+SELECT column_privs_are('inbox', x.t, x.c, 'inbox_reader', ARRAY[]::text[],
+                        'inbox_reader cannot read inbox.' || x.t || '.' || x.c)
+  FROM (VALUES ('quarantine', 'payload_sha256'), ('quarantine', 'stored_sha256'), ('quarantine', 'error_message'),
+               ('message', 'payload_sha256'), ('attempt', 'error_message'), ('attempt', 'payload_sha256'),
+               ('quarantine_decision', 'error_message')) AS x(t, c);
+SELECT table_privs_are('inbox', t, 'inbox_reader', ARRAY[]::text[],
+                       'inbox_reader has no table-wide privilege on inbox.' || t || ' (column grants only)')
+  FROM unnest(ARRAY['message', 'attempt', 'quarantine_decision']) t;
 SELECT is_empty($$SELECT c.oid::regclass::text FROM pg_catalog.pg_class c
                    WHERE c.relnamespace = 'inbox'::regnamespace AND c.relkind = 'S'
                      AND (pg_catalog.has_sequence_privilege('inbox_consumer', c.oid, 'USAGE, UPDATE, SELECT')
@@ -340,9 +352,11 @@ SELECT has_table('public', 'account', 'hostile names dropped nothing');
 -- ================================================================== the reader
 SET ROLE tap_sec_reader;
 SELECT lives_ok($$SELECT consumer, message_id, status FROM inbox.message$$, 'reader: can SELECT inbox.message');
-SELECT lives_ok($$SELECT * FROM inbox.attempt; SELECT * FROM inbox.quarantine_decision; SELECT * FROM inbox.handler$$,
-                'reader: can SELECT attempts, decisions and handlers');
-SELECT lives_ok($$SELECT quarantine_id, kind, reason_code, payload_sha256, status, deliveries FROM inbox.quarantine$$,
+SELECT lives_ok($$SELECT consumer, message_id, started, failed, reason_code FROM inbox.attempt;
+                   SELECT decision_id, decision, result, note, reason_code FROM inbox.quarantine_decision;
+                   SELECT * FROM inbox.handler$$,
+                'reader: can SELECT attempts, decisions and handlers (without error texts)');
+SELECT lives_ok($$SELECT quarantine_id, kind, reason_code, status, deliveries FROM inbox.quarantine$$,
                 'reader: can SELECT the non-payload columns of inbox.quarantine');
 SELECT throws_ok($$SELECT payload FROM inbox.quarantine$$, '42501', 'permission denied for table quarantine',
                  'reader: cannot SELECT inbox.quarantine.payload');
@@ -356,7 +370,7 @@ SELECT throws_ok($$SELECT inbox.discard(1, 'n')$$, '42501', 'permission denied f
                  'reader: cannot discard');
 SELECT throws_ok($$DELETE FROM inbox.message$$, '42501', 'permission denied for table message',
                  'reader: cannot DELETE from inbox.message');
-SELECT is(inbox.schema_version(), 1, 'reader: can check schema_version()');
+SELECT is(inbox.schema_version(), 2, 'reader: can check schema_version()');
 RESET ROLE;
 
 -- ================================================================== the operator

@@ -7,6 +7,8 @@ db_dsn           (function) conninfo of a fresh clone of template_db, dropped af
 conn             (function) autocommit connection to db_dsn.
 private_cluster  (function) a cluster of its own (schema deployed in database `pginbox`) that a
                             test may crash with `stop("immediate")`; removed afterwards.
+login_role       (function) factory: login_role("inbox_consumer") creates a LOGIN role granted only
+                            that group role and returns its conninfo to db_dsn; dropped afterwards.
 make_cluster(path)          helper: a started private cluster under `path`.
 dsn_for(base, dbname)       helper: conninfo for `dbname`.
 """
@@ -17,7 +19,7 @@ import os
 import stat
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -132,3 +134,27 @@ def private_cluster(tmp_path: Path) -> Iterator[Cluster]:
         yield cluster
     finally:
         cluster.destroy()
+
+
+@pytest.fixture
+def login_role(db_dsn: str) -> Iterator[Callable[..., str]]:
+    """Creates LOGIN roles granted only the named group roles (as an attacker or a service would
+    have them) and returns a conninfo for each; drops them, and what they own, afterwards."""
+    created: list[str] = []
+
+    def make(*groups: str) -> str:
+        name = f"t_role_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(db_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+            created.append(name)
+            for group in groups:
+                admin.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(group), sql.Identifier(name)))
+        params = {k: v for k, v in conninfo_to_dict(db_dsn).items() if v is not None}
+        params["user"] = name
+        return make_conninfo("", **params)
+
+    yield make
+    with psycopg.connect(db_dsn, autocommit=True) as admin:
+        for name in created:
+            admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
