@@ -27,7 +27,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pginbox.cli import main
-from pginbox.operator import OperatorError
+from pginbox.ops.quarantine import OperatorError
 
 CONSUMER = "billing"
 

@@ -16,9 +16,9 @@ import pytest
 from click.testing import CliRunner
 from conftest import _let_postgres_in
 
-from pginbox import simulation
 from pginbox.cli import main
-from pginbox.cluster import Cluster
+from pginbox.demo import act2_simulation as simulation
+from pginbox.devtools.cluster import Cluster
 
 INVARIANT_LINES = (
     "OK: every message applied at most once; every committed one exactly once.",  # act 1

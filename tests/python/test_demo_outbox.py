@@ -12,7 +12,7 @@ import subprocess
 import psycopg
 from test_demo import counted, run_demo
 
-from pginbox import demo_outbox
+from pginbox.demo import act3_outbox as demo_outbox
 
 PROOF_LINES = (
     "processed messages has one domain row and its",

@@ -56,7 +56,7 @@ from pginbox import (
     TransientKind,
     is_transient,
 )
-from pginbox.retry import classify
+from pginbox.client.retry import classify
 
 Conn = psycopg.Connection[Any]
 CHILD = Path(__file__).with_name("_library_child.py")

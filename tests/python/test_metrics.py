@@ -31,7 +31,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg_pool import ConnectionPool
 
 from pginbox import Inbox, Message, Outcome, RetryPolicy
-from pginbox.metrics import DatabaseCollector, InboxCollector
+from pginbox.ops.metrics import DatabaseCollector, InboxCollector
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "docs" / "alerts" / "pginbox.rules.yml"

@@ -21,8 +21,8 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
-from pginbox import retention
 from pginbox.cli import main
+from pginbox.ops import retention
 
 CONSUMER = "billing"
 PRODUCER = "shop"

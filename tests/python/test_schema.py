@@ -30,8 +30,8 @@ from conftest import (
 )
 from psycopg import sql
 
-from pginbox import sqitch
-from pginbox.cluster import Cluster, find_bindir
+from pginbox.devtools.cluster import Cluster, find_bindir
+from pginbox.schema import sqitch
 
 SQL_DIR = REPO_ROOT / "sql"
 # pg_dump lines that say nothing about the schema (the \restrict key changes on every run).

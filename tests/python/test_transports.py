@@ -18,7 +18,6 @@ from typing import Any
 import httpcore
 import pytest
 
-from pginbox import transports
 from pginbox.transports import (
     AmbiguousDelivery,
     CallableTransport,
@@ -28,6 +27,7 @@ from pginbox.transports import (
     WebhookTransport,
     load_config,
 )
+from pginbox.transports import webhook as transports
 
 LOCAL = ["127.0.0.1"]
 

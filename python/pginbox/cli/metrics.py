@@ -19,7 +19,7 @@ import click
 from prometheus_client import CollectorRegistry
 
 from pginbox.cli import _connect, _database, _dsn_option, _echo_json, _table
-from pginbox.metrics import DatabaseCollector, MetricRow, fetch_metrics, serve
+from pginbox.ops.metrics import DatabaseCollector, MetricRow, fetch_metrics, serve
 
 __all__ = ["metrics_group", "stats"]
 

@@ -17,8 +17,9 @@ from typing import Any, TextIO
 
 import click
 
-from pginbox import operator, replay
 from pginbox.cli import _connect, _dsn_option, _echo_json, _table
+from pginbox.ops import quarantine as operator
+from pginbox.ops import replay
 
 __all__ = ["replay_group"]
 

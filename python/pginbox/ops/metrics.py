@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from psycopg_pool import ConnectionPool
 
-from pginbox.outcomes import InboxStats
+from pginbox.client.outcomes import InboxStats
 
 __all__ = [
     "METRICS_QUERY",

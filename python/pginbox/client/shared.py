@@ -14,9 +14,9 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.types.json import Jsonb
 
+from pginbox.client.outcomes import InboxStats, Message, Outcome, Result
+from pginbox.client.retry import TransientKind
 from pginbox.errors import PginboxError, SchemaAccessError, SchemaVersionError
-from pginbox.outcomes import InboxStats, Message, Outcome, Result
-from pginbox.retry import TransientKind
 
 #: Versions of `inbox.schema_version()` this package works with.
 SUPPORTED_SCHEMA_VERSIONS: Final = frozenset({1})

@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 
 import click
 
-from pginbox import retention
 from pginbox.cli import _connect, _dsn_option, _echo_json, _table
+from pginbox.ops import retention
 
 EXIT_NO_POLICY = 3
 EXIT_TIMEOUT = 75

@@ -1,23 +1,16 @@
-"""`Inbox`: the synchronous client (psycopg.Connection or psycopg_pool.ConnectionPool).
+"""`AsyncInbox`: the asyncio client (psycopg.AsyncConnection or psycopg_pool.AsyncConnectionPool).
 
-Every delivery runs in transactions of its own, started with an explicit BEGIN (honouring the
-connection's isolation_level) and sent in one round trip with the claim (pipeline mode):
-
-  handle       BEGIN + inbox.claim | the Python handler's statements | COMMIT
-  apply        BEGIN + inbox.claim_and_apply | COMMIT
-  apply_batch  BEGIN + inbox.claim_and_apply_batch (<= 64 messages) | COMMIT, per chunk
-
-Transient errors re-run the whole transaction (RetryPolicy). A connection lost during COMMIT is
-resolved with pg_xact_status on the transaction id read before COMMIT, never guessed.
+The same transactions, outcomes, retries and COMMIT resolution as `pginbox.inbox.Inbox` (read its
+docstrings); the handler is a coroutine function `async handler(cursor, message)`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager, suppress
 from dataclasses import replace
 from functools import partial
 from typing import Any, TypeVar, cast
@@ -29,103 +22,80 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import TupleRow, tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTimeout
 
-from pginbox import _core, queries
-from pginbox._core import CallCost, CommitUnknown, Failure, Transient
+from pginbox.client import queries
+from pginbox.client import shared as _core
+from pginbox.client.outcomes import InboxStats, Message, Outcome, Result
+from pginbox.client.retry import RetryPolicy, TransientKind, classify
+from pginbox.client.shared import CallCost, CommitUnknown, Failure, Transient
 from pginbox.errors import CommitOutcomeUnknown, HandlerProtocolError, PginboxError, RetriesExhausted
-from pginbox.outcomes import InboxStats, Message, Outcome, Result
-from pginbox.retry import RetryPolicy, TransientKind, classify
 
-__all__ = ["Handler", "Inbox"]
+__all__ = ["AsyncHandler", "AsyncInbox"]
 
 T = TypeVar("T")
-Conn = psycopg.Connection[Any]
+AConn = psycopg.AsyncConnection[Any]
 
-#: handler(cursor, message): runs inside the transaction that holds the claim. Its return value is
-#: ignored; raising rolls back the claim and its writes.
-Handler = Callable[[psycopg.Cursor[Any], Message], object]
+#: async handler(cursor, message): runs inside the transaction that holds the claim.
+AsyncHandler = Callable[[psycopg.AsyncCursor[Any], Message], Awaitable[object]]
 
 _IDLE = pq.TransactionStatus.IDLE
 _INERROR = pq.TransactionStatus.INERROR
-_PIPELINE = psycopg.Pipeline.is_supported()
+_PIPELINE = psycopg.AsyncPipeline.is_supported()
 
 
-def _enter_autocommit(conn: Conn, pipeline: bool = True) -> bool:
-    """In pipeline mode our transactions start with our own BEGIN, sent in the same round trip as
-    the first statement: psycopg must not send one of its own, so the connection is switched to
-    autocommit for the transaction. True when it was switched and must be switched back with
-    `_leave_autocommit`."""
+@asynccontextmanager
+async def _autocommit(conn: AConn, pipeline: bool = True) -> AsyncIterator[None]:
+    """See pginbox.inbox._enter_autocommit."""
     if not pipeline or conn.autocommit:
-        return False
-    conn.autocommit = True
-    return True
-
-
-def _leave_autocommit(conn: Conn, switched: bool) -> None:
-    if switched and not conn.closed and conn.pgconn.transaction_status == _IDLE:
-        conn.autocommit = False
-
-
-@contextmanager
-def _autocommit(conn: Conn) -> Iterator[None]:
-    switched = _enter_autocommit(conn)
+        yield
+        return
+    await conn.set_autocommit(True)
     try:
         yield
     finally:
-        _leave_autocommit(conn, switched)
+        if not conn.closed and conn.pgconn.transaction_status == _IDLE:
+            await conn.set_autocommit(False)
 
 
-def _rollback_quietly(conn: Conn) -> None:
+async def _rollback_quietly(conn: AConn) -> None:
     if conn.closed:
         return
     with suppress(psycopg.Error):
-        conn.rollback()
+        await conn.rollback()
 
 
-def _check_idle(conn: Conn) -> None:
+def _check_idle(conn: AConn) -> None:
     if conn.pgconn.transaction_status != _IDLE:
         raise PginboxError(
-            "the connection given to Inbox is inside a transaction: Inbox runs its own transactions "
-            "(commit or roll back first, or give Inbox a connection of its own)"
+            "the connection given to AsyncInbox is inside a transaction: AsyncInbox runs its own "
+            "transactions (commit or roll back first, or give it a connection of its own)"
         )
 
 
-def _begin_and_execute(
-    conn: Conn, cur: psycopg.Cursor[TupleRow], query: Any, params: Any, pipeline: bool
+async def _begin_and_execute(
+    conn: AConn, cur: psycopg.AsyncCursor[TupleRow], query: Any, params: Any, pipeline: bool
 ) -> None:
-    """BEGIN, then `query`: in one round trip in pipeline mode, else in two (a connection not in
-    autocommit mode gets psycopg's own BEGIN, which honours its isolation_level, read_only and
-    deferrable)."""
+    """See pginbox.inbox._begin_and_execute."""
     if pipeline:
-        with conn.pipeline():
-            cur.execute(queries.BEGIN[conn.isolation_level], prepare=False)
-            cur.execute(query, params, prepare=True)
+        async with conn.pipeline():
+            await cur.execute(queries.BEGIN[conn.isolation_level], prepare=False)
+            await cur.execute(query, params, prepare=True)
         return
     if conn.autocommit:
-        cur.execute(queries.BEGIN[conn.isolation_level], prepare=False)
-    cur.execute(query, params, prepare=True)
+        await cur.execute(queries.BEGIN[conn.isolation_level], prepare=False)
+    await cur.execute(query, params, prepare=True)
 
 
-class Inbox:
-    """Delivers messages for one consumer through schema `inbox`.
+class AsyncInbox:
+    """Delivers messages for one consumer through schema `inbox`, on asyncio.
 
-    conn_or_pool      a psycopg.Connection (used under a lock, one call at a time, replaced by a
-                      new connection with the same parameters if it breaks: see `connection`) or a
-                      psycopg_pool.ConnectionPool (one connection per call: thread-safe).
-    consumer          the consumer name: part of every message identity.
-    handler_version   recorded with each claim and failure by `handle` (`apply` records the
-                      version the SQL handler was registered with).
-    retry             RetryPolicy for transient errors.
-    pipeline          True: BEGIN and the claim travel in one round trip (psycopg pipeline mode);
-                      False: two round trips, but less client CPU per message (a local database
-                      and a CPU-bound client). Ignored where libpq has no pipeline mode.
-    raise_on_failure  default of `handle(..., raise_on_failure=)`: False returns a FAILED or
-                      QUARANTINED Result; True re-raises the handler's exception after recording it.
-    batch_size        chunk size of apply_batch / handle_batch (at most 64).
+    Arguments as for `pginbox.Inbox`; `conn_or_pool` is a psycopg.AsyncConnection (used under an
+    asyncio.Lock, one call at a time, replaced if it breaks) or a psycopg_pool.AsyncConnectionPool
+    (opened by the caller).
     """
 
     def __init__(
         self,
-        conn_or_pool: psycopg.Connection[Any] | ConnectionPool[Any],
+        conn_or_pool: psycopg.AsyncConnection[Any] | AsyncConnectionPool[Any],
         *,
         consumer: str,
         handler_version: str = "unversioned",
@@ -144,73 +114,71 @@ class Inbox:
         self._stats = _core.StatsCounter()
         self._rng = random.Random()
         self._schema_version: int | None = None
-        self._pool: ConnectionPool[Any] | None = None
-        self._conn: Conn | None = None
+        self._pool: AsyncConnectionPool[Any] | None = None
+        self._conn: AConn | None = None
         self._own_conn = False
-        self._lock = threading.Lock()
+        self._lock: asyncio.Lock | None = None
         given: object = conn_or_pool  # checked at run time too: callers are not always typed
-        if isinstance(given, ConnectionPool):
+        if isinstance(given, AsyncConnectionPool):
             self._pool = given
-        elif isinstance(given, psycopg.Connection):
+        elif isinstance(given, psycopg.AsyncConnection):
             self._conn = given
-            self._snapshot_connection(given)
-        elif isinstance(given, psycopg.AsyncConnection | AsyncConnectionPool):
-            raise TypeError("Inbox takes a sync connection or pool; use pginbox.AsyncInbox for asyncio")
+            info = given.info
+            self._conninfo = make_conninfo(info.dsn, **({"password": info.password} if info.password else {}))
+            self._conn_settings = (
+                given.autocommit, given.isolation_level,
+                given.prepare_threshold, given.row_factory,
+            )
+        elif isinstance(given, psycopg.Connection | ConnectionPool):
+            raise TypeError("AsyncInbox takes an async connection or pool; use pginbox.Inbox for sync code")
         else:
             raise TypeError(
-                f"Inbox takes a psycopg.Connection or a psycopg_pool.ConnectionPool, not {type(given).__name__}"
+                "AsyncInbox takes a psycopg.AsyncConnection or a psycopg_pool.AsyncConnectionPool, "
+                f"not {type(given).__name__}"
             )
 
     # ------------------------------------------------------------------------- public API
 
     @property
     def stats(self) -> InboxStats:
-        """Cumulative counters since this Inbox was created (a snapshot)."""
+        """Cumulative counters since this AsyncInbox was created (a snapshot)."""
         return self._stats.snapshot()
 
     @property
-    def connection(self) -> Conn | None:
-        """The connection in use when Inbox was given a connection (None with a pool). After the
-        given connection broke, this is the replacement Inbox opened (and closes in `close()`)."""
+    def connection(self) -> AConn | None:
+        """The connection in use (None with a pool); a replacement after the given one broke."""
         return self._conn
 
-    def close(self) -> None:
-        """Close the replacement connection Inbox opened, if any (never the caller's own)."""
+    async def close(self) -> None:
+        """Close the replacement connection AsyncInbox opened, if any (never the caller's own)."""
         if self._own_conn and self._conn is not None:
-            self._conn.close()
+            await self._conn.close()
 
-    def __enter__(self) -> Inbox:
+    async def __aenter__(self) -> AsyncInbox:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
-    def check_schema(self) -> int:
-        """Check `inbox.schema_version()` now (otherwise done on first use); returns the version.
-        Raises SchemaVersionError (missing or unknown schema) or SchemaAccessError."""
-        with self._connection() as conn:
-            return self._check_schema(conn)
+    async def check_schema(self) -> int:
+        """Check `inbox.schema_version()` now (otherwise done on first use); returns the version."""
+        async with self._connection() as conn:
+            return await self._check_schema(conn)
 
-    def handle(self, message: Message, handler: Handler, *, raise_on_failure: bool | None = None) -> Result:
-        """Claim `message` and run `handler(cursor, message)` in the transaction that holds the
-        claim; commit only if the handler returns.
-
-        APPLIED after the commit; DUPLICATE, CONFLICT, QUARANTINED without running the handler.
-        A permanent handler error rolls back the claim and the handler's writes, is recorded with
-        inbox.record_failure in a new transaction, and comes back as FAILED (or QUARANTINED at the
-        consumer's max_attempts), with the exception in `Result.exception`; with raise_on_failure
-        the exception is re-raised instead, after recording. Transient errors re-run the whole
-        transaction; RetriesExhausted when the policy gives up."""
+    async def handle(
+        self, message: Message, handler: AsyncHandler, *, raise_on_failure: bool | None = None
+    ) -> Result:
+        """See `Inbox.handle`; `handler` is awaited."""
         message = _core.check_message(message)
         cost = CallCost()
         if message.redelivered:
-            start = self._record_starts([message], cost)[0]
+            start = (await self._record_starts([message], cost))[0]
             if start is not None:
                 return self._stats.stamp([start], cost)[0]
-        attempt = self._run(lambda conn: self._handle_attempt(conn, message, handler), cost)
+        attempt = await self._run(lambda conn: self._handle_attempt(conn, message, handler), cost)
         if isinstance(attempt, Result):
             return self._stats.stamp([attempt], cost)[0]
-        recorded = self._record_failure(message, attempt.error, cost)
+        recorded = await self._record_failure(message, attempt.error, cost)
         result = self._stats.stamp([recorded], cost, attempt.error)[0]
         if self.raise_on_failure if raise_on_failure is None else raise_on_failure:
             attempt.error.add_note(
@@ -220,34 +188,30 @@ class Inbox:
             raise attempt.error
         return result
 
-    def apply(self, message: Message) -> Result:
-        """inbox.claim_and_apply: claim and run the SQL handler registered for the message type,
-        in one round trip. A handler failure is recorded by the SQL (FAILED / QUARANTINED)."""
+    async def apply(self, message: Message) -> Result:
+        """See `Inbox.apply`."""
         message = _core.check_message(message)
         cost = CallCost()
         if message.redelivered:
-            start = self._record_starts([message], cost)[0]
+            start = (await self._record_starts([message], cost))[0]
             if start is not None:
                 return self._stats.stamp([start], cost)[0]
         params = _core.apply_params(self.consumer, message)
-        result = self._run(
+        result = await self._run(
             lambda conn: self._statement_tx(conn, queries.CLAIM_AND_APPLY, params, _core.first_result), cost
         )
         return self._stats.stamp([result], cost)[0]
 
-    def apply_batch(self, messages: Iterable[Message]) -> list[Result]:
-        """inbox.claim_and_apply_batch over chunks of `batch_size` messages, one transaction per
-        chunk, each message isolated from the others' failures. Results in input order.
-        If a chunk exhausts its retries, RetriesExhausted is raised: earlier chunks are committed
-        (their redeliveries are duplicates), later ones were not attempted."""
+    async def apply_batch(self, messages: Iterable[Message]) -> list[Result]:
+        """See `Inbox.apply_batch`."""
         batch = [_core.check_message(m) for m in messages]
         results: list[Result] = []
         for chunk in _core.chunks(batch, self.batch_size):
             cost = CallCost()
-            out, pending = self._announce_redeliveries(chunk, cost)
+            out, pending = await self._announce_redeliveries(chunk, cost)
             if pending:
                 params = _core.batch_params(self.consumer, [chunk[i] for i in pending])
-                applied = self._run(
+                applied = await self._run(
                     partial(self._statement_tx, query=queries.CLAIM_AND_APPLY_BATCH, params=params,
                             build=_core.batch_results),
                     cost,
@@ -257,19 +221,16 @@ class Inbox:
             results.extend(self._stats.stamp(cast(list[Result], out), cost))
         return results
 
-    def handle_batch(self, messages: Iterable[Message], handler: Handler) -> list[Result]:
-        """`handle` for many messages: one transaction per chunk of `batch_size`, a savepoint per
-        message. A permanent handler error rolls back to the message's savepoint and is recorded in
-        the same transaction (FAILED / QUARANTINED Result, never raised); a transient error re-runs
-        the whole chunk. Results in input order."""
+    async def handle_batch(self, messages: Iterable[Message], handler: AsyncHandler) -> list[Result]:
+        """See `Inbox.handle_batch`; `handler` is awaited."""
         batch = [_core.check_message(m) for m in messages]
         results: list[Result] = []
         for chunk in _core.chunks(batch, self.batch_size):
             cost = CallCost()
-            out, pending = self._announce_redeliveries(chunk, cost)
+            out, pending = await self._announce_redeliveries(chunk, cost)
             if pending:
                 todo = [chunk[i] for i in pending]
-                done = self._run(partial(self._handle_batch_attempt, messages=todo, handler=handler), cost)
+                done = await self._run(partial(self._handle_batch_attempt, messages=todo, handler=handler), cost)
                 for i, (r, exc) in zip(pending, done, strict=True):
                     out[i] = r if exc is None else replace(r, exception=exc)
             results.extend(self._stats.stamp(cast(list[Result], out), cost))
@@ -277,31 +238,30 @@ class Inbox:
 
     # ------------------------------------------------------------------------- attempts
 
-    def _handle_attempt(self, conn: Conn, message: Message, handler: Handler) -> Result | Failure:
-        switched = _enter_autocommit(conn, self.pipeline)
-        try:
+    async def _handle_attempt(self, conn: AConn, message: Message, handler: AsyncHandler) -> Result | Failure:
+        async with _autocommit(conn, self.pipeline):
             cur = conn.cursor(row_factory=tuple_row)
             try:
-                _begin_and_execute(
+                await _begin_and_execute(
                     conn, cur, queries.CLAIM, _core.claim_params(self.consumer, self.handler_version, message),
                     self.pipeline,
                 )
-                row = cur.fetchone()
+                row = await cur.fetchone()
             except BaseException:
-                _rollback_quietly(conn)
+                await _rollback_quietly(conn)
                 raise
             assert row is not None
             xid: str | None = row[9]
             if row[0] != "claimed":
                 claim = _core.result_from_row(row)
-                self._commit(conn, xid, claim)
+                await self._commit(conn, xid, claim)
                 return claim
             applied = Result(Outcome.APPLIED, row[1], None, row[3], row[4])
-            failure = self._call_handler(conn, handler, message, applied, savepoint=False)
+            failure = await self._call_handler(conn, handler, message, applied, savepoint=False)
             if failure is not None:
                 return failure
             try:
-                self._commit(conn, xid, applied)
+                await self._commit(conn, xid, applied)
             except psycopg.Error as exc:
                 # The server answered COMMIT with an error (a deferred constraint, 40001 at
                 # SERIALIZABLE): the transaction rolled back.
@@ -309,44 +269,42 @@ class Inbox:
                     raise
                 return Failure(exc, applied)
             return applied
-        finally:
-            _leave_autocommit(conn, switched)
 
-    def _call_handler(
-        self, conn: Conn, handler: Handler, message: Message, claim: Result, *, savepoint: bool
+    async def _call_handler(
+        self, conn: AConn, handler: AsyncHandler, message: Message, claim: Result, *, savepoint: bool
     ) -> Failure | None:
-        """Runs the handler; None when it returned with the transaction intact. Permanent error:
-        rolls back (the transaction, or to the message's savepoint) and returns a Failure.
-        Transient error: rolls back the transaction and raises Transient."""
+        """Runs the handler. Permanent error: rolls back (the transaction, or to the message's
+        savepoint) and returns a Failure. Transient error: raises Transient (the caller rolls
+        back the transaction)."""
         hcur = conn.cursor()
         try:
-            handler(hcur, message)
+            await handler(hcur, message)
         except Exception as exc:
             lost = _core.connection_lost(exc, conn)
             kind = classify(exc) or (TransientKind.CONNECTION if lost else None)
             if kind is not None:
-                _rollback_quietly(conn)
+                await _rollback_quietly(conn)
                 raise Transient(kind, exc) from exc
             if savepoint:
-                conn.execute(queries.ROLLBACK_TO_SAVEPOINT, prepare=False)
+                await conn.execute(queries.ROLLBACK_TO_SAVEPOINT, prepare=False)
             else:
-                _rollback_quietly(conn)
+                await _rollback_quietly(conn)
             return Failure(exc, claim)
         except BaseException:
-            _rollback_quietly(conn)
+            await _rollback_quietly(conn)
             raise
         finally:
             with suppress(psycopg.Error):
-                hcur.close()
+                await hcur.close()
         if conn.closed:
             gone = psycopg.OperationalError("the connection was lost in the handler")
             raise Transient(TransientKind.CONNECTION, gone)
         status = conn.info.transaction_status
         if status == _INERROR:
             if savepoint:
-                conn.execute(queries.ROLLBACK_TO_SAVEPOINT, prepare=False)
+                await conn.execute(queries.ROLLBACK_TO_SAVEPOINT, prepare=False)
             else:
-                _rollback_quietly(conn)
+                await _rollback_quietly(conn)
             return Failure(
                 HandlerProtocolError(
                     "the handler returned, but a database error it caught left its transaction failed: "
@@ -358,16 +316,16 @@ class Inbox:
         if status == _IDLE:
             raise HandlerProtocolError(
                 "the handler ended the transaction that holds the claim (commit or rollback): "
-                "Inbox commits it when the handler returns",
+                "AsyncInbox commits it when the handler returns",
                 reason_code="handler_ended_transaction",
             )
         return None
 
-    def _handle_batch_attempt(
-        self, conn: Conn, messages: Sequence[Message], handler: Handler
+    async def _handle_batch_attempt(
+        self, conn: AConn, messages: Sequence[Message], handler: AsyncHandler
     ) -> list[tuple[Result, BaseException | None]]:
         out: list[tuple[Result, BaseException | None]] = []
-        with _autocommit(conn):
+        async with _autocommit(conn):
             cur = conn.cursor(row_factory=tuple_row)
             xid: str | None = None
             try:
@@ -375,23 +333,23 @@ class Inbox:
                 for message in messages:
                     params = _core.claim_params(self.consumer, self.handler_version, message)
                     if _PIPELINE:
-                        with conn.pipeline():
-                            cur.execute(begin, prepare=False)
-                            cur.execute(queries.SAVEPOINT, prepare=False)
-                            cur.execute(queries.CLAIM, params, prepare=True)
+                        async with conn.pipeline():
+                            await cur.execute(begin, prepare=False)
+                            await cur.execute(queries.SAVEPOINT, prepare=False)
+                            await cur.execute(queries.CLAIM, params, prepare=True)
                     else:
-                        cur.execute(begin, prepare=False)
-                        cur.execute(queries.SAVEPOINT, prepare=False)
-                        cur.execute(queries.CLAIM, params, prepare=True)
+                        await cur.execute(begin, prepare=False)
+                        await cur.execute(queries.SAVEPOINT, prepare=False)
+                        await cur.execute(queries.CLAIM, params, prepare=True)
                     begin = queries.RELEASE_SAVEPOINT
-                    row = cur.fetchone()
+                    row = await cur.fetchone()
                     assert row is not None
                     claim = _core.result_from_row(row)
                     xid = row[9] or xid
                     if claim.outcome is not Outcome.CLAIMED:
                         out.append((claim, None))
                         continue
-                    failure = self._call_handler(conn, handler, message, claim, savepoint=True)
+                    failure = await self._call_handler(conn, handler, message, claim, savepoint=True)
                     if failure is None:
                         applied = Result(
                             Outcome.APPLIED, claim.payload_sha256, None, claim.handler_version, claim.processed_at
@@ -399,39 +357,37 @@ class Inbox:
                         out.append((applied, None))
                         continue
                     reason, text = _core.failure_reason(failure.error)
-                    cur.execute(
+                    await cur.execute(
                         queries.RECORD_FAILURE,
                         _core.record_failure_params(self.consumer, self.handler_version, message, reason, text),
                         prepare=True,
                     )
-                    frow = cur.fetchone()
+                    frow = await cur.fetchone()
                     assert frow is not None
                     xid = frow[9] or xid
                     out.append((_core.result_from_row(frow), failure.error))
             except BaseException:
-                _rollback_quietly(conn)
+                await _rollback_quietly(conn)
                 raise
-            self._commit(conn, xid, out)
+            await self._commit(conn, xid, out)
         return out
 
-    def _statement_tx(self, conn: Conn, query: Any, params: Any, build: Callable[[list[TupleRow]], T]) -> T:
-        """One statement in a transaction of its own: BEGIN + statement, then COMMIT."""
-        switched = _enter_autocommit(conn, self.pipeline)
-        try:
+    async def _statement_tx(
+        self, conn: AConn, query: Any, params: Any, build: Callable[[list[TupleRow]], T]
+    ) -> T:
+        async with _autocommit(conn, self.pipeline):
             cur = conn.cursor(row_factory=tuple_row)
             try:
-                _begin_and_execute(conn, cur, query, params, self.pipeline)
-                rows = cur.fetchall()
+                await _begin_and_execute(conn, cur, query, params, self.pipeline)
+                rows = await cur.fetchall()
             except BaseException:
-                _rollback_quietly(conn)
+                await _rollback_quietly(conn)
                 raise
             value = build(rows)
-            self._commit(conn, rows[0][-1] if rows else None, value)
+            await self._commit(conn, rows[0][-1] if rows else None, value)
             return value
-        finally:
-            _leave_autocommit(conn, switched)
 
-    def _announce_redeliveries(
+    async def _announce_redeliveries(
         self, chunk: Sequence[Message], cost: CallCost
     ) -> tuple[list[Result | None], list[int]]:
         """record_start for the redelivered messages of a chunk: their QUARANTINED Results in place,
@@ -439,27 +395,27 @@ class Inbox:
         out: list[Result | None] = [None] * len(chunk)
         redelivered = [i for i, m in enumerate(chunk) if m.redelivered]
         if redelivered:
-            starts = self._record_starts([chunk[i] for i in redelivered], cost)
+            starts = await self._record_starts([chunk[i] for i in redelivered], cost)
             for i, start in zip(redelivered, starts, strict=True):
                 out[i] = start
         return out, [i for i in range(len(chunk)) if out[i] is None]
 
-    def _record_starts(self, messages: Sequence[Message], cost: CallCost) -> list[Result | None]:
-        """inbox.record_start for redelivered messages, committed before they are processed:
-        a QUARANTINED Result for each crash-looping one, None for those to process."""
+    async def _record_starts(self, messages: Sequence[Message], cost: CallCost) -> list[Result | None]:
         params = _core.record_starts_params(self.consumer, self.handler_version, messages)
-        return self._run(
-            lambda conn: self._statement_tx(conn, queries.RECORD_STARTS, params, _core.start_results), cost)
+        return await self._run(
+            lambda conn: self._statement_tx(conn, queries.RECORD_STARTS, params, _core.start_results), cost
+        )
 
-    def _record_failure(self, message: Message, error: BaseException, cost: CallCost) -> Result:
+    async def _record_failure(self, message: Message, error: BaseException, cost: CallCost) -> Result:
         reason, text = _core.failure_reason(error)
         params = _core.record_failure_params(self.consumer, self.handler_version, message, reason, text)
-        return self._run(
-            lambda conn: self._statement_tx(conn, queries.RECORD_FAILURE, params, _core.first_result), cost)
+        return await self._run(
+            lambda conn: self._statement_tx(conn, queries.RECORD_FAILURE, params, _core.first_result), cost
+        )
 
-    def _commit(self, conn: Conn, xid: str | None, value: object) -> None:
+    async def _commit(self, conn: AConn, xid: str | None, value: object) -> None:
         try:
-            conn.commit()
+            await conn.commit()
         except psycopg.Error as exc:
             if _core.connection_lost(exc, conn):
                 if xid is None:
@@ -469,24 +425,24 @@ class Inbox:
 
     # ------------------------------------------------------------------------- retry loop
 
-    def _run(self, attempt: Callable[[Conn], T], cost: CallCost) -> T:
+    async def _run(self, attempt: Callable[[AConn], Awaitable[T]], cost: CallCost) -> T:
         policy = self.retry
         number = 0
         while True:
             number += 1
             started: float | None = None
             try:
-                conn = self._acquire()
+                conn = await self._acquire()
                 try:
                     _check_idle(conn)
                     if self._schema_version is None:
-                        self._check_schema(conn)
+                        await self._check_schema(conn)
                     started = time.monotonic()
-                    return attempt(conn)
+                    return await attempt(conn)
                 finally:
-                    self._release(conn)
+                    await self._release(conn)
             except CommitUnknown as unknown:
-                if self._resolve(unknown):
+                if await self._resolve(unknown):
                     return cast(T, unknown.value)
                 error, kind = unknown.error, TransientKind.CONNECTION
             except Transient as transient:
@@ -510,10 +466,9 @@ class Inbox:
             delay = policy.backoff(number, self._rng)
             cost.retries += 1
             cost.backoff += delay
-            time.sleep(delay)
+            await asyncio.sleep(delay)
 
-    def _resolve(self, unknown: CommitUnknown) -> bool:
-        """Whether the transaction whose COMMIT reply was lost committed (pg_xact_status)."""
+    async def _resolve(self, unknown: CommitUnknown) -> bool:
         policy = self.retry
         first = time.monotonic()
         deadline = first + policy.resolve_timeout
@@ -523,13 +478,14 @@ class Inbox:
             polls += 1
             status: str | None = "unreachable"
             try:
-                with self._connection() as conn, _autocommit(conn):
-                    row = conn.execute(queries.XACT_STATUS, (unknown.xid,)).fetchone()
+                async with self._connection() as conn, _autocommit(conn):
+                    cur = await conn.execute(queries.XACT_STATUS, (unknown.xid,))
+                    row = await cur.fetchone()
                     status = row[0] if row else None
                     if status == "in progress" and not terminated and time.monotonic() - first >= policy.orphan_grace:
                         terminated = True
                         with suppress(pg_errors.InsufficientPrivilege):
-                            conn.execute(queries.TERMINATE_ORPHAN, (unknown.backend_pid, unknown.xid))
+                            await conn.execute(queries.TERMINATE_ORPHAN, (unknown.backend_pid, unknown.xid))
             except (PoolTimeout, PoolClosed):
                 raise
             except psycopg.Error as exc:
@@ -548,62 +504,62 @@ class Inbox:
                     f"could not be established (last status: {status}): do not ack; a redelivery is safe",
                     xid=unknown.xid,
                 ) from unknown.error
-            time.sleep(min(policy.backoff(polls, self._rng) + 0.005, max(deadline - time.monotonic(), 0.0)))
+            await asyncio.sleep(
+                min(policy.backoff(polls, self._rng) + 0.005, max(deadline - time.monotonic(), 0.0))
+            )
 
     # ------------------------------------------------------------------------- connections
 
-    def _acquire(self) -> Conn:
+    async def _acquire(self) -> AConn:
         """A connection for one attempt: from the pool, or the given one under the lock."""
         if self._pool is not None:
-            return cast(Conn, self._pool.getconn())
-        self._lock.acquire()
+            return cast(AConn, await self._pool.getconn())
+        if self._lock is None:
+            self._lock = asyncio.Lock()  # created on the running loop
+        await self._lock.acquire()
         try:
             conn = self._conn
             assert conn is not None
-            return self._reconnect() if conn.closed else conn
+            return await self._reconnect() if conn.closed else conn
         except BaseException:
             self._lock.release()
             raise
 
-    def _release(self, conn: Conn) -> None:
+    async def _release(self, conn: AConn) -> None:
         if self._pool is not None:
-            self._pool.putconn(conn)
-        else:
+            await self._pool.putconn(conn)
+        elif self._lock is not None:
             self._lock.release()
 
-    @contextmanager
-    def _connection(self) -> Iterator[Conn]:
-        conn = self._acquire()
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[AConn]:
+        conn = await self._acquire()
         try:
             yield conn
         finally:
-            self._release(conn)
+            await self._release(conn)
 
-    def _snapshot_connection(self, conn: Conn) -> None:
-        info = conn.info
-        self._conninfo = make_conninfo(info.dsn, **({"password": info.password} if info.password else {}))
-        self._conn_settings = (conn.autocommit, conn.isolation_level, conn.prepare_threshold, conn.row_factory)
-
-    def _reconnect(self) -> Conn:
+    async def _reconnect(self) -> AConn:
         old = self._conn
         assert old is not None
         autocommit, isolation_level, prepare_threshold, row_factory = self._conn_settings
-        new = type(old).connect(
+        new = await type(old).connect(
             self._conninfo, autocommit=autocommit, prepare_threshold=prepare_threshold, row_factory=row_factory
         )
-        new.isolation_level = isolation_level
+        await new.set_isolation_level(isolation_level)
         with suppress(psycopg.Error):
-            old.close()  # broken already: this only frees it
+            await old.close()  # broken already: this only frees it
         self._conn = new
         self._own_conn = True
         return new
 
-    def _check_schema(self, conn: Conn) -> int:
+    async def _check_schema(self, conn: AConn) -> int:
         _check_idle(conn)
         where = _core.describe(conn.info)
         try:
-            with _autocommit(conn):
-                row = conn.execute(queries.SCHEMA_VERSION).fetchone()
+            async with _autocommit(conn):
+                cur = await conn.execute(queries.SCHEMA_VERSION)
+                row = await cur.fetchone()
         except psycopg.Error as exc:
             translated = _core.schema_error(exc, where)
             if translated is not None:

@@ -34,9 +34,10 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
-from pginbox import operator, sqitch
-from pginbox.cluster import Cluster, StopMode, default_cluster, resolve_dsn
+from pginbox.devtools.cluster import Cluster, StopMode, default_cluster, resolve_dsn
 from pginbox.errors import PginboxError
+from pginbox.ops import quarantine as operator
+from pginbox.schema import sqitch
 
 __all__ = ["main", "mask_dsn"]
 
@@ -545,7 +546,7 @@ def _load_callable(spec: str) -> tuple[str, Callable[..., object]]:
 def _configured_transports(config: Path | None) -> dict[str, Any]:
     """Destinations from pginbox.transports.load_config (TOML file, environment, entry points)."""
     try:
-        from pginbox import transports as transports_module
+        from pginbox.transports import webhook as transports_module
     except ImportError as exc:
         if config is not None:
             raise click.ClickException(
@@ -609,7 +610,7 @@ def dispatch(
 ) -> None:
     """Deliver committed outbox effects to their destinations (SIGTERM/SIGINT: finish and exit 0)."""
     from pginbox.dispatcher import CallableTransport, ClaimError, Dispatcher, HealthServer
-    from pginbox.metrics import DatabaseCollector
+    from pginbox.ops.metrics import DatabaseCollector
 
     dsn = _database(ctx, command_dsn)
     transports: dict[str, Any] = _configured_transports(config)
@@ -899,17 +900,17 @@ def cluster_dsn(ctx: click.Context, dbname: str, no_dbname: bool) -> None:
     click.echo(cluster.dsn_base() if no_dbname else cluster.dsn(dbname))
 
 
-from pginbox.cli_replay import replay_group  # noqa: E402  (`pginbox replay`; imports the helpers above)
+from pginbox.cli.replay import replay_group  # noqa: E402  (`pginbox replay`; imports the helpers above)
 
 main.add_command(replay_group)
 
-from pginbox.cli_metrics import metrics_group, stats  # noqa: E402  (`pginbox stats`, `pginbox metrics`)
+from pginbox.cli.metrics import metrics_group, stats  # noqa: E402  (`pginbox stats`, `pginbox metrics`)
 
 main.add_command(stats)
 main.add_command(metrics_group)
 
-from pginbox import retention  # noqa: E402  (`pginbox dispatch --purge-every`)
-from pginbox.cli_retention import purge_command, retention_group  # noqa: E402  (`pginbox purge`, `pginbox retention`)
+from pginbox.cli.retention import purge_command, retention_group  # noqa: E402  (`pginbox purge`, `pginbox retention`)
+from pginbox.ops import retention  # noqa: E402  (`pginbox dispatch --purge-every`)
 
 main.add_command(purge_command)
 main.add_command(retention_group)

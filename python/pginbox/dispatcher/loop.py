@@ -63,7 +63,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import JsonbLoader
 from psycopg_pool import ConnectionPool
 
-from pginbox.transports import CallableTransport, DeliveryReport, Transport
+from pginbox.transports.webhook import CallableTransport, DeliveryReport, Transport
 
 __all__ = [
     "CHANNEL",

@@ -38,10 +38,10 @@ from typing import Any, TextIO
 import psycopg
 from psycopg.rows import dict_row
 
+from pginbox.client.inbox import Inbox
+from pginbox.client.outcomes import Message, Outcome
 from pginbox.dispatcher import Dispatcher, Effect
 from pginbox.errors import PginboxError
-from pginbox.inbox import Inbox
-from pginbox.outcomes import Message, Outcome
 from pginbox.transports import AmbiguousDelivery, CallableTransport, DeliveryReport, Transport, WebhookTransport
 
 __all__ = ["OutboxDemoRefused", "Settings", "Sink", "run"]

@@ -22,7 +22,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 
-from pginbox import _core
+from pginbox.client import shared as _core
 from pginbox.errors import PginboxError
 
 __all__ = [

@@ -26,9 +26,11 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from pginbox import demo_outbox, simulation, sqitch
-from pginbox._core import SUPPORTED_SCHEMA_VERSIONS
+from pginbox.client.shared import SUPPORTED_SCHEMA_VERSIONS
+from pginbox.demo import act2_simulation as simulation
+from pginbox.demo import act3_outbox as demo_outbox
 from pginbox.errors import PginboxError
+from pginbox.schema import sqitch
 
 Row = dict[str, Any]
 
