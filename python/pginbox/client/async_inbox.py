@@ -310,6 +310,7 @@ class AsyncInbox:
                     "the handler returned, but a database error it caught left its transaction failed: "
                     "rolled back (let the error propagate, or use a savepoint: cursor.connection.transaction())",
                     reason_code="25P02",
+                    sqlstate="25P02",
                 ),
                 claim,
             )
@@ -462,6 +463,7 @@ class AsyncInbox:
                 raise RetriesExhausted(
                     f"gave up after {number} attempts; the last failed with {_core.error_key(error)}: {error}",
                     attempts=number,
+                    sqlstate=error.sqlstate if isinstance(error, psycopg.Error) else None,
                 ) from error
             delay = policy.backoff(number, self._rng)
             cost.retries += 1

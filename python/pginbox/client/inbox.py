@@ -353,6 +353,7 @@ class Inbox:
                     "the handler returned, but a database error it caught left its transaction failed: "
                     "rolled back (let the error propagate, or use a savepoint: cursor.connection.transaction())",
                     reason_code="25P02",
+                    sqlstate="25P02",
                 ),
                 claim,
             )
@@ -507,6 +508,7 @@ class Inbox:
                 raise RetriesExhausted(
                     f"gave up after {number} attempts; the last failed with {_core.error_key(error)}: {error}",
                     attempts=number,
+                    sqlstate=error.sqlstate if isinstance(error, psycopg.Error) else None,
                 ) from error
             delay = policy.backoff(number, self._rng)
             cost.retries += 1

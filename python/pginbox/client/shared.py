@@ -186,7 +186,8 @@ def schema_error(exc: psycopg.Error, where: str) -> PginboxError | None:
     if isinstance(exc, pg_errors.InsufficientPrivilege):
         return SchemaAccessError(
             f"this role may not use schema inbox in {where} ({exc.diag.message_primary}): "
-            "an administrator runs GRANT inbox_consumer TO <your role>"
+            "an administrator runs GRANT inbox_consumer TO <your role>",
+            sqlstate=exc.sqlstate,
         )
     if isinstance(exc, pg_errors.UndefinedFunction | pg_errors.InvalidSchemaName):
         return SchemaVersionError(
@@ -194,6 +195,7 @@ def schema_error(exc: psycopg.Error, where: str) -> PginboxError | None:
             "(or `sqitch deploy` in the pginbox project)",
             found=None,
             supported=SUPPORTED_SCHEMA_VERSIONS,
+            sqlstate=exc.sqlstate,
         )
     return None
 

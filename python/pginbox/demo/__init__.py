@@ -29,14 +29,11 @@ from psycopg.rows import dict_row
 from pginbox.client.shared import SUPPORTED_SCHEMA_VERSIONS
 from pginbox.demo import act2_simulation as simulation
 from pginbox.demo import act3_outbox as demo_outbox
-from pginbox.errors import PginboxError
+from pginbox.errors import InvariantBroken, SchemaVersionError
 from pginbox.schema import sqitch
 
 Row = dict[str, Any]
 
-
-class InvariantBroken(PginboxError):
-    """The demo found a message applied twice, or a committed one missing."""
 
 DOMAIN = """
 DROP SCHEMA IF EXISTS pginbox_demo CASCADE;
@@ -305,7 +302,8 @@ class Demo:
 
 def ensure_schema(dsn: str) -> None:
     """Deploy schema inbox when it is missing, bring a Sqitch-deployed one up to the plan (a no-op
-    when it is current), and refuse a version this code does not know."""
+    when it is current), and refuse a version this code does not know (SchemaVersionError; the
+    CLI turns it into exit status 1)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
             "SELECT to_regnamespace('inbox') IS NOT NULL, to_regclass('sqitch.changes') IS NOT NULL"
@@ -318,10 +316,13 @@ def ensure_schema(dsn: str) -> None:
         sqitch.deploy(dsn)  # changes added to the plan since; "Nothing to deploy" otherwise
     with psycopg.connect(dsn, autocommit=True) as conn:
         version_row = conn.execute("SELECT inbox.schema_version()").fetchone()
-    if version_row is None or version_row[0] not in SUPPORTED_SCHEMA_VERSIONS:
-        raise SystemExit(
-            f"schema inbox has version {version_row and version_row[0]}, this demo knows "
-            f"{sorted(SUPPORTED_SCHEMA_VERSIONS)}: run `pginbox deploy`"
+    version = version_row[0] if version_row is not None else None
+    if version not in SUPPORTED_SCHEMA_VERSIONS:
+        raise SchemaVersionError(
+            f"schema inbox has version {version}, this demo knows "
+            f"{sorted(SUPPORTED_SCHEMA_VERSIONS)}: run `pginbox deploy`",
+            found=version if isinstance(version, int) else None,
+            supported=SUPPORTED_SCHEMA_VERSIONS,
         )
 
 

@@ -41,7 +41,7 @@ from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from pginbox.errors import PginboxError
+from pginbox.errors import SimulationError
 
 __all__ = ["Broker", "Delivery", "Produced", "Settings", "Simulation", "SimulationError", "run"]
 
@@ -316,10 +316,6 @@ class Broker:
 
 
 # --------------------------------------------------------------------------- workers
-
-
-class SimulationError(PginboxError):
-    """The simulation itself failed (a worker hit an unexpected error, or it ran out of time)."""
 
 
 class _Crash(Exception):

@@ -41,7 +41,7 @@ from psycopg.rows import dict_row
 from pginbox.client.inbox import Inbox
 from pginbox.client.outcomes import Message, Outcome
 from pginbox.dispatcher import Dispatcher, Effect
-from pginbox.errors import PginboxError
+from pginbox.errors import OutboxDemoRefused
 from pginbox.transports import AmbiguousDelivery, CallableTransport, DeliveryReport, Transport, WebhookTransport
 
 __all__ = ["OutboxDemoRefused", "Settings", "Sink", "run"]
@@ -126,10 +126,6 @@ FAILED_RUNS = "SELECT message_id, failed FROM inbox.attempt WHERE consumer = %s 
 DOMAIN_ROWS = (
     "SELECT message_id, count(*) AS n FROM pginbox_outbox_demo.order_event WHERE consumer = %s GROUP BY 1"
 )
-
-
-class OutboxDemoRefused(PginboxError):
-    """Act 3 cannot run on this database (its dispatcher would claim effects that are not the demo's)."""
 
 
 @dataclass(frozen=True)

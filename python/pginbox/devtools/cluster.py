@@ -25,7 +25,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from pginbox.errors import PginboxError
+from pginbox.errors import ClusterError
 
 __all__ = [
     "Cluster",
@@ -49,10 +49,6 @@ _START_TIMEOUT_S = 120
 _MAX_SOCKET_DIR_LEN = 107 - len("/.s.PGSQL.65535")
 
 StopMode = Literal["smart", "fast", "immediate"]
-
-
-class ClusterError(PginboxError):
-    """The private cluster could not be created, started, stopped or reached."""
 
 
 def find_bindir() -> Path:

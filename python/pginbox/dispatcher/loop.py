@@ -63,6 +63,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import JsonbLoader
 from psycopg_pool import ConnectionPool
 
+from pginbox.errors import ClaimError
 from pginbox.transports.webhook import CallableTransport, DeliveryReport, Transport
 
 __all__ = [
@@ -138,10 +139,6 @@ class Effect:
 
 
 TransportResolver = Callable[[str], Transport | None]
-
-
-class ClaimError(RuntimeError):
-    """run_once() gave up: claims kept failing with a database error (the message says which)."""
 
 
 # What _claim_and_submit did, besides claiming n > 0 effects.
@@ -423,6 +420,7 @@ class Dispatcher:
         self._unflushed = 0  # reports queued or being flushed (timed-out deliveries' reports too)
         self._claim_failures = 0
         self._last_claim_error = ""
+        self._last_claim_sqlstate: str | None = None
         self._workers = max(self.max_in_flight, 1)
         self._pool = ConnectionPool(
             dsn,
@@ -499,7 +497,7 @@ class Dispatcher:
                 if self._claim_failures >= self.claim_retries:
                     self._wait_in_flight()
                     raise ClaimError(f"dispatcher {self.name}: {self._claim_failures} claims in a row failed, "
-                                     f"the last with: {self._last_claim_error}")
+                                     f"the last with: {self._last_claim_error}", sqlstate=self._last_claim_sqlstate)
                 self._stop.wait(self._claim_backoff())
                 continue
             if not self._wait_in_flight():
@@ -599,6 +597,7 @@ class Dispatcher:
                 rows = cur.execute(_CLAIM, (self.name, limit, datetime.timedelta(seconds=self.lease))).fetchall()
         except psycopg.Error as exc:
             self._claim_failures += 1
+            self._last_claim_sqlstate = exc.sqlstate
             message = (exc.diag.message_primary or str(exc)).strip().splitlines()
             self._last_claim_error = (f"{message[0] if message else type(exc).__name__}"
                                       f"{f' (SQLSTATE {exc.sqlstate})' if exc.sqlstate else ''}")

@@ -23,7 +23,7 @@ from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 
 from pginbox.client import shared as _core
-from pginbox.errors import PginboxError
+from pginbox.errors import OperatorError, server_message
 
 __all__ = [
     "QUARANTINE_STATUSES",
@@ -165,45 +165,6 @@ SELECT q.consumer, count(*) AS open, count(*) FILTER (WHERE q.kind = 'conflict')
 
 # --------------------------------------------------------------------------- errors
 
-# Condition names (PostgreSQL errcodes) of the SQLSTATEs the operator commands meet.
-_CONDITIONS: Final[Mapping[str, str]] = {
-    "22004": "null_value_not_allowed",
-    "22023": "invalid_parameter_value",
-    "3F000": "invalid_schema_name",
-    "40001": "serialization_failure",
-    "40P01": "deadlock_detected",
-    "42501": "insufficient_privilege",
-    "42704": "undefined_object",
-    "42883": "undefined_function",
-    "42P01": "undefined_table",
-    "55000": "object_not_in_prerequisite_state",
-    "55P03": "lock_not_available",
-    "57014": "query_canceled",
-    "P0002": "no_data_found",
-}
-
-
-class OperatorError(PginboxError):
-    """An operator command was refused or failed; the message is one line that says why."""
-
-    def __init__(self, message: str, *, sqlstate: str | None = None) -> None:
-        if sqlstate:
-            condition = _CONDITIONS.get(sqlstate)
-            message = f"{message} [SQLSTATE {sqlstate}{' ' + condition if condition else ''}]"
-        super().__init__(message)
-        self.sqlstate = sqlstate
-
-
-def _server_text(exc: psycopg.Error) -> str:
-    """The server's primary message without the 'inbox.fn: ' prefix, plus its hint."""
-    diag = exc.diag
-    text = diag.message_primary or str(exc).strip().splitlines()[0]
-    if text.startswith("inbox.") and ": " in text:
-        text = text.split(": ", 1)[1]
-    if diag.message_hint:
-        text = f"{text.rstrip('.')}. {diag.message_hint.rstrip('.')}."
-    return text
-
 
 def _generic_error(exc: psycopg.Error, what: str) -> OperatorError:
     """Errors every operator query can meet: schema missing, no privilege."""
@@ -216,7 +177,7 @@ def _generic_error(exc: psycopg.Error, what: str) -> OperatorError:
             "(inbox_reader may list and show entries, without payloads)",
             sqlstate=state,
         )
-    return OperatorError(f"{what} failed: {_server_text(exc)}", sqlstate=state)
+    return OperatorError(f"{what} failed: {server_message(exc)}", sqlstate=state)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -428,7 +389,7 @@ def _decision_error(
             sqlstate=state,
         )
     if isinstance(exc, pg_errors.NullValueNotAllowed | pg_errors.InvalidParameterValue):
-        return OperatorError(f"cannot {action} entry {quarantine_id}: {_server_text(exc)}", sqlstate=state)
+        return OperatorError(f"cannot {action} entry {quarantine_id}: {server_message(exc)}", sqlstate=state)
     if isinstance(exc, pg_errors.ObjectNotInPrerequisiteState):
         # Say why from the entry itself rather than from the wording of the server's message.
         state_row = None
@@ -452,9 +413,9 @@ def _decision_error(
                 "sends it with a new message id)",
                 sqlstate=state,
             )
-        return OperatorError(f"cannot {action} entry {quarantine_id}: {_server_text(exc)}", sqlstate=state)
+        return OperatorError(f"cannot {action} entry {quarantine_id}: {server_message(exc)}", sqlstate=state)
     if isinstance(exc, pg_errors.UndefinedObject):
-        return OperatorError(f"cannot {action} entry {quarantine_id}: {_server_text(exc)}", sqlstate=state)
+        return OperatorError(f"cannot {action} entry {quarantine_id}: {server_message(exc)}", sqlstate=state)
     return _generic_error(exc, f"{action} entry {quarantine_id}")
 
 

@@ -20,7 +20,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from pginbox.errors import PginboxError
+from pginbox.errors import ReplayError, ReplayStopped, server_message
 
 __all__ = [
     "PlanStatus",
@@ -43,22 +43,6 @@ Row = dict[str, Any]
 ADD_CHUNK: Final = 500
 #: SQLSTATE of a plan stopped because the registered handler changed.
 SQLSTATE_VERSION_CHANGED: Final = "IR001"
-
-_CONDITIONS: Final[Mapping[str, str]] = {
-    "22004": "null_value_not_allowed",
-    "22023": "invalid_parameter_value",
-    "22001": "string_data_right_truncation",
-    "42501": "insufficient_privilege",
-    "42704": "undefined_object",
-    "42710": "duplicate_object",
-    "42883": "undefined_function",
-    "54000": "program_limit_exceeded",
-    "55000": "object_not_in_prerequisite_state",
-    "P0002": "no_data_found",
-    "IR001": "replay_handler_changed",
-    "IR002": "replay_pin_mismatch",
-    "IR003": "replay_payload_mismatch",
-}
 
 # --------------------------------------------------------------------------- SQL
 
@@ -104,33 +88,6 @@ SELECT i.item_no, i.tenant, i.producer, i.message_id, i.status, i.reason_code, i
 # --------------------------------------------------------------------------- errors
 
 
-class ReplayError(PginboxError):
-    """A replay command was refused or failed; the message is one line that says why."""
-
-    def __init__(self, message: str, *, sqlstate: str | None = None) -> None:
-        if sqlstate:
-            condition = _CONDITIONS.get(sqlstate)
-            message = f"{message} [SQLSTATE {sqlstate}{' ' + condition if condition else ''}]"
-        super().__init__(message)
-        self.sqlstate = sqlstate
-
-
-class ReplayStopped(ReplayError):
-    """The plan is stopped: the handler registered for its consumer and type is not the pinned one."""
-
-
-def _server_text(exc: psycopg.Error) -> str:
-    diag = exc.diag
-    text = diag.message_primary or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    if text.startswith("inbox.") and ": " in text:
-        text = text.split(": ", 1)[1]
-    if diag.message_detail:
-        text = f"{text.rstrip('.')} ({diag.message_detail.rstrip('.')})"
-    if diag.message_hint:
-        text = f"{text.rstrip('.')}. {diag.message_hint.rstrip('.')}."
-    return text
-
-
 def _error(exc: psycopg.Error, what: str) -> ReplayError:
     state = exc.sqlstate
     if state == "42501":
@@ -139,7 +96,7 @@ def _error(exc: psycopg.Error, what: str) -> ReplayError:
     if state in ("3F000", "42P01") or (state == "42883" and "inbox." in str(exc) and "does not exist" in str(exc)):
         return ReplayError("replay plans are not deployed in this database: run `pginbox deploy`", sqlstate=state)
     cls = ReplayStopped if state == SQLSTATE_VERSION_CHANGED else ReplayError
-    return cls(f"{what}: {_server_text(exc)}", sqlstate=state)
+    return cls(f"{what}: {server_message(exc)}", sqlstate=state)
 
 
 def _execute_one(conn: psycopg.Connection[Any], query: str, params: Mapping[str, Any], what: str) -> Row:

@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 from psycopg.conninfo import conninfo_to_dict
 
-from pginbox.errors import PginboxError
+from pginbox.errors import SqitchError
 
 __all__ = [
     "SqitchError",
@@ -68,15 +68,6 @@ _LIBPQ_ENV = {
     "target_session_attrs": "PGTARGETSESSIONATTRS",
     "load_balance_hosts": "PGLOADBALANCEHOSTS",
 }
-
-
-class SqitchError(PginboxError):
-    """sqitch could not be run or exited with an error; `output` holds what it printed."""
-
-    def __init__(self, message: str, *, output: str = "", returncode: int | None = None) -> None:
-        super().__init__(message)
-        self.output = output
-        self.returncode = returncode
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,8 @@ from typing import Any, Protocol, runtime_checkable
 import httpcore
 import httpx
 
+from pginbox.errors import AmbiguousDelivery, DestinationRefused
+
 __all__ = [
     "DEFAULT_RETRY_ON",
     "AmbiguousDelivery",
@@ -153,14 +155,6 @@ class Transport(Protocol):
     ambiguous (timeout, connection reset after sending): the effect is retried with the same id."""
 
     def deliver(self, effect: Any) -> DeliveryReport: ...
-
-
-class AmbiguousDelivery(Exception):
-    """The request may have reached the remote: retry with the same idempotency key."""
-
-
-class DestinationRefused(Exception):
-    """The SSRF guard refused a destination address."""
 
 
 # --------------------------------------------------------------------------------------------
