@@ -38,6 +38,7 @@ from pginbox.devtools.cluster import Cluster, StopMode, default_cluster, resolve
 from pginbox.errors import PginboxError
 from pginbox.ops import quarantine as operator
 from pginbox.schema import sqitch
+from pginbox.transports.config import load_config
 
 __all__ = ["main", "mask_dsn"]
 
@@ -545,21 +546,7 @@ def _load_callable(spec: str) -> tuple[str, Callable[..., object]]:
 
 def _configured_transports(config: Path | None) -> dict[str, Any]:
     """Destinations from pginbox.transports.load_config (TOML file, environment, entry points)."""
-    try:
-        from pginbox.transports import webhook as transports_module
-    except ImportError as exc:
-        if config is not None:
-            raise click.ClickException(
-                f"--config needs pginbox.transports, which cannot be imported here: {exc}"
-            ) from None
-        return {}
-    load_config = getattr(transports_module, "load_config", None)
-    if load_config is None:
-        if config is not None:
-            raise click.ClickException("--config: pginbox.transports has no load_config")
-        return {}
-    loaded = load_config(config)
-    return dict(loaded)
+    return dict(load_config(config))
 
 
 @main.command()
