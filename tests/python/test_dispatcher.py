@@ -1,4 +1,4 @@
-"""The outbox dispatcher (python/pginbox/dispatcher.py) against a real PostgreSQL."""
+"""The outbox dispatcher (python/pginbox/dispatcher/) against a real PostgreSQL."""
 
 from __future__ import annotations
 

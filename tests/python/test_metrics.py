@@ -252,7 +252,8 @@ def test_metrics_doc_lists_every_served_metric(conn: Conn, db_dsn: str) -> None:
     """docs/metrics.md names every family inbox.metrics() can serve (read from the SQL source)."""
     source = (ROOT / "sql" / "090_metrics.sql").read_text()
     families = set(re.findall(r"'(pginbox_[a-z0-9_]+)'", source))
-    families |= set(re.findall(r'"(pginbox_[a-z0-9_]+)"', (ROOT / "python" / "pginbox" / "metrics.py").read_text()))
+    collectors = ROOT / "python" / "pginbox" / "ops" / "metrics.py"
+    families |= set(re.findall(r'"(pginbox_[a-z0-9_]+)"', collectors.read_text()))
     doc = (ROOT / "docs" / "metrics.md").read_text()
     missing = sorted(f for f in families if f not in doc)
     assert not missing, f"docs/metrics.md does not mention {missing}"

@@ -1,4 +1,4 @@
-"""`pginbox stats` and `pginbox metrics serve | rollup | configure` (registered in pginbox.cli).
+"""`pginbox stats` and `pginbox metrics serve | rollup | configure`.
 
     pginbox stats [--json]                          a readable summary of inbox.metrics()
     pginbox metrics serve [--port 9188] [--host 127.0.0.1]
@@ -18,16 +18,11 @@ from typing import Any, Final
 import click
 from prometheus_client import CollectorRegistry
 
-from pginbox.cli import _connect, _database, _dsn_option, _echo_json, _table
-from pginbox.ops.metrics import DatabaseCollector, MetricRow, fetch_metrics, serve
+from pginbox.cli.context import connect, database, dsn_option
+from pginbox.cli.output import echo_json, table
+from pginbox.ops.metrics import DatabaseCollector, MetricRow, configure, fetch_metrics, rollup, serve
 
 __all__ = ["metrics_group", "stats"]
-
-METRICS_ROLLUP: Final = "SELECT inbox.metrics_rollup(%(max_rows)s)"
-METRICS_CONFIGURE: Final = """
-SELECT counting, rollup_grace::text AS rollup_grace, rollup_batch, updated_at, updated_by
-  FROM inbox.configure_metrics(%(counting)s, %(grace)s::interval, %(batch)s)
-"""
 
 # Columns of the per-producer table: metric name -> column.
 _BY_PRODUCER: Final = {
@@ -115,39 +110,39 @@ def _age(seconds: float | None) -> str:
 
 
 @click.command(name="stats")
-@_dsn_option
+@dsn_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.pass_context
 def stats(ctx: click.Context, command_dsn: str | None, as_json: bool) -> None:
     """Summary of the inbox metrics: first-seen, duplicates, conflicts, failures, quarantine, outbox."""
-    with _connect(ctx, command_dsn) as conn:
+    with connect(ctx, command_dsn) as conn:
         summary = summarize(fetch_metrics(conn))
     if as_json:
-        _echo_json(summary)
+        echo_json(summary)
         return
     columns = ["consumer", "producer", *_BY_PRODUCER.values()]
     click.echo("Messages by consumer and producer (first_seen trails by the rollup grace):")
-    click.echo(_table([*columns, "oldest"],
+    click.echo(table([*columns, "oldest"],
                       [[*(e[c] for c in columns), _age(e.get("oldest_age_seconds"))] for e in summary["by_producer"]])
                if summary["by_producer"] else "  none yet")
     if summary["failures_by_reason"]:
         click.echo("\nHandler failures by reason code:")
-        click.echo(_table(["consumer", "producer", "reason_code", "failures"],
+        click.echo(table(["consumer", "producer", "reason_code", "failures"],
                           [[e["consumer"], e["producer"], e["reason_code"], e["failures"]]
                            for e in summary["failures_by_reason"]]))
     if summary["retention"]:
         click.echo("\nRetention (producer '' = the consumer's default policy):")
-        click.echo(_table(["consumer", "producer", "window", "purge_lag", "last_purge_at", "rows_purged"],
+        click.echo(table(["consumer", "producer", "window", "purge_lag", "last_purge_at", "rows_purged"],
                           [[e["consumer"], e["producer"], _age(e["retention_window_seconds"]),
                             _age(e["purge_lag_seconds"]), e["last_purge_at"],
                             None if e["rows_purged"] is None else int(e["rows_purged"])]
                            for e in summary["retention"]]))
     click.echo("\nOpen quarantine:")
-    click.echo(_table(["consumer", "kind", "open"], [[e["consumer"], e["kind"], e["open"]]
+    click.echo(table(["consumer", "kind", "open"], [[e["consumer"], e["kind"], e["open"]]
                                                     for e in summary["quarantine_open"]])
                if summary["quarantine_open"] else "  none")
     click.echo("\nOutbox (committed, not delivered):")
-    click.echo(_table(["destination", "pending", "oldest", "dead"],
+    click.echo(table(["destination", "pending", "oldest", "dead"],
                       [[e["destination"], e["pending"], _age(e["oldest_pending_age_seconds"]), e["dead"]]
                        for e in summary["outbox"]]) if summary["outbox"] else "  nothing pending")
     click.echo("\nInbox:")
@@ -164,14 +159,14 @@ def metrics_group() -> None:
 
 
 @metrics_group.command(name="serve")
-@_dsn_option
+@dsn_option
 @click.option("--port", type=click.IntRange(0, 65535), default=9188, show_default=True,
               help="Port to listen on (0: any free port, printed).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.pass_context
 def metrics_serve(ctx: click.Context, command_dsn: str | None, port: int, host: str) -> None:
     """Serve inbox.metrics() in Prometheus text format at http://HOST:PORT/metrics until stopped."""
-    dsn = _database(ctx, command_dsn)
+    dsn = database(ctx, command_dsn)
     registry = CollectorRegistry()
     registry.register(DatabaseCollector(dsn))
     server, _ = serve(registry, port=port, host=host)
@@ -192,19 +187,19 @@ def metrics_serve(ctx: click.Context, command_dsn: str | None, port: int, host: 
 
 
 @metrics_group.command(name="rollup")
-@_dsn_option
+@dsn_option
 @click.option("--max-rows", type=click.IntRange(1000, 100_000_000), default=None,
               help="Bound of this call (default: the configured rollup batch).")
 @click.pass_context
 def metrics_rollup(ctx: click.Context, command_dsn: str | None, max_rows: int | None) -> None:
     """Fold new first deliveries and counted events into the totals (inbox_operator; for cron)."""
-    with _connect(ctx, command_dsn) as conn:
-        row = conn.execute(METRICS_ROLLUP, {"max_rows": max_rows}).fetchone()
-    click.echo(f"folded {row[0] if row else 0} rows and events")
+    with connect(ctx, command_dsn) as conn:
+        folded = rollup(conn, max_rows)
+    click.echo(f"folded {folded} rows and events")
 
 
 @metrics_group.command(name="configure")
-@_dsn_option
+@dsn_option
 @click.option("--counting/--no-counting", default=None, help="Count duplicates and failures (default: keep).")
 @click.option("--grace", default=None, help="Rollup grace, a PostgreSQL interval such as '5 minutes'.")
 @click.option("--batch", type=int, default=None, help="Rows and events one rollup call folds at most.")
@@ -213,13 +208,10 @@ def metrics_rollup(ctx: click.Context, command_dsn: str | None, max_rows: int | 
 def metrics_configure(ctx: click.Context, command_dsn: str | None, counting: bool | None, grace: str | None,
                       batch: int | None, as_json: bool) -> None:
     """Set the metric settings (inbox_operator); options left out keep their value."""
-    with _connect(ctx, command_dsn) as conn:
-        cur = conn.execute(METRICS_CONFIGURE, {"counting": counting, "grace": grace, "batch": batch})
-        names = [d.name for d in cur.description or []]
-        row = cur.fetchone()
-    values = dict(zip(names, row or (), strict=True))
+    with connect(ctx, command_dsn) as conn:
+        values = configure(conn, counting=counting, grace=grace, batch=batch)
     if as_json:
-        _echo_json({k: (v.isoformat() if isinstance(v, datetime.datetime) else v) for k, v in values.items()})
+        echo_json({k: (v.isoformat() if isinstance(v, datetime.datetime) else v) for k, v in values.items()})
         return
     click.echo(f"counting {'on' if values['counting'] else 'off'}, rollup grace {values['rollup_grace']}, "
                f"rollup batch {values['rollup_batch']}")

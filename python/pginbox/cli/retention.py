@@ -1,4 +1,4 @@
-"""`pginbox retention show|set` and `pginbox purge` (registered in pginbox.cli).
+"""`pginbox purge` and `pginbox retention show | set`.
 
 Exit codes of `pginbox purge` (for cron): 0 purged, nothing to purge, or another purger is
 running (busy); 1 an error (one line on stderr); 2 bad usage; 3 a named consumer has no retention
@@ -14,7 +14,8 @@ from typing import Any, TypeVar
 
 import click
 
-from pginbox.cli import _connect, _dsn_option, _echo_json, _table
+from pginbox.cli.context import connect, dsn_option
+from pginbox.cli.output import echo_json, table
 from pginbox.ops import retention
 
 EXIT_NO_POLICY = 3
@@ -30,7 +31,7 @@ def _text(value: object) -> object:
 
 
 @click.command(name="purge")
-@_dsn_option
+@dsn_option
 @click.option("--consumer", metavar="NAME", default=None,
               help="Only this consumer [default: every consumer with a policy].")
 @click.option("--batch-size", type=click.IntRange(1, 100000), default=5000, show_default=True,
@@ -46,11 +47,11 @@ def _text(value: object) -> object:
 def purge_command(ctx: click.Context, command_dsn: str | None, consumer: str | None, batch_size: int,
                   max_batches: int, wait_timeout: float, pause: float, as_json: bool) -> None:
     """Delete processed inbox rows older than each consumer's retention window (for cron)."""
-    with _connect(ctx, command_dsn) as conn:
+    with connect(ctx, command_dsn) as conn:
         reports = retention.purge(conn, consumer, batch_size=batch_size, max_batches=max_batches,
                                   wait_timeout=wait_timeout, pause=pause)
     if as_json:
-        _echo_json({"consumers": [r.as_dict() for r in reports]})
+        echo_json({"consumers": [r.as_dict() for r in reports]})
     elif not reports:
         click.echo("no consumer has a retention policy: nothing is ever purged (pginbox retention set ...)")
     for report in reports if not as_json else []:
@@ -77,16 +78,16 @@ def retention_group() -> None:
 
 
 @retention_group.command(name="show")
-@_dsn_option
+@dsn_option
 @click.option("--consumer", metavar="NAME", default=None, help="Only this consumer.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @click.pass_context
 def retention_show(ctx: click.Context, command_dsn: str | None, consumer: str | None, as_json: bool) -> None:
     """Window, dominating scenario, watermark and purge lag per consumer and producer."""
-    with _connect(ctx, command_dsn) as conn:
+    with connect(ctx, command_dsn) as conn:
         rows = retention.retention_status(conn, consumer)
     if as_json:
-        _echo_json({"policies": [{k: _text(v) if not isinstance(v, int) else v for k, v in row.items()}
+        echo_json({"policies": [{k: _text(v) if not isinstance(v, int) else v for k, v in row.items()}
                                  for row in rows]})
         return
     if not rows:
@@ -101,7 +102,7 @@ def retention_show(ctx: click.Context, command_dsn: str | None, consumer: str | 
          _text(r["last_purge_at"])]
         for r in rows
     ]
-    click.echo(_table(headers, table_rows))
+    click.echo(table(headers, table_rows))
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -115,7 +116,7 @@ def _scenario_option(name: str) -> Callable[[F], F]:
 
 @retention_group.command(name="set")
 @click.argument("consumer")
-@_dsn_option
+@dsn_option
 @click.option("--producer", default="", show_default=True, help="Producer ('' = every producer of the consumer).")
 @_scenario_option("broker_retention")
 @_scenario_option("max_offset_rewind")
@@ -131,10 +132,10 @@ def _scenario_option(name: str) -> Callable[[F], F]:
 def retention_set(ctx: click.Context, /, consumer: str, command_dsn: str | None, producer: str, note: str,
                   as_json: bool, **scenarios: str) -> None:
     """Set a consumer's retention policy: every scenario explicitly (audited)."""
-    with _connect(ctx, command_dsn) as conn:
+    with connect(ctx, command_dsn) as conn:
         window, dominating = retention.set_policy(conn, consumer, producer, scenarios, note)
     if as_json:
-        _echo_json({"consumer": consumer, "producer": producer, "retention_window": str(window),
+        echo_json({"consumer": consumer, "producer": producer, "retention_window": str(window),
                     "dominating_scenario": dominating})
         return
     click.echo(f"{consumer}{'/' + producer if producer else ''}: retention window {window} "

@@ -31,6 +31,7 @@ from wsgiref.simple_server import WSGIServer
 import psycopg
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from pginbox.client.outcomes import InboxStats
@@ -40,7 +41,9 @@ __all__ = [
     "DatabaseCollector",
     "InboxCollector",
     "MetricRow",
+    "configure",
     "fetch_metrics",
+    "rollup",
     "serve",
 ]
 
@@ -51,6 +54,12 @@ SCRAPE_TIMEOUT_SQL: Final = "SELECT pg_catalog.set_config('statement_timeout', %
 # The rollup a read runs need not wait for its WAL flush: lost in a crash, the next read redoes it
 # (the cursor and the totals commit together). Only for the collector's own transaction.
 SCRAPE_ASYNC_COMMIT_SQL: Final = "SELECT pg_catalog.set_config('synchronous_commit', 'off', true)"
+# `pginbox metrics rollup | configure` (inbox_operator).
+ROLLUP: Final = "SELECT inbox.metrics_rollup(%(max_rows)s)"
+CONFIGURE: Final = """
+SELECT counting, rollup_grace::text AS rollup_grace, rollup_batch, updated_at, updated_by
+  FROM inbox.configure_metrics(%(counting)s, %(grace)s::interval, %(batch)s)
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +88,22 @@ def fetch_metrics(conn: psycopg.Connection[Any], timeout_ms: int | None = None) 
             cur.execute(SCRAPE_TIMEOUT_SQL, (f"{int(timeout_ms)}ms",))
         cur.execute(METRICS_QUERY)
         return [_row(r) for r in cur.fetchall()]
+
+
+def rollup(conn: psycopg.Connection[Any], max_rows: int | None = None) -> int:
+    """inbox.metrics_rollup: fold new first deliveries and counted events into the totals now;
+    how many it folded. `max_rows` None: the configured rollup batch."""
+    row = conn.execute(ROLLUP, {"max_rows": max_rows}).fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+def configure(conn: psycopg.Connection[Any], *, counting: bool | None = None, grace: str | None = None,
+              batch: int | None = None) -> dict[str, Any]:
+    """inbox.configure_metrics (None keeps a setting); the settings after the call."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(CONFIGURE, {"counting": counting, "grace": grace, "batch": batch}).fetchone()
+    assert row is not None
+    return row
 
 
 def _families(rows: Iterable[MetricRow]) -> list[Metric]:

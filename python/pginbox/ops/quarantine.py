@@ -1,4 +1,4 @@
-"""The operator's queries behind `pginbox quarantine ...` and `pginbox status`.
+"""The operator's queries behind `pginbox quarantine list | show | repair | discard | release`.
 
 Every statement is a named constant below; values travel as bind parameters, identifiers are
 never formatted into SQL. Database errors of the quarantine decisions are translated into
@@ -11,9 +11,7 @@ which needs the inbox_operator role (inbox_reader cannot read that column).
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
-import decimal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -22,38 +20,34 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 
-from pginbox.client import shared as _core
 from pginbox.errors import OperatorError, server_message
+from pginbox.ops.json_values import jsonable
 
 __all__ = [
+    "ACTIONS",
+    "QUARANTINE_KINDS",
     "QUARANTINE_STATUSES",
-    "SUPPORTED_SCHEMA_VERSIONS",
+    "Action",
     "Decision",
     "EntryDetails",
-    "InboxStatus",
     "OperatorError",
     "QuarantineList",
-    "check_schema",
     "decide",
-    "format_age",
-    "inbox_status",
-    "jsonable",
     "list_entries",
-    "parse_sqitch_status",
+    "refused",
     "show_entry",
 ]
 
 Row = dict[str, Any]
 Action = Literal["repair", "discard", "release"]
 
-#: Versions of `inbox.schema_version()` these queries are written for: the package's one list.
-SUPPORTED_SCHEMA_VERSIONS: Final = _core.SUPPORTED_SCHEMA_VERSIONS
+#: The decisions an operator can make on an entry (inbox.quarantine_decision.decision).
+ACTIONS: Final[tuple[Action, ...]] = ("repair", "discard", "release")
+#: inbox.quarantine.status and .kind (CHECK constraints; pinned by test_sql_contract).
 QUARANTINE_STATUSES: Final = ("open", "recovered", "discarded", "released")
+QUARANTINE_KINDS: Final = ("conflict", "failure", "expired")
 
 # --------------------------------------------------------------------------- SQL
-
-SCHEMA_PRESENT: Final = "SELECT to_regnamespace('inbox') IS NOT NULL AS deployed"
-SCHEMA_VERSION: Final = "SELECT inbox.schema_version() AS version"
 
 # Columns of inbox.quarantine an inbox_reader may read (everything but the payload).
 _ENTRY_COLUMNS = """
@@ -139,35 +133,12 @@ SELECT r.outcome, r.handler_version, r.attempts, r.reason_code, r.error_message
 
 _DECISION_SQL: Final[Mapping[str, str]] = {"discard": DISCARD, "release": RELEASE, "repair": REPAIR}
 
-MESSAGE_COUNTS: Final = """
-SELECT m.status::text AS status, count(*) AS n
-  FROM inbox.message m
- GROUP BY 1
- ORDER BY 1
-"""
-
-QUARANTINE_COUNTS: Final = """
-SELECT q.status, q.kind, count(*) AS n
-  FROM inbox.quarantine q
- GROUP BY 1, 2
- ORDER BY 1, 2
-"""
-
-OPEN_BY_CONSUMER: Final = """
-SELECT q.consumer, count(*) AS open, count(*) FILTER (WHERE q.kind = 'conflict') AS conflicts,
-       count(*) FILTER (WHERE q.kind = 'failure') AS failures, min(q.created_at) AS oldest,
-       now() - min(q.created_at) AS oldest_age
-  FROM inbox.quarantine q
- WHERE q.status = 'open'
- GROUP BY q.consumer
- ORDER BY q.consumer
-"""
-
 # --------------------------------------------------------------------------- errors
 
 
-def _generic_error(exc: psycopg.Error, what: str) -> OperatorError:
-    """Errors every operator query can meet: schema missing, no privilege."""
+def refused(exc: psycopg.Error, what: str) -> OperatorError:
+    """The OperatorError for a database error every operator query can meet: schema missing, no
+    privilege; else `what` failed, in the server's words."""
     state = exc.sqlstate
     if isinstance(exc, pg_errors.UndefinedTable | pg_errors.InvalidSchemaName | pg_errors.UndefinedFunction):
         return OperatorError("schema inbox is not deployed in this database: run `pginbox deploy`", sqlstate=state)
@@ -178,56 +149,6 @@ def _generic_error(exc: psycopg.Error, what: str) -> OperatorError:
             sqlstate=state,
         )
     return OperatorError(f"{what} failed: {server_message(exc)}", sqlstate=state)
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def check_schema(conn: psycopg.Connection[Any]) -> int:
-    """The deployed schema version; OperatorError when inbox is missing or of an unknown version."""
-    try:
-        row = conn.execute(SCHEMA_PRESENT).fetchone()
-        if row is None or not row[0]:
-            raise OperatorError("schema inbox is not deployed in this database: run `pginbox deploy`")
-        version_row = conn.execute(SCHEMA_VERSION).fetchone()
-    except psycopg.Error as exc:
-        raise _generic_error(exc, "read the schema version") from exc
-    version = version_row[0] if version_row else None
-    if not isinstance(version, int) or version not in SUPPORTED_SCHEMA_VERSIONS:
-        known = ", ".join(str(v) for v in sorted(SUPPORTED_SCHEMA_VERSIONS))
-        raise OperatorError(
-            f"schema inbox is at version {version!r}, this pginbox knows version {known}: "
-            "deploy the matching schema (`pginbox deploy`) or upgrade pginbox"
-        )
-    return version
-
-
-def format_age(age: dt.timedelta | None) -> str:
-    """A short age: 42s, 7m, 3h, 12d."""
-    if age is None:
-        return "-"
-    seconds = max(int(age.total_seconds()), 0)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
-
-
-def jsonable(value: Any) -> Any:
-    """`value` with datetimes, intervals, bytes and decimals turned into JSON types."""
-    if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [jsonable(v) for v in value]
-    if isinstance(value, dt.datetime | dt.date):
-        return value.isoformat()
-    if isinstance(value, dt.timedelta):
-        return value.total_seconds()
-    if isinstance(value, bytes | bytearray | memoryview):
-        return base64.b64encode(bytes(value)).decode("ascii")
-    if isinstance(value, decimal.Decimal):
-        return int(value) if value == value.to_integral_value() else float(value)
-    return value
 
 
 # --------------------------------------------------------------------------- list / show
@@ -271,7 +192,7 @@ def list_entries(
             entries = cur.execute(LIST_ENTRIES, params).fetchall()
             count_row = cur.execute(COUNT_ENTRIES, params).fetchone()
     except psycopg.Error as exc:
-        raise _generic_error(exc, "read inbox.quarantine") from exc
+        raise refused(exc, "read inbox.quarantine") from exc
     total = int(count_row["total"]) if count_row else len(entries)
     return QuarantineList(entries=entries, total=total, consumer=consumer, status=status, limit=limit)
 
@@ -313,7 +234,7 @@ def show_entry(conn: psycopg.Connection[Any], quarantine_id: int, *, with_payloa
             attempt = cur.execute(SHOW_ATTEMPT, identity).fetchone()
             message = cur.execute(SHOW_MESSAGE, identity).fetchone()
     except psycopg.Error as exc:
-        raise _generic_error(exc, "read inbox.quarantine") from exc
+        raise refused(exc, "read inbox.quarantine") from exc
     details = EntryDetails(entry=entry, decisions=decisions, attempt=attempt, message=message)
     if with_payload:
         try:
@@ -325,7 +246,7 @@ def show_entry(conn: psycopg.Connection[Any], quarantine_id: int, *, with_payloa
                 sqlstate=exc.sqlstate,
             ) from exc
         except psycopg.Error as exc:
-            raise _generic_error(exc, "read the payload") from exc
+            raise refused(exc, "read the payload") from exc
         details.with_payload = True
         if payload_row is not None:
             details.payload = payload_row["payload"]
@@ -416,7 +337,7 @@ def _decision_error(
         return OperatorError(f"cannot {action} entry {quarantine_id}: {server_message(exc)}", sqlstate=state)
     if isinstance(exc, pg_errors.UndefinedObject):
         return OperatorError(f"cannot {action} entry {quarantine_id}: {server_message(exc)}", sqlstate=state)
-    return _generic_error(exc, f"{action} entry {quarantine_id}")
+    return refused(exc, f"{action} entry {quarantine_id}")
 
 
 def decide(conn: psycopg.Connection[Any], action: Action, quarantine_id: int, note: str) -> Decision:
@@ -459,104 +380,3 @@ def decide(conn: psycopg.Connection[Any], action: Action, quarantine_id: int, no
         decided_by=row["decided_by"],
         decided_at=row["decided_at"],
     )
-
-
-# --------------------------------------------------------------------------- status
-
-
-@dataclass
-class InboxStatus:
-    deployed: bool
-    schema_version: int | None = None
-    messages: dict[str, int] = field(default_factory=dict)
-    quarantine: dict[str, dict[str, int]] = field(default_factory=dict)
-    open_by_consumer: list[Row] = field(default_factory=list)
-    problem: str | None = None
-
-    @property
-    def open_entries(self) -> int:
-        return sum(self.quarantine.get("open", {}).values())
-
-    def as_json(self) -> Row:
-        return dict(
-            jsonable(
-                {
-                    "deployed": self.deployed,
-                    "schema_version": self.schema_version,
-                    "messages": self.messages,
-                    "quarantine": self.quarantine,
-                    "open_entries": self.open_entries,
-                    "open_by_consumer": self.open_by_consumer,
-                    "problem": self.problem,
-                }
-            )
-        )
-
-
-def inbox_status(conn: psycopg.Connection[Any]) -> InboxStatus:
-    """Counts of inbox.message by status and of inbox.quarantine by status and kind."""
-    try:
-        row = conn.execute(SCHEMA_PRESENT).fetchone()
-    except psycopg.Error as exc:
-        raise _generic_error(exc, "inspect the database") from exc
-    if row is None or not row[0]:
-        return InboxStatus(deployed=False)
-    result = InboxStatus(deployed=True)
-    try:
-        version_row = conn.execute(SCHEMA_VERSION).fetchone()
-        result.schema_version = version_row[0] if version_row else None
-        with conn.cursor(row_factory=dict_row) as cur:
-            messages = cur.execute(MESSAGE_COUNTS).fetchall()
-            quarantine = cur.execute(QUARANTINE_COUNTS).fetchall()
-            result.open_by_consumer = cur.execute(OPEN_BY_CONSUMER).fetchall()
-    except pg_errors.InsufficientPrivilege:
-        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
-            conn.rollback()
-        result.problem = "no privilege to read schema inbox (connect as a member of inbox_reader or inbox_operator)"
-        return result
-    except psycopg.Error as exc:
-        raise _generic_error(exc, "read schema inbox") from exc
-    # Every status, zeros included, so that scripts find each key.
-    result.messages = dict.fromkeys(("processed", "quarantined", "discarded"), 0)
-    for message_row in messages:
-        result.messages[message_row["status"]] = int(message_row["n"])
-    result.quarantine = {status: {"conflict": 0, "failure": 0} for status in QUARANTINE_STATUSES}
-    for q_row in quarantine:
-        result.quarantine.setdefault(q_row["status"], {})[q_row["kind"]] = int(q_row["n"])
-    for consumer_row in result.open_by_consumer:
-        for key in ("open", "conflicts", "failures"):
-            consumer_row[key] = int(consumer_row[key])
-    return result
-
-
-def parse_sqitch_status(output: str) -> Row:
-    """The deployed and undeployed changes out of `sqitch status --show-changes` output."""
-    deployed: list[Row] = []
-    undeployed: list[str] = []
-    section = None
-    for raw in output.splitlines():
-        line = raw.strip()
-        if line.startswith("# Changes:"):
-            section = "deployed"
-            continue
-        if line.startswith("Undeployed change"):
-            section = "undeployed"
-            continue
-        if section == "deployed" and line.startswith("#") and " - " in line:
-            parts = [p.strip() for p in line.lstrip("#").split(" - ")]
-            deployed.append(
-                {
-                    "change": parts[0],
-                    "deployed_at": parts[1] if len(parts) > 1 else None,
-                    "by": parts[2] if len(parts) > 2 else None,
-                }
-            )
-        elif section == "undeployed" and line.startswith("*"):
-            undeployed.append(line.lstrip("* ").strip())
-        elif section == "deployed" and line == "#":
-            section = None
-    return {
-        "deployed_changes": deployed,
-        "undeployed_changes": undeployed,
-        "up_to_date": "Nothing to deploy" in output,
-    }
