@@ -107,7 +107,7 @@ def test_act3_refuses_a_database_with_foreign_effects(db_dsn: str) -> None:
 
 def test_the_proof_catches_a_leaked_effect_and_a_wrong_key(db_dsn: str) -> None:
     out = io.StringIO()
-    act = demo_outbox.OutboxAct(db_dsn, demo_outbox.Settings(messages=40, seed=5), out)
+    act = demo_outbox.OutboxAct(db_dsn, demo_outbox.OutboxSettings(messages=40, seed=5), out)
     assert act.run() is True, out.getvalue()
 
     # An effect of a message whose handler never committed appears in the outbox ...

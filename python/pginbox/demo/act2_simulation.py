@@ -25,7 +25,6 @@ poison messages applied nothing. `run()` returns False when it is broken.
 
 from __future__ import annotations
 
-import heapq
 import random
 import sys
 import threading
@@ -41,9 +40,10 @@ from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from pginbox.demo.broker import Broker, Delivery
 from pginbox.errors import SimulationError
 
-__all__ = ["Broker", "Delivery", "Produced", "Settings", "Simulation", "SimulationError", "run"]
+__all__ = ["Produced", "Simulation", "SimulationSettings", "run"]
 
 Row = dict[str, Any]
 
@@ -140,7 +140,7 @@ TRANSIENT_ERRORS: Final = (pg_errors.SerializationFailure, pg_errors.DeadlockDet
 
 
 @dataclass(frozen=True)
-class Settings:
+class SimulationSettings:
     messages: int = 3000
     workers: int = 4
     seed: int = 0
@@ -168,151 +168,11 @@ class Settings:
 
 @dataclass(frozen=True)
 class Produced:
-    """One message the producer sent (a conflict re-send is a message of its own, same id)."""
+    """One message the producer sends (the conflicting re-send is a message of its own, same id)."""
 
-    tag: int
     message_id: str
     payload: Row
     kind: str  # credit | poison | conflict
-
-
-@dataclass(frozen=True)
-class Delivery:
-    delivery_id: int
-    message: Produced
-    redelivered: bool  # the broker says so: it handed this message out before without an ack
-    raced: bool  # a copy handed out while another delivery of the message was in flight
-
-
-class Broker:
-    """An in-process queue with at-least-once semantics.
-
-    A message leaves only when a delivery of it is acked. A delivery not acked within the
-    visibility timeout, or nacked, is handed out again with redelivered=True. With probability
-    `race_rate` a delivery is also copied to the front of the queue, so that a second worker gets
-    the same message at the same time (not flagged: brokers do not know they duplicated).
-    """
-
-    def __init__(self, settings: Settings, rng: random.Random) -> None:
-        self._settings = settings
-        self._rng = rng
-        self._cond = threading.Condition()
-        self._ready: list[tuple[float, int, Produced, bool, bool]] = []  # (ready_at, seq, message, redelivered, raced)
-        self._inflight: dict[int, tuple[Produced, float]] = {}  # delivery_id -> (message, deadline)
-        self._inflight_tags: Counter[int] = Counter()  # message tag -> deliveries of it in flight
-        self._acked: set[int] = set()
-        self._published = 0
-        self._seq = 0
-        self._closed = False
-        self.stats: Counter[str] = Counter()
-
-    def _push(self, ready_at: float, message: Produced, redelivered: bool, raced: bool = False) -> None:
-        self._seq += 1
-        heapq.heappush(self._ready, (ready_at, self._seq, message, redelivered, raced))
-
-    def publish(self, message: Produced) -> None:
-        with self._cond:
-            self._published += 1
-            self._push(time.monotonic(), message, False)
-            self._cond.notify()
-
-    def close(self) -> None:
-        """The producer is done: once everything is acked, receive() returns None for good."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-
-    def is_acked(self, tag: int) -> bool:
-        with self._cond:
-            return tag in self._acked
-
-    def backlog(self) -> int:
-        with self._cond:
-            return len(self._ready)
-
-    def in_flight(self) -> int:
-        with self._cond:
-            return len(self._inflight)
-
-    def drained(self) -> bool:
-        with self._cond:
-            return self._drained()
-
-    def _drained(self) -> bool:
-        return self._closed and len(self._acked) == self._published
-
-    def unacked(self) -> int:
-        with self._cond:
-            return self._published - len(self._acked)
-
-    def _expire(self, now: float) -> float | None:
-        """Redeliver expired deliveries; return the next deadline."""
-        next_deadline = None
-        for delivery_id, (message, deadline) in list(self._inflight.items()):
-            if deadline <= now:
-                self._forget(delivery_id)
-                if message.tag not in self._acked:
-                    self.stats["visibility_timeouts"] += 1
-                    self._push(now, message, True)
-            elif next_deadline is None or deadline < next_deadline:
-                next_deadline = deadline
-        return next_deadline
-
-    def receive(self, timeout: float = 0.1) -> Delivery | None:
-        """The next delivery, or None after `timeout` (or when drained)."""
-        end = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                now = time.monotonic()
-                next_deadline = self._expire(now)
-                while self._ready and self._ready[0][0] <= now:
-                    _, _, message, redelivered, raced = heapq.heappop(self._ready)
-                    if message.tag in self._acked:
-                        continue  # acked meanwhile: a stale copy
-                    self._seq += 1
-                    delivery = Delivery(self._seq, message, redelivered, raced)
-                    if raced:
-                        self.stats["raced_copies"] += 1
-                        if self._inflight_tags[message.tag]:
-                            self.stats["raced_concurrently"] += 1
-                    self._inflight[delivery.delivery_id] = (message, now + self._settings.visibility_timeout)
-                    self._inflight_tags[message.tag] += 1
-                    self.stats["deliveries"] += 1
-                    if redelivered:
-                        self.stats["redeliveries"] += 1
-                    if not raced and self._rng.random() < self._settings.race_rate:
-                        self._push(0.0, message, False, raced=True)
-                        self._cond.notify()
-                    return delivery
-                if self._drained() or now >= end:
-                    return None
-                wake = end
-                if next_deadline is not None:
-                    wake = min(wake, next_deadline)
-                if self._ready:
-                    wake = min(wake, self._ready[0][0])
-                self._cond.wait(max(wake - now, 0.001))
-
-    def _forget(self, delivery_id: int) -> None:
-        found = self._inflight.pop(delivery_id, None)
-        if found is not None:
-            self._inflight_tags[found[0].tag] -= 1
-
-    def ack(self, delivery: Delivery) -> None:
-        with self._cond:
-            self._forget(delivery.delivery_id)
-            if delivery.message.tag not in self._acked:
-                self._acked.add(delivery.message.tag)
-            self.stats["acks"] += 1
-            self._cond.notify_all()
-
-    def nack(self, delivery: Delivery) -> None:
-        with self._cond:
-            self._forget(delivery.delivery_id)
-            if delivery.message.tag not in self._acked:
-                self._push(time.monotonic() + self._settings.nack_delay, delivery.message, True)
-            self.stats["nacks"] += 1
-            self._cond.notify()
 
 
 # --------------------------------------------------------------------------- workers
@@ -432,15 +292,15 @@ class _Worker(threading.Thread):
             if self.conn is not None:
                 self.conn.close()
 
-    def choose_fault(self, delivery: Delivery) -> str | None:
+    def choose_fault(self, delivery: Delivery[Produced]) -> str | None:
         settings = self.sim.settings
         shared = self.sim.shared
         roll = self.rng.random()
         if roll < settings.crash_rate:
             with shared.lock:
-                if shared.crashes_by_tag[delivery.message.tag] >= settings.max_crashes_per_message:
+                if shared.crashes_by_tag[delivery.tag] >= settings.max_crashes_per_message:
                     return None
-                shared.crashes_by_tag[delivery.message.tag] += 1
+                shared.crashes_by_tag[delivery.tag] += 1
             return self.rng.choice(("crash_client_gone", "crash_killed_in_handler", "crash_killed_before_commit"))
         roll -= settings.crash_rate
         if roll < settings.transient_rate:
@@ -450,7 +310,7 @@ class _Worker(threading.Thread):
             return "lost_ack"
         return None
 
-    def process(self, delivery: Delivery) -> None:
+    def process(self, delivery: Delivery[Produced]) -> None:
         sim = self.sim
         message = delivery.message
         params: Row = {
@@ -561,13 +421,15 @@ class _Facts:
 
 
 class Simulation:
-    def __init__(self, dsn: str, settings: Settings, out: TextIO | None = None) -> None:
+    def __init__(self, dsn: str, settings: SimulationSettings, out: TextIO | None = None) -> None:
         self.dsn = dsn
         self.settings = settings
         self.out = out or sys.stdout
         self.consumer = f"sim-{uuid.uuid4().hex[:8]}"
         self.shared = _Shared()
-        self.broker = Broker(settings, random.Random(settings.seed))
+        self.broker: Broker[Produced] = Broker(random.Random(settings.seed),
+                                               visibility_timeout=settings.visibility_timeout,
+                                               nack_delay=settings.nack_delay, race_rate=settings.race_rate)
         self.messages: list[Produced] = []
         self.conflict: Produced | None = None
         self.chaos: _Chaos
@@ -587,11 +449,11 @@ class Simulation:
             kind = "poison" if i in poison else "credit"
             account = MISSING_ACCOUNT if kind == "poison" else rng.randint(1, ACCOUNTS)
             payload = {"account": account, "amount": rng.randint(1, 500), "order": f"o-{rng.randrange(10**8):08d}"}
-            self.messages.append(Produced(tag=i, message_id=f"c-{i:06d}", payload=payload, kind=kind))
+            self.messages.append(Produced(message_id=f"c-{i:06d}", payload=payload, kind=kind))
         candidates = [m for m in self.messages[: max(n // 2, 1)] if m.kind == "credit"]
         original = rng.choice(candidates)
         changed = dict(original.payload, amount=original.payload["amount"] + 1000)
-        self.conflict = Produced(tag=n, message_id=original.message_id, payload=changed, kind="conflict")
+        self.conflict = Produced(message_id=original.message_id, payload=changed, kind="conflict")
 
     def setup_database(self) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
@@ -605,14 +467,17 @@ class Simulation:
         consumers), and re-sends the conflicting message once its original was acked."""
         assert self.conflict is not None
         conflict_sent = False
-        original_tag = next(m.tag for m in self.messages if m.message_id == self.conflict.message_id)
+        original_tag: int | None = None  # the broker's tag of the conflict's original, once published
         index = 0
         while not self.shared.stop.is_set():
             if index < len(self.messages) and self.broker.backlog() < 200:
                 for message in self.messages[index : index + 100]:
-                    self.broker.publish(message)
+                    tag = self.broker.publish(message)
+                    if message.message_id == self.conflict.message_id:
+                        original_tag = tag
                 index = min(index + 100, len(self.messages))
-            if not conflict_sent and self.broker.is_acked(original_tag) and index >= len(self.messages) // 2:
+            if (not conflict_sent and original_tag is not None and self.broker.is_acked(original_tag)
+                    and index >= len(self.messages) // 2):
                 self.broker.publish(self.conflict)
                 conflict_sent = True
             if conflict_sent and index >= len(self.messages):
@@ -784,122 +649,18 @@ class Simulation:
 
     # ------------------------------------------------------------------ the proof
     def prove(self, facts: _Facts) -> bool:
-        assert self.conflict is not None
-        conflict = self.conflict
+        """Each check of the invariant, printed OK or FAILED; True when all hold."""
         good = {m.message_id: m for m in self.messages if m.kind == "credit"}
-        poison = {m.message_id: m for m in self.messages if m.kind == "poison"}
-        ledger, twice, balances = facts.ledger, facts.twice, facts.balances
-        inbox_rows, quarantine = facts.inbox_rows, facts.quarantine
-
-        checks: list[Check] = []
-        ledger_ids = [r["message_id"] for r in ledger]
-        ledger_set = set(ledger_ids)
-        checks.append(
-            Check(
-                not twice,
-                f"ledger: {len(ledger)} rows, no message id twice"
-                if not twice
-                else f"ledger: {len(twice)} message ids applied more than once, e.g. "
-                + ", ".join(f"{r['message_id']} x{r['n']}" for r in twice[:5]),
-            )
-        )
-        processed = {mid for mid, status in inbox_rows.items() if status == "processed"}
-        without_effect = sorted(processed - ledger_set)
-        without_claim = sorted(ledger_set - processed)
-        checks.append(
-            Check(
-                not without_effect and not without_claim,
-                f"each of the {len(processed)} committed claims has its ledger row, and every ledger row its claim"
-                if not without_effect and not without_claim
-                else f"claims without effect: {without_effect[:5]} ({len(without_effect)}); "
-                f"effects without claim: {without_claim[:5]} ({len(without_claim)})",
-            )
-        )
-        missing = sorted(set(good) - ledger_set)
-        checks.append(
-            Check(
-                not missing,
-                f"every good message applied: {len(good) - len(missing)} of {len(good)}, none lost"
-                if not missing
-                else f"{len(missing)} good messages never applied, e.g. {missing[:5]} "
-                f"(inbox status: {[inbox_rows.get(m, 'no row') for m in missing[:5]]})",
-            )
-        )
-        wrong = [
-            r["message_id"]
-            for r in ledger
-            if r["message_id"] in good
-            and (r["amount"], r["account"])
-            != (good[r["message_id"]].payload["amount"], good[r["message_id"]].payload["account"])
+        checks = [
+            self._no_message_twice(facts),
+            self._claims_match_effects(facts),
+            self._none_lost(facts, good),
+            self._payloads_as_sent(facts, good),
+            self._balances_as_sent(facts, good),
+            self._conflict_applied_nothing(facts, good),
+            self._poison_quarantined(facts),
+            self._broker_drained(),
         ]
-        stray = sorted(ledger_set - set(good))
-        checks.append(
-            Check(
-                not wrong and not stray,
-                "every ledger row carries the payload its message was first sent with"
-                if not wrong and not stray
-                else f"rows with another payload: {wrong[:5]}; rows of messages that must not apply: {stray[:5]}",
-            )
-        )
-        expected: Counter[int] = Counter()
-        for m in good.values():
-            expected[int(m.payload["account"])] += int(m.payload["amount"])
-        bad_balances = [
-            f"account {r['id']}: balance {r['balance']}, ledger {r['booked']}, sent {expected[r['id']]}"
-            for r in balances
-            if not (r["balance"] == r["booked"] == expected[r["id"]])
-        ]
-        total = sum(int(r["balance"]) for r in balances)
-        checks.append(
-            Check(
-                not bad_balances,
-                f"no double credit: each of the {len(balances)} balances equals its ledger sum and what the producer "
-                f"sent (total {total})"
-                if not bad_balances
-                else "; ".join(bad_balances[:5]),
-            )
-        )
-        conflict_entries = [q for q in quarantine if q["kind"] == "conflict" and q["message_id"] == conflict.message_id]
-        original = good[conflict.message_id]
-        conflict_rows = [r for r in ledger if r["message_id"] == conflict.message_id]
-        conflict_ok = len(conflict_entries) == 1 and [r["amount"] for r in conflict_rows] == [
-            original.payload["amount"]
-        ]
-        checks.append(
-            Check(
-                conflict_ok,
-                f"conflict {conflict.message_id}: quarantined as entry #{conflict_entries[0]['quarantine_id']} "
-                f"({_plural(conflict_entries[0]['deliveries'], 'delivery', 'deliveries')}); "
-                f"amount {conflict.payload['amount']} never applied, {original.payload['amount']} applied once"
-                if conflict_ok
-                else f"conflict {conflict.message_id}: entries {conflict_entries}, ledger rows {conflict_rows}",
-            )
-        )
-        poison_entries = self.poison_entries(facts)
-        poison_applied = sorted(set(poison) & ledger_set)
-        poison_open = [mid for mid in poison if mid in poison_entries and inbox_rows.get(mid) == "quarantined"]
-        reasons = Counter(poison_entries[mid]["reason_code"] for mid in poison_open)
-        poison_ok = not poison_applied and len(poison_open) == len(poison)
-        checks.append(
-            Check(
-                poison_ok,
-                f"{len(poison)} poison messages: quarantined, nothing applied (reasons: "
-                + ", ".join(f"{code} x{n}" for code, n in sorted(reasons.items()))
-                + ")"
-                if poison_ok
-                else f"poison messages applied: {poison_applied}; quarantined: {len(poison_open)} of {len(poison)}",
-            )
-        )
-        unacked = self.broker.unacked()
-        checks.append(
-            Check(
-                unacked == 0 and not self.shared.errors,
-                f"broker drained: all {len(self.messages) + 1} messages acked"
-                if unacked == 0 and not self.shared.errors
-                else f"{unacked} messages never acked; errors: {'; '.join(self.shared.errors) or 'none'}",
-            )
-        )
-
         self.say("\n   The invariant, proven from the domain tables (pginbox_sim.ledger, pginbox_sim.account)")
         for check in checks:
             self.say(f"   {'OK    ' if check.ok else 'FAILED'} {check.text}")
@@ -916,6 +677,122 @@ class Simulation:
             self.say("   INVARIANT BROKEN: see the FAILED lines above.")
         return ok
 
+    @staticmethod
+    def _no_message_twice(facts: _Facts) -> Check:
+        twice = facts.twice
+        return Check(
+            not twice,
+            f"ledger: {len(facts.ledger)} rows, no message id twice"
+            if not twice
+            else f"ledger: {len(twice)} message ids applied more than once, e.g. "
+            + ", ".join(f"{r['message_id']} x{r['n']}" for r in twice[:5]),
+        )
+
+    @staticmethod
+    def _claims_match_effects(facts: _Facts) -> Check:
+        ledger_set = {r["message_id"] for r in facts.ledger}
+        processed = {mid for mid, status in facts.inbox_rows.items() if status == "processed"}
+        without_effect = sorted(processed - ledger_set)
+        without_claim = sorted(ledger_set - processed)
+        return Check(
+            not without_effect and not without_claim,
+            f"each of the {len(processed)} committed claims has its ledger row, and every ledger row its claim"
+            if not without_effect and not without_claim
+            else f"claims without effect: {without_effect[:5]} ({len(without_effect)}); "
+            f"effects without claim: {without_claim[:5]} ({len(without_claim)})",
+        )
+
+    @staticmethod
+    def _none_lost(facts: _Facts, good: dict[str, Produced]) -> Check:
+        missing = sorted(set(good) - {r["message_id"] for r in facts.ledger})
+        return Check(
+            not missing,
+            f"every good message applied: {len(good) - len(missing)} of {len(good)}, none lost"
+            if not missing
+            else f"{len(missing)} good messages never applied, e.g. {missing[:5]} "
+            f"(inbox status: {[facts.inbox_rows.get(m, 'no row') for m in missing[:5]]})",
+        )
+
+    @staticmethod
+    def _payloads_as_sent(facts: _Facts, good: dict[str, Produced]) -> Check:
+        wrong = [
+            r["message_id"]
+            for r in facts.ledger
+            if r["message_id"] in good
+            and (r["amount"], r["account"])
+            != (good[r["message_id"]].payload["amount"], good[r["message_id"]].payload["account"])
+        ]
+        stray = sorted({r["message_id"] for r in facts.ledger} - set(good))
+        return Check(
+            not wrong and not stray,
+            "every ledger row carries the payload its message was first sent with"
+            if not wrong and not stray
+            else f"rows with another payload: {wrong[:5]}; rows of messages that must not apply: {stray[:5]}",
+        )
+
+    @staticmethod
+    def _balances_as_sent(facts: _Facts, good: dict[str, Produced]) -> Check:
+        expected: Counter[int] = Counter()
+        for m in good.values():
+            expected[int(m.payload["account"])] += int(m.payload["amount"])
+        bad_balances = [
+            f"account {r['id']}: balance {r['balance']}, ledger {r['booked']}, sent {expected[r['id']]}"
+            for r in facts.balances
+            if not (r["balance"] == r["booked"] == expected[r["id"]])
+        ]
+        total = sum(int(r["balance"]) for r in facts.balances)
+        return Check(
+            not bad_balances,
+            f"no double credit: each of the {len(facts.balances)} balances equals its ledger sum and what the "
+            f"producer sent (total {total})"
+            if not bad_balances
+            else "; ".join(bad_balances[:5]),
+        )
+
+    def _conflict_applied_nothing(self, facts: _Facts, good: dict[str, Produced]) -> Check:
+        assert self.conflict is not None
+        conflict = self.conflict
+        conflict_entries = [q for q in facts.quarantine
+                            if q["kind"] == "conflict" and q["message_id"] == conflict.message_id]
+        original = good[conflict.message_id]
+        conflict_rows = [r for r in facts.ledger if r["message_id"] == conflict.message_id]
+        conflict_ok = len(conflict_entries) == 1 and [r["amount"] for r in conflict_rows] == [
+            original.payload["amount"]
+        ]
+        return Check(
+            conflict_ok,
+            f"conflict {conflict.message_id}: quarantined as entry #{conflict_entries[0]['quarantine_id']} "
+            f"({_plural(conflict_entries[0]['deliveries'], 'delivery', 'deliveries')}); "
+            f"amount {conflict.payload['amount']} never applied, {original.payload['amount']} applied once"
+            if conflict_ok
+            else f"conflict {conflict.message_id}: entries {conflict_entries}, ledger rows {conflict_rows}",
+        )
+
+    def _poison_quarantined(self, facts: _Facts) -> Check:
+        poison = {m.message_id: m for m in self.messages if m.kind == "poison"}
+        poison_entries = self.poison_entries(facts)
+        poison_applied = sorted(set(poison) & {r["message_id"] for r in facts.ledger})
+        poison_open = [mid for mid in poison if mid in poison_entries and facts.inbox_rows.get(mid) == "quarantined"]
+        reasons = Counter(poison_entries[mid]["reason_code"] for mid in poison_open)
+        poison_ok = not poison_applied and len(poison_open) == len(poison)
+        return Check(
+            poison_ok,
+            f"{len(poison)} poison messages: quarantined, nothing applied (reasons: "
+            + ", ".join(f"{code} x{n}" for code, n in sorted(reasons.items()))
+            + ")"
+            if poison_ok
+            else f"poison messages applied: {poison_applied}; quarantined: {len(poison_open)} of {len(poison)}",
+        )
+
+    def _broker_drained(self) -> Check:
+        unacked = self.broker.unacked()
+        return Check(
+            unacked == 0 and not self.shared.errors,
+            f"broker drained: all {len(self.messages) + 1} messages acked"
+            if unacked == 0 and not self.shared.errors
+            else f"{unacked} messages never acked; errors: {'; '.join(self.shared.errors) or 'none'}",
+        )
+
 
 def _plural(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
@@ -927,5 +804,5 @@ def run(
     """Run the simulation against `dsn` (schema inbox deployed); True when the invariant holds."""
     if seed is None:
         seed = random.SystemRandom().randrange(1, 10**6)
-    settings = Settings(messages=messages, workers=workers, seed=seed)
+    settings = SimulationSettings(messages=messages, workers=workers, seed=seed)
     return Simulation(dsn, settings, out).run()

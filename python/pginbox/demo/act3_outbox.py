@@ -23,16 +23,14 @@ left no effect; each attempt in inbox.outbox is one request at the sink.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 import threading
 import time
 import uuid
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 import psycopg
@@ -40,11 +38,13 @@ from psycopg.rows import dict_row
 
 from pginbox.client.inbox import Inbox
 from pginbox.client.outcomes import Message, Outcome
+from pginbox.demo.broker import Broker
+from pginbox.demo.sink import Sink, SinkRequest
 from pginbox.dispatcher import Dispatcher, Effect
 from pginbox.errors import OutboxDemoRefused
 from pginbox.transports import AmbiguousDelivery, CallableTransport, DeliveryReport, Transport, WebhookTransport
 
-__all__ = ["OutboxDemoRefused", "Settings", "Sink", "run"]
+__all__ = ["EFFECTS", "OutboxAct", "OutboxSettings", "run"]
 
 Row = dict[str, Any]
 
@@ -129,7 +129,7 @@ DOMAIN_ROWS = (
 
 
 @dataclass(frozen=True)
-class Settings:
+class OutboxSettings:
     messages: int = 200  # half SQL handler, half Python handler
     workers: int = 3  # consumer threads
     poison_rate: float = 0.06  # handler enqueues, then refuses: rolled back, quarantined
@@ -145,128 +145,6 @@ class Settings:
     seed: int = 1
     dedup: bool = True  # False: the sink counts every processed request (a broken destination)
     deadline: float = 90.0
-
-
-# ---------------------------------------------------------------------------------------- the sink
-
-
-@dataclass(frozen=True)
-class SinkRequest:
-    path: str
-    keys: tuple[str, ...]  # every Idempotency-Key header of the request
-    body: Any
-    answer: str  # "ok" | "duplicate" | "unavailable" | "held"
-
-
-@dataclass
-class Sink:
-    """A webhook receiver on 127.0.0.1 that deduplicates on Idempotency-Key (unless `dedup` is off).
-
-    The n-th request carrying a key gets, decided by a seeded hash of (key, n): a 503 without
-    processing (`unavailable_rate`), or processing followed by an answer held `hold_seconds`
-    (`hold_rate`: longer than the client waits), or processing and 200. From the 4th request of a
-    key on, always the last. `counted[key]` is how often the sink acted on the key."""
-
-    seed: int
-    hold_rate: float
-    unavailable_rate: float
-    hold_seconds: float
-    dedup: bool = True
-    requests: list[SinkRequest] = field(default_factory=list)
-    counted: Counter[str] = field(default_factory=Counter)
-    _seen: Counter[str] = field(default_factory=Counter)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _active: int = 0
-    _idle: threading.Condition = field(init=False)
-    _server: ThreadingHTTPServer | None = None
-    _thread: threading.Thread | None = None
-
-    def __post_init__(self) -> None:
-        self._idle = threading.Condition(self._lock)
-
-    @property
-    def url(self) -> str:
-        assert self._server is not None
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
-
-    def start(self) -> None:
-        sink = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                sink.handle(self)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        class Server(ThreadingHTTPServer):
-            daemon_threads = False  # server_close() joins every request thread: no request goes unrecorded
-            request_queue_size = 128
-
-        self._server = Server(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="pginbox-demo-sink", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Wait for held answers to finish, then shut the server down (joining its threads)."""
-        with self._idle:
-            self._idle.wait_for(lambda: self._active == 0, timeout=self.hold_seconds + 5)
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-
-    def fault(self, key: str, n: int) -> str:
-        if n >= 4:
-            return "ok"
-        r = random.Random(f"{self.seed}:{key}:{n}").random()
-        if r < self.hold_rate:
-            return "held"
-        if r < self.hold_rate + self.unavailable_rate:
-            return "unavailable"
-        return "ok"
-
-    def handle(self, request: BaseHTTPRequestHandler) -> None:
-        length = int(request.headers.get("Content-Length") or 0)
-        raw = request.rfile.read(length)
-        try:
-            body: Any = json.loads(raw)
-        except ValueError:
-            body = None
-        keys = tuple(request.headers.get_all("Idempotency-Key") or ())
-        key = keys[0] if len(keys) == 1 else ""
-        with self._lock:
-            self._active += 1
-            self._seen[key] += 1
-            plan = self.fault(key, self._seen[key])
-            if plan == "unavailable":
-                answer = "unavailable"
-            elif self.dedup and self.counted[key]:
-                answer = "duplicate"  # done before: answer as then, do not act again
-            else:
-                self.counted[key] += 1  # the sink acts on the request (books it)
-                answer = plan
-            self.requests.append(SinkRequest(request.path, keys, body, answer))
-        try:
-            if answer == "unavailable":
-                self._answer(request, 503, b'{"error": "try again"}')
-                return
-            if answer == "held":
-                time.sleep(self.hold_seconds)  # processed; the answer comes after the client gave up
-            self._answer(request, 200, b'{"ok": true}')
-        finally:
-            with self._idle:
-                self._active -= 1
-                self._idle.notify_all()
-
-    @staticmethod
-    def _answer(request: BaseHTTPRequestHandler, status: int, body: bytes) -> None:
-        with contextlib.suppress(OSError):  # a held answer: the client has gone
-            request.send_response(status)
-            request.send_header("Content-Type", "application/json")
-            request.send_header("Content-Length", str(len(body)))
-            request.end_headers()
-            request.wfile.write(body)
 
 
 class CountingTransport:
@@ -300,38 +178,6 @@ class OrderMessage:
     payload: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class Delivery:
-    message: OrderMessage
-    redelivered: bool
-
-
-class Broker:
-    """An in-memory queue: copies, nacks (redeliver later) and acks; `drained` when nothing is left."""
-
-    def __init__(self, deliveries: list[Delivery]) -> None:
-        self._queue: deque[Delivery] = deque(deliveries)
-        self._cond = threading.Condition()
-        self._in_flight = 0
-
-    def take(self) -> Delivery | None:
-        with self._cond:
-            while True:
-                if self._queue:
-                    self._in_flight += 1
-                    return self._queue.popleft()
-                if self._in_flight == 0:
-                    return None
-                self._cond.wait(0.05)
-
-    def done(self, again: Delivery | None = None) -> None:
-        with self._cond:
-            self._in_flight -= 1
-            if again is not None:
-                self._queue.append(again)
-            self._cond.notify_all()
-
-
 class HandlerRefused(Exception):
     """The Python handler's permanent error (raised after it enqueued its effects)."""
 
@@ -340,7 +186,7 @@ class HandlerRefused(Exception):
 
 
 class OutboxAct:
-    def __init__(self, dsn: str, settings: Settings, out: TextIO | None = None) -> None:
+    def __init__(self, dsn: str, settings: OutboxSettings, out: TextIO | None = None) -> None:
         self.dsn = dsn
         self.settings = settings
         self.out = out
@@ -391,12 +237,13 @@ class OutboxAct:
                 payload = {**m.payload, "poison": True} if kind == "poison" else m.payload
                 self.messages[idx] = OrderMessage(m.message_id, m.message_type, kind, payload)
 
-    def deliveries(self) -> list[Delivery]:
-        first = [Delivery(m, False) for m in self.messages]
-        copies = [Delivery(m, True) for m in self.messages if self.rng.random() < self.settings.redeliver_rate]
+    def deliveries(self) -> list[tuple[OrderMessage, bool]]:
+        """The broker's stream: every message once, and some again later (redelivered: an ack lost)."""
+        first = [(m, False) for m in self.messages]
+        copies = [(m, True) for m in self.messages if self.rng.random() < self.settings.redeliver_rate]
         out = list(first)
         for copy in copies:  # a copy comes after its original, somewhere later in the stream
-            at = next(i for i, d in enumerate(out) if d.message is copy.message)
+            at = next(i for i, d in enumerate(out) if d[0] is copy[0])
             out.insert(self.rng.randint(at + 1, len(out)), copy)
         return out
 
@@ -455,11 +302,14 @@ class OutboxAct:
             self.python_handler(cur, Message(PRODUCER, message.message_id, message.message_type, message.payload))
             return True
 
-    def worker(self, broker: Broker) -> None:
+    def worker(self, broker: Broker[OrderMessage]) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             inbox = Inbox(conn, consumer=self.consumer, handler_version="v1")
-            while (delivery := broker.take()) is not None:
-                again: Delivery | None = None
+            while not broker.drained():
+                delivery = broker.receive(timeout=0.05)
+                if delivery is None:
+                    continue
+                nack = False
                 try:
                     m = delivery.message
                     with self.lock:
@@ -468,8 +318,8 @@ class OutboxAct:
                     if crash and self.crash_before_commit(conn, m):
                         with self.lock:
                             self.stats["crashed before COMMIT"] += 1
-                            broker.done(Delivery(m, True))  # never acked: the broker redelivers
-                            continue
+                        broker.nack(delivery)  # never acked: the broker redelivers
+                        continue
                     message = Message(PRODUCER, m.message_id, m.message_type, m.payload,
                                       redelivered=delivery.redelivered)
                     if m.message_type == SQL_TYPE:
@@ -481,15 +331,23 @@ class OutboxAct:
                         self.stats["outcome:" + result.outcome.value] += 1
                         if delivery.redelivered:
                             self.stats["redeliveries"] += 1
-                    if result.outcome is Outcome.FAILED:
-                        again = Delivery(m, True)  # nack: redelivered
+                    nack = result.outcome is Outcome.FAILED  # redelivered
                 except Exception as exc:
                     with self.lock:
                         self.errors.append(f"{type(exc).__name__}: {exc}")
-                broker.done(again)
+                if nack:
+                    broker.nack(delivery)
+                else:
+                    broker.ack(delivery)
 
-    def consume(self, deliveries: list[Delivery]) -> None:
-        broker = Broker(deliveries)
+    def consume(self, deliveries: list[tuple[OrderMessage, bool]]) -> None:
+        """The stream through the shared broker (no visibility timeouts, no races: the redeliveries
+        are the planned ones, the nacks and the crashes)."""
+        broker: Broker[OrderMessage] = Broker(random.Random(self.settings.seed), nack_delay=0.0,
+                                              visibility_timeout=self.settings.deadline)
+        for message, redelivered in deliveries:
+            broker.publish(message, redelivered=redelivered)
+        broker.close()
         threads = [threading.Thread(target=self.worker, args=(broker,), name=f"pginbox-demo-consumer-{i}", daemon=True)
                    for i in range(self.settings.workers)]
         for t in threads:
@@ -571,7 +429,7 @@ class OutboxAct:
             self.wait_delivered(self.committed_ids(), deadline)
             # A broker replays old messages after their effects went out: duplicates, nothing enqueued.
             replay = self.rng.sample(self.messages, min(s.replay, len(self.messages)))
-            self.consume([Delivery(m, True) for m in replay])
+            self.consume([(m, True) for m in replay])
             self.wait_delivered(self.committed_ids(), deadline)
         finally:
             dispatcher.stop()
@@ -637,87 +495,18 @@ class OutboxAct:
             self.say(f"   {label:<28} {value:>6}   {note}")
 
     def prove(self, facts: dict[str, Any]) -> bool:
+        """Each check of the outbox promise, printed OK or FAILED; True when all hold."""
         outbox: dict[str, Row] = facts["outbox"]
-        inbox_rows: dict[str, str] = facts["inbox"]
-        domain: dict[str, int] = facts["domain"]
-        requests = self.sink.requests
-        checks: list[tuple[bool, str]] = []
-
-        processed = {mid for mid, status in inbox_rows.items() if status == "processed"}
-        should = {self.expected[(m.message_id, name)] for m in self.messages if m.message_id in processed
-                  for name, _d in EFFECTS[m.message_type]}
-        never = {self.expected[(m.message_id, name)] for m in self.messages if m.message_id not in processed
-                 for name, _d in EFFECTS[m.message_type]}
-        committed = set(outbox)
-        twice = sorted(mid for mid, n in domain.items() if n != 1)
-        ok = committed == should and set(domain) == processed and not twice
-        checks.append((ok, f"each of the {len(processed)} processed messages has one domain row and its "
-                           f"{len(should)} effects, in inbox.outbox" if ok else
-                           f"effects missing: {sorted(should - committed)[:3]}; unexpected: "
-                           f"{sorted(committed - should)[:3]}; domain rows not once: {twice[:3]}"))
-        leaked = sorted(never & committed)
-        rolled_back = self.rolled_back(facts)[1]
-        ok = not leaked and rolled_back > 0 and bool(never)
-        checks.append((ok, f"rolled-back handlers left no effect: {rolled_back} enqueued effects rolled back, "
-                           f"none of the {len(never)} effects of the {len(inbox_rows) - len(processed)} quarantined "
-                           f"messages exists" if ok else
-                           f"effects of messages that never committed: {leaked[:3]} (rolled back: {rolled_back})"))
-
-        by_key: dict[str, list[SinkRequest]] = {}
-        for r in requests:
-            if len(r.keys) == 1:
-                by_key.setdefault(r.keys[0], []).append(r)
-        processed_at_sink = {k for k, rs in by_key.items() if any(r.answer in ("ok", "held") for r in rs)}
-        undelivered = sorted(k for k in committed if outbox[k]["status"] != "delivered")
-        missing = sorted(committed - processed_at_sink)
-        ok = not undelivered and not missing
-        stuck = [(k, outbox[k]["status"], outbox[k]["last_error"]) for k in undelivered[:3]]
-        checks.append((ok, f"every committed effect reached the sink: {len(committed)} of {len(committed)}, "
-                           f"all 'delivered' in inbox.outbox" if ok else
-                           f"not delivered: {stuck}; "
-                           f"never processed by the sink: {missing[:3]}"))
-
-        bad_keys = [r for r in requests if len(r.keys) != 1]
-        mismatched = []
-        keys_per_effect: dict[tuple[str, str], set[str]] = {}
-        for r in requests:
-            body = r.body if isinstance(r.body, dict) else {}
-            identity = (str(body.get("message_id")), str(body.get("effect")))
-            keys_per_effect.setdefault(identity, set()).update(r.keys)
-            if body.get("consumer") != self.consumer or len(r.keys) != 1 or self.expected.get(identity) != r.keys[0]:
-                mismatched.append(r)
-        multi = [ident for ident, keys in keys_per_effect.items() if len(keys) != 1]
-        ok = not bad_keys and not mismatched and not multi and bool(requests)
-        checks.append((ok, f"each of the {len(requests)} requests carried exactly one Idempotency-Key, the effect_id "
-                           "of the message and effect in its body: one key per effect on every attempt" if ok else
-                           f"requests without exactly one key: {len(bad_keys)}; key not the body's effect_id: "
-                           f"{len(mismatched)}; effects seen with several keys: {multi[:3]}"))
-
-        counts = {k: self.sink.counted[k] for k in committed}
-        not_once = sorted((k, n) for k, n in counts.items() if n != 1)
-        dropped = sum(r.answer == "duplicate" for r in requests)
-        ok = not not_once and sum(counts.values()) == len(committed)
-        checks.append((ok, f"the sink, deduplicating on the key, counted each effect exactly once: {len(committed)} "
-                           f"effects, {dropped} duplicates dropped" if ok else
-                           f"the sink counted {len(not_once)} effects other than once, e.g. "
-                           + ", ".join(f"{k[:15]}... x{n}" for k, n in not_once[:3])))
-
-        attempts = sum(int(r["attempts"]) for r in outbox.values())
-        ok = attempts == len(requests)
-        checks.append((ok, f"each of the {attempts} attempts in inbox.outbox is one request at the sink" if ok else
-                           f"{attempts} attempts in inbox.outbox, {len(requests)} requests at the sink"))
-
-        answers = Counter(r.answer for r in requests)
-        exercised = {
-            "ambiguous timeouts": self.transport_stats["ambiguous"],
-            "503 answers": answers["unavailable"],
-            "redeliveries absorbed": self.stats["outcome:duplicate"],
-        }
-        ok = all(exercised.values()) and not self.errors
-        checks.append((ok, "the faults happened: " + ", ".join(f"{n} {label}" for label, n in exercised.items())
-                       if ok else "not exercised or errors: " + ", ".join(
-                           f"{label} {n}" for label, n in exercised.items()) + f"; errors: {self.errors[:3]}"))
-
+        processed = {mid for mid, status in facts["inbox"].items() if status == "processed"}
+        checks = [
+            self._effects_of_processed_messages(facts, processed),
+            self._rolled_back_left_nothing(facts, processed),
+            self._every_effect_reached_the_sink(outbox),
+            self._one_key_per_effect(),
+            self._sink_counted_each_once(outbox),
+            self._one_request_per_attempt(outbox),
+            self._faults_happened(),
+        ]
         self.say("\n   The outbox promise, proven from the sink's records and the database (inbox.outbox)")
         for ok, text in checks:
             self.say(f"   {'OK    ' if ok else 'FAILED'} {text}")
@@ -729,11 +518,101 @@ class OutboxAct:
             self.say("   OUTBOX PROMISE BROKEN: see the FAILED lines above.")
         return holds
 
+    def _effect_ids(self, message_ids: set[str], *, of_these: bool) -> set[str]:
+        """The effect ids of the messages in `message_ids` (of_these), or of all the others."""
+        return {self.expected[(m.message_id, name)] for m in self.messages if (m.message_id in message_ids) == of_these
+                for name, _d in EFFECTS[m.message_type]}
+
+    def _effects_of_processed_messages(self, facts: dict[str, Any], processed: set[str]) -> tuple[bool, str]:
+        domain: dict[str, int] = facts["domain"]
+        should = self._effect_ids(processed, of_these=True)
+        committed = set(facts["outbox"])
+        twice = sorted(mid for mid, n in domain.items() if n != 1)
+        ok = committed == should and set(domain) == processed and not twice
+        return ok, (f"each of the {len(processed)} processed messages has one domain row and its "
+                    f"{len(should)} effects, in inbox.outbox" if ok else
+                    f"effects missing: {sorted(should - committed)[:3]}; unexpected: "
+                    f"{sorted(committed - should)[:3]}; domain rows not once: {twice[:3]}")
+
+    def _rolled_back_left_nothing(self, facts: dict[str, Any], processed: set[str]) -> tuple[bool, str]:
+        never = self._effect_ids(processed, of_these=False)
+        leaked = sorted(never & set(facts["outbox"]))
+        rolled_back = self.rolled_back(facts)[1]
+        ok = not leaked and rolled_back > 0 and bool(never)
+        return ok, (f"rolled-back handlers left no effect: {rolled_back} enqueued effects rolled back, "
+                    f"none of the {len(never)} effects of the {len(facts['inbox']) - len(processed)} quarantined "
+                    f"messages exists" if ok else
+                    f"effects of messages that never committed: {leaked[:3]} (rolled back: {rolled_back})")
+
+    def _every_effect_reached_the_sink(self, outbox: dict[str, Row]) -> tuple[bool, str]:
+        committed = set(outbox)
+        by_key: dict[str, list[SinkRequest]] = {}
+        for r in self.sink.requests:
+            if len(r.keys) == 1:
+                by_key.setdefault(r.keys[0], []).append(r)
+        processed_at_sink = {k for k, rs in by_key.items() if any(r.answer in ("ok", "held") for r in rs)}
+        undelivered = sorted(k for k in committed if outbox[k]["status"] != "delivered")
+        missing = sorted(committed - processed_at_sink)
+        ok = not undelivered and not missing
+        stuck = [(k, outbox[k]["status"], outbox[k]["last_error"]) for k in undelivered[:3]]
+        return ok, (f"every committed effect reached the sink: {len(committed)} of {len(committed)}, "
+                    f"all 'delivered' in inbox.outbox" if ok else
+                    f"not delivered: {stuck}; "
+                    f"never processed by the sink: {missing[:3]}")
+
+    def _one_key_per_effect(self) -> tuple[bool, str]:
+        requests = self.sink.requests
+        bad_keys = [r for r in requests if len(r.keys) != 1]
+        mismatched = []
+        keys_per_effect: dict[tuple[str, str], set[str]] = {}
+        for r in requests:
+            body = r.body if isinstance(r.body, dict) else {}
+            identity = (str(body.get("message_id")), str(body.get("effect")))
+            keys_per_effect.setdefault(identity, set()).update(r.keys)
+            if body.get("consumer") != self.consumer or len(r.keys) != 1 or self.expected.get(identity) != r.keys[0]:
+                mismatched.append(r)
+        multi = [ident for ident, keys in keys_per_effect.items() if len(keys) != 1]
+        ok = not bad_keys and not mismatched and not multi and bool(requests)
+        return ok, (f"each of the {len(requests)} requests carried exactly one Idempotency-Key, the effect_id "
+                    "of the message and effect in its body: one key per effect on every attempt" if ok else
+                    f"requests without exactly one key: {len(bad_keys)}; key not the body's effect_id: "
+                    f"{len(mismatched)}; effects seen with several keys: {multi[:3]}")
+
+    def _sink_counted_each_once(self, outbox: dict[str, Row]) -> tuple[bool, str]:
+        committed = set(outbox)
+        counts = {k: self.sink.counted[k] for k in committed}
+        not_once = sorted((k, n) for k, n in counts.items() if n != 1)
+        dropped = sum(r.answer == "duplicate" for r in self.sink.requests)
+        ok = not not_once and sum(counts.values()) == len(committed)
+        return ok, (f"the sink, deduplicating on the key, counted each effect exactly once: {len(committed)} "
+                    f"effects, {dropped} duplicates dropped" if ok else
+                    f"the sink counted {len(not_once)} effects other than once, e.g. "
+                    + ", ".join(f"{k[:15]}... x{n}" for k, n in not_once[:3]))
+
+    def _one_request_per_attempt(self, outbox: dict[str, Row]) -> tuple[bool, str]:
+        attempts = sum(int(r["attempts"]) for r in outbox.values())
+        requests = len(self.sink.requests)
+        ok = attempts == requests
+        return ok, (f"each of the {attempts} attempts in inbox.outbox is one request at the sink" if ok else
+                    f"{attempts} attempts in inbox.outbox, {requests} requests at the sink")
+
+    def _faults_happened(self) -> tuple[bool, str]:
+        answers = Counter(r.answer for r in self.sink.requests)
+        exercised = {
+            "ambiguous timeouts": self.transport_stats["ambiguous"],
+            "503 answers": answers["unavailable"],
+            "redeliveries absorbed": self.stats["outcome:duplicate"],
+        }
+        ok = all(exercised.values()) and not self.errors
+        return ok, ("the faults happened: " + ", ".join(f"{n} {label}" for label, n in exercised.items())
+                    if ok else "not exercised or errors: " + ", ".join(
+                        f"{label} {n}" for label, n in exercised.items()) + f"; errors: {self.errors[:3]}")
+
 
 def run(dsn: str, *, seed: int | None = None, messages: int = 200, sink_dedup: bool = True,
         out: TextIO | None = None) -> bool:
     """Run act 3 against `dsn` (schema inbox deployed); True when every check holds."""
     if seed is None:
         seed = random.SystemRandom().randrange(1, 10**6)
-    settings = Settings(messages=messages, seed=seed, dedup=sink_dedup)
+    settings = OutboxSettings(messages=messages, seed=seed, dedup=sink_dedup)
     return OutboxAct(dsn, settings, out).run()
