@@ -1,4 +1,6 @@
-"""Every statement the library runs, as named constants: no SQL is assembled at run time.
+"""The statements Inbox and AsyncInbox run, as named constants: no SQL is assembled at run time.
+(The operator commands, the dispatcher and the demo keep theirs next to their code: ops/*.py,
+dispatcher/queries.py, demo/*.py.)
 
 Statements that write return `pg_current_xact_id_if_assigned()` as their last column, read in the
 same round trip as the result: when the connection is lost during the COMMIT that follows, the

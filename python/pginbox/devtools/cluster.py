@@ -144,9 +144,6 @@ class Cluster:
         """libpq conninfo without a database name."""
         return make_conninfo(host=HOST, port=str(self.port), user=SUPERUSER)
 
-    def sqitch_target(self, dbname: str) -> str:
-        return f"db:pg://{SUPERUSER}@{HOST}:{self.port}/{dbname}"
-
     # ----------------------------------------------------------------- life cycle
 
     def ensure(self) -> None:
@@ -330,7 +327,7 @@ class Cluster:
     def _write_settings(self) -> None:
         socket_dir = str(self.datadir) if len(str(self.datadir)) <= _MAX_SOCKET_DIR_LEN else ""
         text = (
-            "# Written by pginbox (python/pginbox/cluster.py); rewritten on each start.\n"
+            "# Written by pginbox (python/pginbox/devtools/cluster.py); rewritten on each start.\n"
             f"port = {self.port}\n"
             f"listen_addresses = {_quote_conf(HOST)}\n"
             f"unix_socket_directories = {_quote_conf(socket_dir)}\n"
