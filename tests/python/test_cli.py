@@ -453,8 +453,8 @@ def test_every_option_names_its_environment_variable() -> None:
         if "--dsn" in option.opts and path != "pginbox":
             assert option.envvar is None, path  # one variable for --dsn: the global option's
             continue
-        envvar = option.envvar if isinstance(option.envvar, str) else (option.envvar or [None])[0]
-        assert envvar and envvar.startswith("PGINBOX_") and option.show_envvar, (path, option.opts)
+        envvars = [option.envvar] if isinstance(option.envvar, str) else list(option.envvar or [])
+        assert envvars and envvars[0].startswith("PGINBOX_") and option.show_envvar, (path, option.opts)
     names = {(path, o.opts[0]): o.envvar for path, o in seen}
     assert names[("pginbox dispatch", "--health-port")] == "PGINBOX_DISPATCH_HEALTH_PORT"
     assert names[("pginbox cluster", "--datadir")] == "PGINBOX_CLUSTER_DIR"

@@ -178,7 +178,7 @@ def test_operator_decisions_on_an_expired_entry(db: psycopg.Connection[Any], db_
     assert purge_sql(db_dsn).rows_deleted == 2
     produced = db.execute("SELECT now() - interval '30 days'").fetchone()[0]  # type: ignore[index]
     # A genuinely new message produced long ago looks just the same: expired too.
-    results = {}
+    results: dict[str, Any] = {}
     for mid in ("old-1", "old-2", "never-seen", "never-seen-2"):
         results[mid] = db.execute(
             "SELECT outcome, quarantine_id FROM inbox.claim_and_apply(%s, %s, %s, 'credit',"
