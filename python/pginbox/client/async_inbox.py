@@ -1,7 +1,20 @@
-"""`AsyncInbox`: the asyncio client (psycopg.AsyncConnection or psycopg_pool.AsyncConnectionPool).
+#@ async: the sync client is generated from this module
+# This module is the one source of both clients: python/tools/async_to_sync.py writes
+# pginbox/client/inbox.py (Inbox) from it, and tests/run fails when that file is out of date.
+# Edit this file, then run `python python/tools/async_to_sync.py`.
+#@ end
+"""`AsyncInbox`: the client of schema `inbox` (psycopg.AsyncConnection or
+psycopg_pool.AsyncConnectionPool).
 
-The same transactions, outcomes, retries and COMMIT resolution as `pginbox.inbox.Inbox` (read its
-docstrings); the handler is a coroutine function `async handler(cursor, message)`.
+Every delivery runs in transactions of its own, started with an explicit BEGIN (honouring the
+connection's isolation_level) and sent in one round trip with the claim (pipeline mode):
+
+  handle       BEGIN + inbox.claim | the Python handler's statements | COMMIT
+  apply        BEGIN + inbox.claim_and_apply | COMMIT
+  apply_batch  BEGIN + inbox.claim_and_apply_batch (<= 64 messages) | COMMIT, per chunk
+
+Transient errors re-run the whole transaction (RetryPolicy). A connection lost during COMMIT is
+resolved with pg_xact_status on the transaction id read before COMMIT, never guessed.
 """
 
 from __future__ import annotations
@@ -22,6 +35,10 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import TupleRow, tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTimeout
 
+#@ async: the sync module names the async pool in its type check below
+#@ sync
+# from psycopg_pool import AsyncConnectionPool
+#@ end
 from pginbox.client import queries
 from pginbox.client import shared as _core
 from pginbox.client.outcomes import InboxStats, Message, Outcome, Result
@@ -34,7 +51,8 @@ __all__ = ["AsyncHandler", "AsyncInbox"]
 T = TypeVar("T")
 AConn = psycopg.AsyncConnection[Any]
 
-#: async handler(cursor, message): runs inside the transaction that holds the claim.
+#: handler(cursor, message): runs inside the transaction that holds the claim. Its return value is
+#: ignored; raising rolls back the claim and its writes.
 AsyncHandler = Callable[[psycopg.AsyncCursor[Any], Message], Awaitable[object]]
 
 _IDLE = pq.TransactionStatus.IDLE
@@ -42,18 +60,32 @@ _INERROR = pq.TransactionStatus.INERROR
 _PIPELINE = psycopg.AsyncPipeline.is_supported()
 
 
-@asynccontextmanager
-async def _autocommit(conn: AConn, pipeline: bool = True) -> AsyncIterator[None]:
-    """See pginbox.inbox._enter_autocommit."""
+# The hot paths (handle, one statement) switch autocommit with these two calls around a
+# try/finally rather than with the _autocommit context manager: a generator-based context manager
+# costs a few microseconds per call.
+async def _enter_autocommit(conn: AConn, pipeline: bool = True) -> bool:
+    """In pipeline mode our transactions start with our own BEGIN, sent in the same round trip as
+    the first statement: psycopg must not send one of its own, so the connection is switched to
+    autocommit for the transaction. True when it was switched and must be switched back with
+    `_leave_autocommit`."""
     if not pipeline or conn.autocommit:
-        yield
-        return
+        return False
     await conn.set_autocommit(True)
+    return True
+
+
+async def _leave_autocommit(conn: AConn, switched: bool) -> None:
+    if switched and not conn.closed and conn.pgconn.transaction_status == _IDLE:
+        await conn.set_autocommit(False)
+
+
+@asynccontextmanager
+async def _autocommit(conn: AConn) -> AsyncIterator[None]:
+    switched = await _enter_autocommit(conn)
     try:
         yield
     finally:
-        if not conn.closed and conn.pgconn.transaction_status == _IDLE:
-            await conn.set_autocommit(False)
+        await _leave_autocommit(conn, switched)
 
 
 async def _rollback_quietly(conn: AConn) -> None:
@@ -66,15 +98,17 @@ async def _rollback_quietly(conn: AConn) -> None:
 def _check_idle(conn: AConn) -> None:
     if conn.pgconn.transaction_status != _IDLE:
         raise PginboxError(
-            "the connection given to AsyncInbox is inside a transaction: AsyncInbox runs its own "
-            "transactions (commit or roll back first, or give it a connection of its own)"
+            "the connection given to AsyncInbox is inside a transaction: AsyncInbox runs its own transactions "
+            "(commit or roll back first, or give AsyncInbox a connection of its own)"
         )
 
 
 async def _begin_and_execute(
     conn: AConn, cur: psycopg.AsyncCursor[TupleRow], query: Any, params: Any, pipeline: bool
 ) -> None:
-    """See pginbox.inbox._begin_and_execute."""
+    """BEGIN, then `query`: in one round trip in pipeline mode, else in two (a connection not in
+    autocommit mode gets psycopg's own BEGIN, which honours its isolation_level, read_only and
+    deferrable)."""
     if pipeline:
         async with conn.pipeline():
             await cur.execute(queries.BEGIN[conn.isolation_level], prepare=False)
@@ -86,11 +120,22 @@ async def _begin_and_execute(
 
 
 class AsyncInbox:
-    """Delivers messages for one consumer through schema `inbox`, on asyncio.
+    """Delivers messages for one consumer through schema `inbox`.
 
-    Arguments as for `pginbox.Inbox`; `conn_or_pool` is a psycopg.AsyncConnection (used under an
-    asyncio.Lock, one call at a time, replaced if it breaks) or a psycopg_pool.AsyncConnectionPool
-    (opened by the caller).
+    conn_or_pool      a psycopg.AsyncConnection (used under a lock, one call at a time, replaced by a
+                      new connection with the same parameters if it breaks: see `connection`) or a
+                      psycopg_pool.AsyncConnectionPool (one connection per call: safe for concurrent
+                      callers).
+    consumer          the consumer name: part of every message identity.
+    handler_version   recorded with each claim and failure by `handle` (`apply` records the
+                      version the SQL handler was registered with).
+    retry             RetryPolicy for transient errors.
+    pipeline          True: BEGIN and the claim travel in one round trip (psycopg pipeline mode);
+                      False: two round trips, but less client CPU per message (a local database
+                      and a CPU-bound client). Ignored where libpq has no pipeline mode.
+    raise_on_failure  default of `handle(..., raise_on_failure=)`: False returns a FAILED or
+                      QUARANTINED Result; True re-raises the handler's exception after recording it.
+    batch_size        chunk size of apply_batch / handle_batch (at most 64).
     """
 
     def __init__(
@@ -117,20 +162,24 @@ class AsyncInbox:
         self._pool: AsyncConnectionPool[Any] | None = None
         self._conn: AConn | None = None
         self._own_conn = False
-        self._lock: asyncio.Lock | None = None
+        #@ async: (a comment only the async module needs)
+        # Created here, like the sync module's threading.Lock: an asyncio.Lock binds to the running
+        # loop only when a caller first waits on it (Python >= 3.10), so it needs no loop yet.
+        #@ end
+        self._lock = asyncio.Lock()
         given: object = conn_or_pool  # checked at run time too: callers are not always typed
         if isinstance(given, AsyncConnectionPool):
             self._pool = given
         elif isinstance(given, psycopg.AsyncConnection):
             self._conn = given
-            info = given.info
-            self._conninfo = make_conninfo(info.dsn, **({"password": info.password} if info.password else {}))
-            self._conn_settings = (
-                given.autocommit, given.isolation_level,
-                given.prepare_threshold, given.row_factory,
-            )
+            self._snapshot_connection(given)
+        #@ async: the other flavour's classes (the generated code names the async ones)
         elif isinstance(given, psycopg.Connection | ConnectionPool):
             raise TypeError("AsyncInbox takes an async connection or pool; use pginbox.Inbox for sync code")
+        #@ sync
+        # elif isinstance(given, psycopg.AsyncConnection | AsyncConnectionPool):
+        #     raise TypeError("Inbox takes a sync connection or pool; use pginbox.AsyncInbox for asyncio")
+        #@ end
         else:
             raise TypeError(
                 "AsyncInbox takes a psycopg.AsyncConnection or a psycopg_pool.AsyncConnectionPool, "
@@ -146,7 +195,9 @@ class AsyncInbox:
 
     @property
     def connection(self) -> AConn | None:
-        """The connection in use (None with a pool); a replacement after the given one broke."""
+        """The connection in use when AsyncInbox was given a connection (None with a pool). After
+        the given connection broke, this is the replacement AsyncInbox opened (and closes in
+        `close()`)."""
         return self._conn
 
     async def close(self) -> None:
@@ -161,14 +212,23 @@ class AsyncInbox:
         await self.close()
 
     async def check_schema(self) -> int:
-        """Check `inbox.schema_version()` now (otherwise done on first use); returns the version."""
+        """Check `inbox.schema_version()` now (otherwise done on first use); returns the version.
+        Raises SchemaVersionError (missing or unknown schema) or SchemaAccessError."""
         async with self._connection() as conn:
             return await self._check_schema(conn)
 
     async def handle(
         self, message: Message, handler: AsyncHandler, *, raise_on_failure: bool | None = None
     ) -> Result:
-        """See `Inbox.handle`; `handler` is awaited."""
+        """Claim `message` and run `handler(cursor, message)` in the transaction that holds the
+        claim; commit only if the handler returns.
+
+        APPLIED after the commit; DUPLICATE, CONFLICT, QUARANTINED without running the handler.
+        A permanent handler error rolls back the claim and the handler's writes, is recorded with
+        inbox.record_failure in a new transaction, and comes back as FAILED (or QUARANTINED at the
+        consumer's max_attempts), with the exception in `Result.exception`; with raise_on_failure
+        the exception is re-raised instead, after recording. Transient errors re-run the whole
+        transaction; RetriesExhausted when the policy gives up."""
         message = _core.check_message(message)
         cost = CallCost()
         if message.redelivered:
@@ -189,7 +249,8 @@ class AsyncInbox:
         return result
 
     async def apply(self, message: Message) -> Result:
-        """See `Inbox.apply`."""
+        """inbox.claim_and_apply: claim and run the SQL handler registered for the message type,
+        in one round trip. A handler failure is recorded by the SQL (FAILED / QUARANTINED)."""
         message = _core.check_message(message)
         cost = CallCost()
         if message.redelivered:
@@ -203,7 +264,10 @@ class AsyncInbox:
         return self._stats.stamp([result], cost)[0]
 
     async def apply_batch(self, messages: Iterable[Message]) -> list[Result]:
-        """See `Inbox.apply_batch`."""
+        """inbox.claim_and_apply_batch over chunks of `batch_size` messages, one transaction per
+        chunk, each message isolated from the others' failures. Results in input order.
+        If a chunk exhausts its retries, RetriesExhausted is raised: earlier chunks are committed
+        (their redeliveries are duplicates), later ones were not attempted."""
         batch = [_core.check_message(m) for m in messages]
         results: list[Result] = []
         for chunk in _core.chunks(batch, self.batch_size):
@@ -222,7 +286,10 @@ class AsyncInbox:
         return results
 
     async def handle_batch(self, messages: Iterable[Message], handler: AsyncHandler) -> list[Result]:
-        """See `Inbox.handle_batch`; `handler` is awaited."""
+        """`handle` for many messages: one transaction per chunk of `batch_size`, a savepoint per
+        message. A permanent handler error rolls back to the message's savepoint and is recorded in
+        the same transaction (FAILED / QUARANTINED Result, never raised); a transient error re-runs
+        the whole chunk. Results in input order."""
         batch = [_core.check_message(m) for m in messages]
         results: list[Result] = []
         for chunk in _core.chunks(batch, self.batch_size):
@@ -239,7 +306,8 @@ class AsyncInbox:
     # ------------------------------------------------------------------------- attempts
 
     async def _handle_attempt(self, conn: AConn, message: Message, handler: AsyncHandler) -> Result | Failure:
-        async with _autocommit(conn, self.pipeline):
+        switched = await _enter_autocommit(conn, self.pipeline)
+        try:
             cur = conn.cursor(row_factory=tuple_row)
             try:
                 await _begin_and_execute(
@@ -269,13 +337,15 @@ class AsyncInbox:
                     raise
                 return Failure(exc, applied)
             return applied
+        finally:
+            await _leave_autocommit(conn, switched)
 
     async def _call_handler(
         self, conn: AConn, handler: AsyncHandler, message: Message, claim: Result, *, savepoint: bool
     ) -> Failure | None:
-        """Runs the handler. Permanent error: rolls back (the transaction, or to the message's
-        savepoint) and returns a Failure. Transient error: raises Transient (the caller rolls
-        back the transaction)."""
+        """Runs the handler; None when it returned with the transaction intact. Permanent error:
+        rolls back (the transaction, or to the message's savepoint) and returns a Failure.
+        Transient error: rolls back the transaction and raises Transient."""
         hcur = conn.cursor()
         try:
             await handler(hcur, message)
@@ -376,7 +446,9 @@ class AsyncInbox:
     async def _statement_tx(
         self, conn: AConn, query: Any, params: Any, build: Callable[[list[TupleRow]], T]
     ) -> T:
-        async with _autocommit(conn, self.pipeline):
+        """One statement in a transaction of its own: BEGIN + statement, then COMMIT."""
+        switched = await _enter_autocommit(conn, self.pipeline)
+        try:
             cur = conn.cursor(row_factory=tuple_row)
             try:
                 await _begin_and_execute(conn, cur, query, params, self.pipeline)
@@ -387,6 +459,8 @@ class AsyncInbox:
             value = build(rows)
             await self._commit(conn, rows[0][-1] if rows else None, value)
             return value
+        finally:
+            await _leave_autocommit(conn, switched)
 
     async def _announce_redeliveries(
         self, chunk: Sequence[Message], cost: CallCost
@@ -402,6 +476,8 @@ class AsyncInbox:
         return out, [i for i in range(len(chunk)) if out[i] is None]
 
     async def _record_starts(self, messages: Sequence[Message], cost: CallCost) -> list[Result | None]:
+        """inbox.record_start for redelivered messages, committed before they are processed:
+        a QUARANTINED Result for each crash-looping one, None for those to process."""
         params = _core.record_starts_params(self.consumer, self.handler_version, messages)
         return await self._run(
             lambda conn: self._statement_tx(conn, queries.RECORD_STARTS, params, _core.start_results), cost
@@ -471,6 +547,7 @@ class AsyncInbox:
             await asyncio.sleep(delay)
 
     async def _resolve(self, unknown: CommitUnknown) -> bool:
+        """Whether the transaction whose COMMIT reply was lost committed (pg_xact_status)."""
         policy = self.retry
         first = time.monotonic()
         deadline = first + policy.resolve_timeout
@@ -516,8 +593,6 @@ class AsyncInbox:
         """A connection for one attempt: from the pool, or the given one under the lock."""
         if self._pool is not None:
             return cast(AConn, await self._pool.getconn())
-        if self._lock is None:
-            self._lock = asyncio.Lock()  # created on the running loop
         await self._lock.acquire()
         try:
             conn = self._conn
@@ -530,7 +605,7 @@ class AsyncInbox:
     async def _release(self, conn: AConn) -> None:
         if self._pool is not None:
             await self._pool.putconn(conn)
-        elif self._lock is not None:
+        else:
             self._lock.release()
 
     @asynccontextmanager
@@ -541,6 +616,12 @@ class AsyncInbox:
         finally:
             await self._release(conn)
 
+    def _snapshot_connection(self, conn: AConn) -> None:
+        """What `_reconnect` needs to open a connection like the given one."""
+        info = conn.info
+        self._conninfo = make_conninfo(info.dsn, **({"password": info.password} if info.password else {}))
+        self._conn_settings = (conn.autocommit, conn.isolation_level, conn.prepare_threshold, conn.row_factory)
+
     async def _reconnect(self) -> AConn:
         old = self._conn
         assert old is not None
@@ -548,6 +629,7 @@ class AsyncInbox:
         new = await type(old).connect(
             self._conninfo, autocommit=autocommit, prepare_threshold=prepare_threshold, row_factory=row_factory
         )
+        # set_isolation_level exists on both flavours (the sync one is the property's setter).
         await new.set_isolation_level(isolation_level)
         with suppress(psycopg.Error):
             await old.close()  # broken already: this only frees it

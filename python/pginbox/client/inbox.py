@@ -1,4 +1,7 @@
-"""`Inbox`: the synchronous client (psycopg.Connection or psycopg_pool.ConnectionPool).
+# Generated from async_inbox.py by python/tools/async_to_sync.py: DO NOT EDIT.
+# Edit python/pginbox/client/async_inbox.py, then run the script (tests/run checks this file).
+"""`Inbox`: the client of schema `inbox` (psycopg.Connection or
+psycopg_pool.ConnectionPool).
 
 Every delivery runs in transactions of its own, started with an explicit BEGIN (honouring the
 connection's isolation_level) and sent in one round trip with the claim (pipeline mode):
@@ -50,6 +53,9 @@ _INERROR = pq.TransactionStatus.INERROR
 _PIPELINE = psycopg.Pipeline.is_supported()
 
 
+# The hot paths (handle, one statement) switch autocommit with these two calls around a
+# try/finally rather than with the _autocommit context manager: a generator-based context manager
+# costs a few microseconds per call.
 def _enter_autocommit(conn: Conn, pipeline: bool = True) -> bool:
     """In pipeline mode our transactions start with our own BEGIN, sent in the same round trip as
     the first statement: psycopg must not send one of its own, so the connection is switched to
@@ -57,13 +63,13 @@ def _enter_autocommit(conn: Conn, pipeline: bool = True) -> bool:
     `_leave_autocommit`."""
     if not pipeline or conn.autocommit:
         return False
-    conn.autocommit = True
+    conn.set_autocommit(True)
     return True
 
 
 def _leave_autocommit(conn: Conn, switched: bool) -> None:
     if switched and not conn.closed and conn.pgconn.transaction_status == _IDLE:
-        conn.autocommit = False
+        conn.set_autocommit(False)
 
 
 @contextmanager
@@ -111,7 +117,8 @@ class Inbox:
 
     conn_or_pool      a psycopg.Connection (used under a lock, one call at a time, replaced by a
                       new connection with the same parameters if it breaks: see `connection`) or a
-                      psycopg_pool.ConnectionPool (one connection per call: thread-safe).
+                      psycopg_pool.ConnectionPool (one connection per call: safe for concurrent
+                      callers).
     consumer          the consumer name: part of every message identity.
     handler_version   recorded with each claim and failure by `handle` (`apply` records the
                       version the SQL handler was registered with).
@@ -159,7 +166,8 @@ class Inbox:
             raise TypeError("Inbox takes a sync connection or pool; use pginbox.AsyncInbox for asyncio")
         else:
             raise TypeError(
-                f"Inbox takes a psycopg.Connection or a psycopg_pool.ConnectionPool, not {type(given).__name__}"
+                "Inbox takes a psycopg.Connection or a psycopg_pool.ConnectionPool, "
+                f"not {type(given).__name__}"
             )
 
     # ------------------------------------------------------------------------- public API
@@ -171,8 +179,9 @@ class Inbox:
 
     @property
     def connection(self) -> Conn | None:
-        """The connection in use when Inbox was given a connection (None with a pool). After the
-        given connection broke, this is the replacement Inbox opened (and closes in `close()`)."""
+        """The connection in use when Inbox was given a connection (None with a pool). After
+        the given connection broke, this is the replacement Inbox opened (and closes in
+        `close()`)."""
         return self._conn
 
     def close(self) -> None:
@@ -192,7 +201,9 @@ class Inbox:
         with self._connection() as conn:
             return self._check_schema(conn)
 
-    def handle(self, message: Message, handler: Handler, *, raise_on_failure: bool | None = None) -> Result:
+    def handle(
+        self, message: Message, handler: Handler, *, raise_on_failure: bool | None = None
+    ) -> Result:
         """Claim `message` and run `handler(cursor, message)` in the transaction that holds the
         claim; commit only if the handler returns.
 
@@ -416,7 +427,9 @@ class Inbox:
             self._commit(conn, xid, out)
         return out
 
-    def _statement_tx(self, conn: Conn, query: Any, params: Any, build: Callable[[list[TupleRow]], T]) -> T:
+    def _statement_tx(
+        self, conn: Conn, query: Any, params: Any, build: Callable[[list[TupleRow]], T]
+    ) -> T:
         """One statement in a transaction of its own: BEGIN + statement, then COMMIT."""
         switched = _enter_autocommit(conn, self.pipeline)
         try:
@@ -451,13 +464,15 @@ class Inbox:
         a QUARANTINED Result for each crash-looping one, None for those to process."""
         params = _core.record_starts_params(self.consumer, self.handler_version, messages)
         return self._run(
-            lambda conn: self._statement_tx(conn, queries.RECORD_STARTS, params, _core.start_results), cost)
+            lambda conn: self._statement_tx(conn, queries.RECORD_STARTS, params, _core.start_results), cost
+        )
 
     def _record_failure(self, message: Message, error: BaseException, cost: CallCost) -> Result:
         reason, text = _core.failure_reason(error)
         params = _core.record_failure_params(self.consumer, self.handler_version, message, reason, text)
         return self._run(
-            lambda conn: self._statement_tx(conn, queries.RECORD_FAILURE, params, _core.first_result), cost)
+            lambda conn: self._statement_tx(conn, queries.RECORD_FAILURE, params, _core.first_result), cost
+        )
 
     def _commit(self, conn: Conn, xid: str | None, value: object) -> None:
         try:
@@ -527,7 +542,8 @@ class Inbox:
             status: str | None = "unreachable"
             try:
                 with self._connection() as conn, _autocommit(conn):
-                    row = conn.execute(queries.XACT_STATUS, (unknown.xid,)).fetchone()
+                    cur = conn.execute(queries.XACT_STATUS, (unknown.xid,))
+                    row = cur.fetchone()
                     status = row[0] if row else None
                     if status == "in progress" and not terminated and time.monotonic() - first >= policy.orphan_grace:
                         terminated = True
@@ -551,7 +567,9 @@ class Inbox:
                     f"could not be established (last status: {status}): do not ack; a redelivery is safe",
                     xid=unknown.xid,
                 ) from unknown.error
-            time.sleep(min(policy.backoff(polls, self._rng) + 0.005, max(deadline - time.monotonic(), 0.0)))
+            time.sleep(
+                min(policy.backoff(polls, self._rng) + 0.005, max(deadline - time.monotonic(), 0.0))
+            )
 
     # ------------------------------------------------------------------------- connections
 
@@ -583,6 +601,7 @@ class Inbox:
             self._release(conn)
 
     def _snapshot_connection(self, conn: Conn) -> None:
+        """What `_reconnect` needs to open a connection like the given one."""
         info = conn.info
         self._conninfo = make_conninfo(info.dsn, **({"password": info.password} if info.password else {}))
         self._conn_settings = (conn.autocommit, conn.isolation_level, conn.prepare_threshold, conn.row_factory)
@@ -594,7 +613,8 @@ class Inbox:
         new = type(old).connect(
             self._conninfo, autocommit=autocommit, prepare_threshold=prepare_threshold, row_factory=row_factory
         )
-        new.isolation_level = isolation_level
+        # set_isolation_level exists on both flavours (the sync one is the property's setter).
+        new.set_isolation_level(isolation_level)
         with suppress(psycopg.Error):
             old.close()  # broken already: this only frees it
         self._conn = new
@@ -606,7 +626,8 @@ class Inbox:
         where = _core.describe(conn.info)
         try:
             with _autocommit(conn):
-                row = conn.execute(queries.SCHEMA_VERSION).fetchone()
+                cur = conn.execute(queries.SCHEMA_VERSION)
+                row = cur.fetchone()
         except psycopg.Error as exc:
             translated = _core.schema_error(exc, where)
             if translated is not None:
