@@ -62,7 +62,8 @@ _PIPELINE = psycopg.AsyncPipeline.is_supported()
 
 # The hot paths (handle, one statement) switch autocommit with these two calls around a
 # try/finally rather than with the _autocommit context manager: a generator-based context manager
-# costs a few microseconds per call.
+# costs a few microseconds per call. set_autocommit is a method of both flavours (the sync
+# `autocommit` property setter calls it), so the two modules make the same calls.
 async def _enter_autocommit(conn: AConn, pipeline: bool = True) -> bool:
     """In pipeline mode our transactions start with our own BEGIN, sent in the same round trip as
     the first statement: psycopg must not send one of its own, so the connection is switched to
