@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import click
 
 from pginbox.cli.context import State, database, dsn_option
+from pginbox.dispatcher.queries import CLAIM_LIMIT, LEASE_MAX_SECONDS
 from pginbox.errors import ClaimError
 from pginbox.ops.retention import PeriodicPurger
 
@@ -95,8 +96,9 @@ def _run(dispatcher: Dispatcher, purger: PeriodicPurger | None, *, once: bool) -
 @dsn_option
 @click.option("--once", is_flag=True, help="Deliver everything due, then exit (for cron and tests).")
 @click.option("--name", default=None, help="Dispatcher name (unique per process) [default: pginbox-<host>-<pid>].")
-@click.option("--batch-size", type=click.IntRange(1, 1000), default=100, show_default=True)
-@click.option("--lease", type=click.FloatRange(0.001, 86400), default=30.0, show_default=True, help="Lease, seconds.")
+@click.option("--batch-size", type=click.IntRange(1, CLAIM_LIMIT), default=100, show_default=True)
+@click.option("--lease", type=click.FloatRange(0.001, LEASE_MAX_SECONDS), default=30.0, show_default=True,
+              help="Lease, seconds.")
 @click.option("--concurrency", type=click.IntRange(1, 1000), default=8, show_default=True,
               help="In-flight deliveries per destination.")
 @click.option("--poll-interval", type=click.FloatRange(0.01, 3600), default=1.0, show_default=True,

@@ -23,6 +23,7 @@ SUPPORTED_SCHEMA_VERSIONS: Final = frozenset({1})
 
 #: inbox.claim_and_apply_batch takes at most this many messages; handle_batch uses the same chunks
 #: (one subtransaction per message: more would overflow the backend's subtransaction cache).
+#: Pinned by test_sql_contract.
 MAX_BATCH: Final = 64
 
 _OUTCOMES: Final = {o.value: o for o in Outcome}
@@ -36,7 +37,8 @@ def _package_version() -> str:
 
 
 __version__: Final = _package_version()
-_REASON_MAX_BYTES: Final = 64
+#: The longest reason code inbox.record_failure takes, in bytes (pinned by test_sql_contract).
+REASON_MAX_BYTES: Final = 64
 
 
 # ----------------------------------------------------------------------------- parameters
@@ -152,14 +154,14 @@ def failure_reason(exc: BaseException) -> tuple[str, str]:
         code = None
         if isinstance(exc, psycopg.Error):
             constraint = exc.diag.constraint_name
-            if constraint and len(constraint.encode()) <= _REASON_MAX_BYTES:
+            if constraint and len(constraint.encode()) <= REASON_MAX_BYTES:
                 code = constraint
             else:
                 code = exc.sqlstate
         if not code:
             code = type(exc).__name__
     message = str(exc) or type(exc).__name__
-    return _truncate_bytes(code, _REASON_MAX_BYTES), message
+    return _truncate_bytes(code, REASON_MAX_BYTES), message
 
 
 # ----------------------------------------------------------------------------- schema

@@ -24,7 +24,7 @@ from psycopg_pool import ConnectionPool
 
 from pginbox.dispatcher.listener import Listener
 from pginbox.dispatcher.log import kv, log
-from pginbox.dispatcher.queries import CLAIM, EXTEND, IDLE, REPORT_LIMIT
+from pginbox.dispatcher.queries import CLAIM, CLAIM_LIMIT, EXTEND, IDLE, LEASE_MAX_SECONDS, REPORT_LIMIT
 from pginbox.dispatcher.reporter import Report, Reporter
 from pginbox.dispatcher.stats import DispatcherMetrics, DispatcherStats
 from pginbox.errors import ClaimError
@@ -60,9 +60,9 @@ class _Lane:
 
 def _check_settings(batch_size: int, lease: float, concurrency_per_destination: int, report_batch: int,
                     report_interval: float, claim_retries: int) -> None:
-    if not 1 <= batch_size <= 1000:
-        raise ValueError(f"batch_size must be between 1 and 1000, got {batch_size}")
-    if not 0 < lease <= 86400:
+    if not 1 <= batch_size <= CLAIM_LIMIT:
+        raise ValueError(f"batch_size must be between 1 and {CLAIM_LIMIT}, got {batch_size}")
+    if not 0 < lease <= LEASE_MAX_SECONDS:
         raise ValueError(f"lease must be longer than 0 and at most 1 day, got {lease}")
     if concurrency_per_destination < 1:
         raise ValueError("concurrency_per_destination must be at least 1")

@@ -31,7 +31,8 @@ __all__ = [
     "set_policy",
 ]
 
-#: The named failure scenarios of a policy, in the order of inbox.set_retention_policy.
+#: The named failure scenarios of a policy, in the order of inbox.set_retention_policy's arguments
+#: (pinned by test_sql_contract).
 SCENARIOS: Final = (
     "broker_retention",
     "max_offset_rewind",

@@ -15,9 +15,12 @@ from pginbox.errors import OperatorError
 from pginbox.ops.json_values import jsonable
 from pginbox.ops.quarantine import QUARANTINE_STATUSES, refused
 
-__all__ = ["InboxStatus", "check_schema", "inbox_status", "parse_sqitch_status"]
+__all__ = ["MESSAGE_STATUSES", "InboxStatus", "check_schema", "inbox_status", "parse_sqitch_status"]
 
 Row = dict[str, Any]
+
+#: The labels of enum inbox.message_status (pinned by test_sql_contract).
+MESSAGE_STATUSES: Final = ("processed", "quarantined", "discarded")
 
 SCHEMA_PRESENT: Final = "SELECT to_regnamespace('inbox') IS NOT NULL AS deployed"
 SCHEMA_VERSION: Final = "SELECT inbox.schema_version() AS version"
@@ -120,7 +123,7 @@ def inbox_status(conn: psycopg.Connection[Any]) -> InboxStatus:
     except psycopg.Error as exc:
         raise refused(exc, "read schema inbox") from exc
     # Every status, zeros included, so that scripts find each key.
-    result.messages = dict.fromkeys(("processed", "quarantined", "discarded"), 0)
+    result.messages = dict.fromkeys(MESSAGE_STATUSES, 0)
     for message_row in messages:
         result.messages[message_row["status"]] = int(message_row["n"])
     # Conflict and failure counts always (scripts read them); expired ones when there are any.

@@ -25,7 +25,8 @@ from pginbox.transports.ssrf import AddressPolicy, GuardedHTTPTransport
 
 __all__ = ["DEFAULT_RETRY_ON", "EXCERPT_CHARS", "MAX_REDIRECTS", "WebhookTransport", "parse_retry_on"]
 
-#: Characters of a response body kept as its excerpt (what inbox.outbox keeps: SQL cuts at 2000).
+#: Characters of a response body kept as its excerpt: what inbox.outbox keeps of one (SQL cuts excerpts
+#: and errors there; pinned by test_sql_contract).
 EXCERPT_CHARS = 2000
 MAX_REDIRECTS = 5
 DEFAULT_RETRY_ON: tuple[int | range, ...] = (408, 425, 429, range(500, 600))
