@@ -19,14 +19,13 @@ from psycopg.types.json import Jsonb
 
 from pginbox import Outcome
 from pginbox.client.retry import is_transient
-from pginbox.client.shared import MAX_BATCH, REASON_MAX_BYTES, failure_reason
-from pginbox.dispatcher.queries import CLAIM_LIMIT, LEASE_MAX_SECONDS, REPORT_LIMIT
+from pginbox.client.shared import failure_reason
 from pginbox.ops import retention
 from pginbox.ops.outbox import OUTBOX_STATUSES
 from pginbox.ops.quarantine import QUARANTINE_KINDS, QUARANTINE_STATUSES
 from pginbox.ops.retention import SCENARIOS
 from pginbox.ops.status import MESSAGE_STATUSES
-from pginbox.transports.webhook import EXCERPT_CHARS
+from pginbox.sql_limits import CLAIM_LIMIT, EXCERPT_CHARS, LEASE_MAX_SECONDS, MAX_BATCH, REASON_MAX_BYTES, REPORT_LIMIT
 
 Conn = psycopg.Connection[Any]
 CONSUMER = "contract"

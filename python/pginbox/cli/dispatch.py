@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 import click
 
 from pginbox.cli.context import State, database, dsn_option
-from pginbox.dispatcher.queries import CLAIM_LIMIT, LEASE_MAX_SECONDS
 from pginbox.errors import ClaimError
 from pginbox.ops.retention import PeriodicPurger
+from pginbox.sql_limits import CLAIM_LIMIT, LEASE_MAX_SECONDS
 
 if TYPE_CHECKING:  # imported when the command runs: the other commands start without httpx & co.
     from pginbox.dispatcher import Dispatcher

@@ -45,6 +45,7 @@ from pginbox.client.outcomes import InboxStats, Message, Outcome, Result
 from pginbox.client.retry import RetryPolicy, TransientKind, classify
 from pginbox.client.shared import CallCost, CommitUnknown, Failure, Transient
 from pginbox.errors import CommitOutcomeUnknown, HandlerProtocolError, PginboxError, RetriesExhausted
+from pginbox.sql_limits import MAX_BATCH
 
 __all__ = ["AsyncHandler", "AsyncInbox"]
 
@@ -147,7 +148,7 @@ class AsyncInbox:
         handler_version: str = "unversioned",
         retry: RetryPolicy | None = None,
         raise_on_failure: bool = False,
-        batch_size: int = _core.MAX_BATCH,
+        batch_size: int = MAX_BATCH,
         pipeline: bool = True,
     ) -> None:
         _core.check_names(consumer, handler_version)

@@ -38,6 +38,7 @@ from pginbox.client.outcomes import InboxStats, Message, Outcome, Result
 from pginbox.client.retry import RetryPolicy, TransientKind, classify
 from pginbox.client.shared import CallCost, CommitUnknown, Failure, Transient
 from pginbox.errors import CommitOutcomeUnknown, HandlerProtocolError, PginboxError, RetriesExhausted
+from pginbox.sql_limits import MAX_BATCH
 
 __all__ = ["Handler", "Inbox"]
 
@@ -140,7 +141,7 @@ class Inbox:
         handler_version: str = "unversioned",
         retry: RetryPolicy | None = None,
         raise_on_failure: bool = False,
-        batch_size: int = _core.MAX_BATCH,
+        batch_size: int = MAX_BATCH,
         pipeline: bool = True,
     ) -> None:
         _core.check_names(consumer, handler_version)

@@ -17,14 +17,11 @@ from psycopg.types.json import Jsonb
 from pginbox.client.outcomes import InboxStats, Message, Outcome, Result
 from pginbox.client.retry import TransientKind
 from pginbox.errors import PginboxError, SchemaAccessError, SchemaVersionError
+from pginbox.sql_limits import MAX_BATCH, REASON_MAX_BYTES
 
 #: Versions of `inbox.schema_version()` this package works with.
 SUPPORTED_SCHEMA_VERSIONS: Final = frozenset({1})
 
-#: inbox.claim_and_apply_batch takes at most this many messages; handle_batch uses the same chunks
-#: (one subtransaction per message: more would overflow the backend's subtransaction cache).
-#: Pinned by test_sql_contract.
-MAX_BATCH: Final = 64
 
 _OUTCOMES: Final = {o.value: o for o in Outcome}
 
@@ -37,8 +34,6 @@ def _package_version() -> str:
 
 
 __version__: Final = _package_version()
-#: The longest reason code inbox.record_failure takes, in bytes (pinned by test_sql_contract).
-REASON_MAX_BYTES: Final = 64
 
 
 # ----------------------------------------------------------------------------- parameters

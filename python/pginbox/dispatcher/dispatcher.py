@@ -24,10 +24,11 @@ from psycopg_pool import ConnectionPool
 
 from pginbox.dispatcher.listener import Listener
 from pginbox.dispatcher.log import kv, log
-from pginbox.dispatcher.queries import CLAIM, CLAIM_LIMIT, EXTEND, IDLE, LEASE_MAX_SECONDS, REPORT_LIMIT
+from pginbox.dispatcher.queries import CLAIM, EXTEND, IDLE
 from pginbox.dispatcher.reporter import Report, Reporter
 from pginbox.dispatcher.stats import DispatcherMetrics, DispatcherStats
 from pginbox.errors import ClaimError
+from pginbox.sql_limits import CLAIM_LIMIT, LEASE_MAX_SECONDS, REPORT_LIMIT
 from pginbox.transports.effect import Effect
 from pginbox.transports.protocol import DeliveryReport, Transport, TransportResolver
 

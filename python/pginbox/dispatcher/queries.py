@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = [
-    "CHANNEL", "CLAIM", "CLAIM_LIMIT", "COMPLETE_MANY", "EXTEND", "FAIL_MANY", "IDLE", "LEASE_MAX_SECONDS", "LISTEN",
-    "REPORT_LIMIT", "REPORT_MANY",
-]
+__all__ = ["CHANNEL", "CLAIM", "COMPLETE_MANY", "EXTEND", "FAIL_MANY", "IDLE", "LISTEN", "REPORT_MANY"]
 
 #: The NOTIFY channel of inbox.dispatcher_idle's wake-up signal.
 CHANNEL: Final = "inbox_outbox"
@@ -27,12 +24,5 @@ FAIL_MANY: Final = (
     "%s::text[], %s::bigint[], %s::text[], %s::boolean[], %s::integer[], %s::text[], %s::integer[])"
 )
 REPORT_MANY: Final = COMPLETE_MANY + " UNION ALL " + FAIL_MANY
-# Limits of the SQL API the dispatcher's settings respect (pinned by test_sql_contract).
-#: The most reports inbox.complete_effects / fail_effects take per call.
-REPORT_LIMIT: Final = 1000
-#: The most effects one inbox.claim_effects call claims (its max_effects).
-CLAIM_LIMIT: Final = 1000
-#: The longest lease inbox.claim_effects and inbox.extend_lease grant, seconds (1 day).
-LEASE_MAX_SECONDS: Final = 86400
 EXTEND: Final = "SELECT inbox.extend_lease(%s, %s, %s)"
 IDLE: Final = "SELECT inbox.dispatcher_idle(%s, %s)"

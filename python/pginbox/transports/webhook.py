@@ -19,15 +19,13 @@ from collections.abc import Iterable, Mapping
 import httpx
 
 from pginbox.errors import AmbiguousDelivery, DestinationRefused
+from pginbox.sql_limits import EXCERPT_CHARS  # the excerpt kept: what inbox.outbox keeps
 from pginbox.transports.effect import EffectLike
 from pginbox.transports.protocol import DeliveryReport
 from pginbox.transports.ssrf import AddressPolicy, GuardedHTTPTransport
 
-__all__ = ["DEFAULT_RETRY_ON", "EXCERPT_CHARS", "MAX_REDIRECTS", "WebhookTransport", "parse_retry_on"]
+__all__ = ["DEFAULT_RETRY_ON", "MAX_REDIRECTS", "WebhookTransport", "parse_retry_on"]
 
-#: Characters of a response body kept as its excerpt: what inbox.outbox keeps of one (SQL cuts excerpts
-#: and errors there; pinned by test_sql_contract).
-EXCERPT_CHARS = 2000
 MAX_REDIRECTS = 5
 DEFAULT_RETRY_ON: tuple[int | range, ...] = (408, 425, 429, range(500, 600))
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
