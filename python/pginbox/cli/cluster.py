@@ -11,9 +11,6 @@ from pginbox.devtools.cluster import Cluster, StopMode, default_cluster
 __all__ = ["cluster_group"]
 
 
-# --------------------------------------------------------------------------- cluster
-
-
 @click.group(name="cluster")
 @click.option(
     "--datadir",

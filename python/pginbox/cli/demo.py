@@ -9,9 +9,6 @@ from pginbox.cli.context import database, dsn_option
 __all__ = ["demo"]
 
 
-# --------------------------------------------------------------------------- demo
-
-
 @click.command()
 @dsn_option
 @click.option(

@@ -10,9 +10,6 @@ from pginbox.schema import sqitch
 __all__ = ["deploy", "revert", "verify"]
 
 
-# --------------------------------------------------------------------------- sqitch commands
-
-
 @click.command()
 @dsn_option
 @click.option("--to-change", metavar="CHANGE", help="Deploy up to this change only.")
