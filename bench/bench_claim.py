@@ -30,7 +30,7 @@ from pathlib import Path
 import psycopg
 from benchlib import bench_database
 
-from pginbox.cluster import Cluster, find_bindir
+from pginbox.devtools.cluster import Cluster, find_bindir
 
 ACCOUNTS = 100_000
 

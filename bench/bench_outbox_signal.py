@@ -50,7 +50,7 @@ from typing import Any
 import psycopg
 from benchlib import bench_database
 
-from pginbox.cluster import Cluster, find_bindir
+from pginbox.devtools.cluster import Cluster, find_bindir
 
 ACCOUNTS = 100_000
 

@@ -4,7 +4,7 @@ throughput stays >= 0.9x of the same run without purge.
 
 Each round, on a private cluster (fsync on):
   base     pgbench claim_and_apply (as bench/bench_claim.py 'apply') for --seconds, no purge
-  purge    the same pgbench run while `pginbox.retention.purge_consumer` deletes processed rows that
+  purge    the same pgbench run while `pginbox.ops.retention.purge_consumer` deletes processed rows that
            are 30 days old (--rows are loaded before each round) with a commit per batch; the purge
            is stopped when pgbench ends, so both overlap for the whole run
 The purge index is measured both ways, in turn: a btree on (consumer, processed_at) (what
@@ -33,8 +33,8 @@ import psycopg
 from bench_claim import ACCOUNTS, SCRIPTS, SETUP, run_pgbench
 from benchlib import ROOT, bench_database
 
-from pginbox import retention
-from pginbox.cluster import Cluster, find_bindir
+from pginbox.devtools.cluster import Cluster, find_bindir
+from pginbox.ops import retention
 
 POLICY = """
 SELECT inbox.set_retention_policy('bench', '', broker_retention => '7 days', max_offset_rewind => '3 days',

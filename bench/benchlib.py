@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python"))
 
-from pginbox.cluster import Cluster  # noqa: E402
+from pginbox.devtools.cluster import Cluster  # noqa: E402
 
 
 @contextmanager

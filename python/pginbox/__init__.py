@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from pginbox.aio import AsyncHandler, AsyncInbox
+from pginbox.client.async_inbox import AsyncHandler, AsyncInbox
+from pginbox.client.inbox import Handler, Inbox
+from pginbox.client.outcomes import InboxStats, Message, Outcome, Result
+from pginbox.client.retry import RetryPolicy, TransientKind, is_transient
 from pginbox.errors import (
     CommitOutcomeUnknown,
     HandlerProtocolError,
@@ -13,9 +16,6 @@ from pginbox.errors import (
     SchemaAccessError,
     SchemaVersionError,
 )
-from pginbox.inbox import Handler, Inbox
-from pginbox.outcomes import InboxStats, Message, Outcome, Result
-from pginbox.retry import RetryPolicy, TransientKind, is_transient
 
 try:
     __version__ = version("pginbox")

@@ -1,26 +1,127 @@
-"""Exceptions shared by the pginbox modules."""
+"""Every error pginbox raises itself, in one hierarchy (the driver's own errors, psycopg.Error and
+its subclasses, pass through unchanged where the docs say so).
+
+    PginboxError                base; `.sqlstate`: SQLSTATE of the database error behind it, or None
+      SchemaVersionError        schema inbox is missing, or of a version this package does not know
+      SchemaAccessError         the role may not use schema inbox
+      RetriesExhausted          every attempt of a RetryPolicy ended in a transient error
+      CommitOutcomeUnknown      the connection was lost during COMMIT and the outcome stayed unknown
+      HandlerProtocolError      the handler broke the rules of Inbox.handle
+      OperatorError             an operator command was refused (quarantine, status, ...)
+        ReplayError             a replay command was refused
+          ReplayStopped         the replay plan is stopped (SQLSTATE IR001)
+      ClaimError                the dispatcher's claims kept failing (also a RuntimeError)
+      AmbiguousDelivery         a transport cannot tell whether the destination acted
+      DestinationRefused        the SSRF guard refused a destination address
+      SqitchError               sqitch could not be run or failed
+      ClusterError              the private development cluster could not be used
+      DemoError                 `pginbox demo` could not run, or found its invariant broken
+        InvariantBroken
+        SimulationError
+        OutboxDemoRefused
+
+Not here, on purpose: the retry loop's internal signals (pginbox.client.shared.Transient and
+CommitUnknown, never raised to a caller) and the exceptions the demo's own handlers raise (they
+play the part of an application's errors).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Final
+
+import psycopg
+
 __all__ = [
+    "SQLSTATE_NAMES",
+    "AmbiguousDelivery",
+    "ClaimError",
+    "ClusterError",
     "CommitOutcomeUnknown",
+    "DemoError",
+    "DestinationRefused",
     "HandlerProtocolError",
+    "InvariantBroken",
+    "OperatorError",
+    "OutboxDemoRefused",
     "PginboxError",
+    "ReplayError",
+    "ReplayStopped",
     "RetriesExhausted",
     "SchemaAccessError",
     "SchemaVersionError",
+    "SimulationError",
+    "SqitchError",
+    "server_message",
+    "with_sqlstate",
 ]
+
+#: Condition names (PostgreSQL errcodes, plus the replay module's own) of the SQLSTATEs the
+#: operator commands meet; a message names the condition next to the code.
+SQLSTATE_NAMES: Final[Mapping[str, str]] = {
+    "22001": "string_data_right_truncation",
+    "22004": "null_value_not_allowed",
+    "22023": "invalid_parameter_value",
+    "3F000": "invalid_schema_name",
+    "40001": "serialization_failure",
+    "40P01": "deadlock_detected",
+    "42501": "insufficient_privilege",
+    "42704": "undefined_object",
+    "42710": "duplicate_object",
+    "42883": "undefined_function",
+    "42P01": "undefined_table",
+    "54000": "program_limit_exceeded",
+    "55000": "object_not_in_prerequisite_state",
+    "55P03": "lock_not_available",
+    "57014": "query_canceled",
+    "P0002": "no_data_found",
+    "IR001": "replay_handler_changed",
+    "IR002": "replay_pin_mismatch",
+    "IR003": "replay_payload_mismatch",
+}
+
+
+def with_sqlstate(message: str, sqlstate: str | None) -> str:
+    """`message [SQLSTATE 55000 object_not_in_prerequisite_state]` (the name when it is known)."""
+    if not sqlstate:
+        return message
+    name = SQLSTATE_NAMES.get(sqlstate)
+    return f"{message} [SQLSTATE {sqlstate}{' ' + name if name else ''}]"
+
+
+def server_message(exc: psycopg.Error) -> str:
+    """The server's primary message without its 'inbox.fn: ' prefix, with its DETAIL in
+    parentheses and its HINT after it: everything the server said, on one line."""
+    diag = exc.diag
+    text = diag.message_primary or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if text.startswith("inbox.") and ": " in text:
+        text = text.split(": ", 1)[1]
+    if diag.message_detail:
+        text = f"{text.rstrip('.')} ({diag.message_detail.rstrip('.')})"
+    if diag.message_hint:
+        text = f"{text.rstrip('.')}. {diag.message_hint.rstrip('.')}."
+    return text
 
 
 class PginboxError(Exception):
-    """Base class of the errors pginbox raises itself (not the driver's)."""
+    """Base class of the errors pginbox raises itself. `sqlstate`: the SQLSTATE of the database
+    error that caused it (also its `__cause__`), None when no database error did."""
+
+    def __init__(self, message: str = "", *, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+# ----------------------------------------------------------------------------- the client
 
 
 class SchemaVersionError(PginboxError):
     """Schema `inbox` is missing from the database, or is of a version this package does not know."""
 
-    def __init__(self, message: str, *, found: int | None, supported: frozenset[int]) -> None:
-        super().__init__(message)
+    def __init__(
+        self, message: str, *, found: int | None, supported: frozenset[int], sqlstate: str | None = None
+    ) -> None:
+        super().__init__(message, sqlstate=sqlstate)
         self.found = found
         self.supported = supported
 
@@ -32,10 +133,10 @@ class SchemaAccessError(PginboxError):
 class RetriesExhausted(PginboxError):
     """Every attempt allowed by the RetryPolicy ended in a transient error. Nothing was committed
     by the last attempt: nack the delivery (the broker redelivers; the claim keeps it safe).
-    The last error is `__cause__`."""
+    The last error is `__cause__` (its SQLSTATE is `sqlstate`, None for a lost connection)."""
 
-    def __init__(self, message: str, *, attempts: int) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, attempts: int, sqlstate: str | None = None) -> None:
+        super().__init__(message, sqlstate=sqlstate)
         self.attempts = attempts
 
 
@@ -51,8 +152,77 @@ class CommitOutcomeUnknown(PginboxError):
 
 class HandlerProtocolError(PginboxError):
     """The handler broke the rules of `Inbox.handle`: it committed or rolled back the transaction
-    that holds the claim, or returned after a database error left that transaction failed."""
+    that holds the claim, or returned after a database error left that transaction failed
+    (`reason_code` and `sqlstate` 25P02)."""
 
-    def __init__(self, message: str, *, reason_code: str) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, reason_code: str, sqlstate: str | None = None) -> None:
+        super().__init__(message, sqlstate=sqlstate)
         self.reason_code = reason_code
+
+
+# ----------------------------------------------------------------------------- operator commands
+
+
+class OperatorError(PginboxError):
+    """An operator command was refused or failed; the message is one line that says why, ending
+    with the SQLSTATE and its condition name when a database error was behind it."""
+
+    def __init__(self, message: str, *, sqlstate: str | None = None) -> None:
+        super().__init__(with_sqlstate(message, sqlstate), sqlstate=sqlstate)
+
+
+class ReplayError(OperatorError):
+    """A replay command was refused or failed (see OperatorError)."""
+
+
+class ReplayStopped(ReplayError):
+    """The plan is stopped: the handler registered for its consumer and type is not the pinned one."""
+
+
+# ----------------------------------------------------------------------------- the dispatcher
+
+
+class ClaimError(PginboxError, RuntimeError):
+    """Dispatcher.run_once() gave up: claims kept failing with a database error (the message says
+    which; `sqlstate` is the last one's). Still a RuntimeError, as it was before it joined this
+    hierarchy."""
+
+
+class AmbiguousDelivery(PginboxError):
+    """The request may have reached the remote: retry with the same idempotency key."""
+
+
+class DestinationRefused(PginboxError):
+    """The SSRF guard refused a destination address."""
+
+
+# ----------------------------------------------------------------------------- tooling
+
+
+class SqitchError(PginboxError):
+    """sqitch could not be run or exited with an error; `output` holds what it printed."""
+
+    def __init__(self, message: str, *, output: str = "", returncode: int | None = None) -> None:
+        super().__init__(message)
+        self.output = output
+        self.returncode = returncode
+
+
+class ClusterError(PginboxError):
+    """The private cluster could not be created, started, stopped or reached."""
+
+
+class DemoError(PginboxError):
+    """`pginbox demo` could not run, or one of its acts found what it proves broken."""
+
+
+class InvariantBroken(DemoError):
+    """The demo found a message applied twice, or a committed one missing."""
+
+
+class SimulationError(DemoError):
+    """The simulation itself failed (a worker hit an unexpected error, or it ran out of time)."""
+
+
+class OutboxDemoRefused(DemoError):
+    """Act 3 cannot run on this database (its dispatcher would claim effects that are not the demo's)."""

@@ -22,8 +22,8 @@ import re
 import sys
 from pathlib import Path
 
-from pginbox import sqitch_script
-from pginbox.sqitch_script import Plan, PlannedChange
+from pginbox.schema import sqitch_script
+from pginbox.schema.sqitch_script import Plan, PlannedChange
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE_NAME = re.compile(r"^(\d{3})_([a-z][a-z0-9_]*)\.sql$")

@@ -1,3 +1,5 @@
+# Generated from _library_child_async.py by python/tools/async_to_sync.py: DO NOT EDIT.
+# Edit tests/python/_library_child_async.py, then run the script (tests/run checks this file).
 """Child process for the crash-loop test in test_library.py.
 
 Usage: _library_child.py DSN MESSAGE_ID REDELIVERED(0|1)
@@ -27,7 +29,8 @@ def main() -> None:
             os._exit(3)
 
         body = {"id": message_id, "account": 1, "amount": 10}
-        result = inbox.handle(Message("orders", message_id, "credit", body, redelivered=redelivered == "1"), dies)
+        message = Message("orders", message_id, "credit", body, redelivered=redelivered == "1")
+        result = inbox.handle(message, dies)
         print(result.outcome.value, result.reason_code, flush=True)
 
 

@@ -28,8 +28,8 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pginbox import sqitch
-from pginbox.cluster import Cluster
+from pginbox.devtools.cluster import Cluster
+from pginbox.schema import sqitch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE_DB = "pginbox_test_template"

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pginbox.cluster import find_bindir
+from pginbox.devtools.cluster import find_bindir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SQL_DIR = REPO_ROOT / "sql"

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import click
 import psycopg
 import pytest
 from click.testing import CliRunner, Result
@@ -27,7 +28,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pginbox.cli import main
-from pginbox.operator import OperatorError
+from pginbox.ops.quarantine import OperatorError
 
 CONSUMER = "billing"
 
@@ -414,3 +415,47 @@ def test_subprocess_quarantine_list(entries: Entries) -> None:
     assert error.returncode == 1
     assert error.stderr.strip().startswith("Error: entry 424242 does not exist")
     assert "Traceback" not in error.stderr
+
+
+# --------------------------------------------------------------------------- environment variables
+
+
+def test_options_are_read_from_the_environment(entries: Entries) -> None:
+    def invoke(*args: str, env: dict[str, str]) -> Result:
+        return CliRunner().invoke(main, list(args), env=env, catch_exceptions=True)
+
+    # PGINBOX_DSN stands for --dsn; PGINBOX_<COMMAND>_<OPTION> for the command's options.
+    result = invoke("quarantine", "list", "--json",
+                    env={"PGINBOX_DSN": entries.dsn, "PGINBOX_QUARANTINE_LIST_CONSUMER": "nobody"})
+    assert result.exit_code == 0, result.output
+    listing = json.loads(result.stdout)
+    assert listing["filter"]["consumer"] == "nobody" and listing["entries"] == []
+    # The command line wins over the environment.
+    result = invoke("quarantine", "list", "--json", "--consumer", CONSUMER,
+                    env={"PGINBOX_DSN": entries.dsn, "PGINBOX_QUARANTINE_LIST_CONSUMER": "nobody"})
+    assert json.loads(result.stdout)["total"] == 3
+    flag = invoke("status", env={"PGINBOX_DSN": entries.dsn, "PGINBOX_STATUS_JSON": "1"})
+    assert flag.exit_code == 0 and json.loads(flag.stdout)["open_entries"] == 3
+
+
+def test_every_option_names_its_environment_variable() -> None:
+    def options(command: click.Command, path: str) -> Iterator[tuple[str, click.Option]]:
+        for param in command.params:
+            if isinstance(param, click.Option) and param.expose_value and not param.is_eager:
+                yield path, param
+        if isinstance(command, click.Group):
+            for name, sub in command.commands.items():
+                yield from options(sub, f"{path} {name}")
+
+    seen = list(options(main, "pginbox"))
+    assert len(seen) > 60
+    for path, option in seen:
+        if "--dsn" in option.opts and path != "pginbox":
+            assert option.envvar is None, path  # one variable for --dsn: the global option's
+            continue
+        envvars = [option.envvar] if isinstance(option.envvar, str) else list(option.envvar or [])
+        assert envvars and envvars[0].startswith("PGINBOX_") and option.show_envvar, (path, option.opts)
+    names = {(path, o.opts[0]): o.envvar for path, o in seen}
+    assert names[("pginbox dispatch", "--health-port")] == "PGINBOX_DISPATCH_HEALTH_PORT"
+    assert names[("pginbox cluster", "--datadir")] == "PGINBOX_CLUSTER_DIR"
+    assert names[("pginbox", "--dsn")] == ["PGINBOX_DSN", "DATABASE_URL"]

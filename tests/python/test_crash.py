@@ -40,7 +40,7 @@ from helpers_inbox import (
     wait_until,
 )
 
-from pginbox.cluster import Cluster
+from pginbox.devtools.cluster import Cluster
 
 Conn = psycopg.Connection[Any]
 

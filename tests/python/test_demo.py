@@ -16,9 +16,9 @@ import pytest
 from click.testing import CliRunner
 from conftest import _let_postgres_in
 
-from pginbox import simulation
 from pginbox.cli import main
-from pginbox.cluster import Cluster
+from pginbox.demo import act2_simulation as simulation
+from pginbox.devtools.cluster import Cluster
 
 INVARIANT_LINES = (
     "OK: every message applied at most once; every committed one exactly once.",  # act 1
@@ -112,7 +112,7 @@ def test_demo_on_the_private_cluster(tmp_path: Path) -> None:
 
 def test_the_proof_catches_a_double_credit(db_dsn: str) -> None:
     out = io.StringIO()
-    sim = simulation.Simulation(db_dsn, simulation.Settings(messages=60, workers=2, seed=3), out)
+    sim = simulation.Simulation(db_dsn, simulation.SimulationSettings(messages=60, workers=2, seed=3), out)
     assert sim.run() is True
     assert "INVARIANT HOLDS" in out.getvalue()
 

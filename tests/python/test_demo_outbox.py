@@ -12,7 +12,8 @@ import subprocess
 import psycopg
 from test_demo import counted, run_demo
 
-from pginbox import demo_outbox
+from pginbox.demo import act3_outbox as demo_outbox
+from pginbox.demo.sink import SinkRequest
 
 PROOF_LINES = (
     "processed messages has one domain row and its",
@@ -107,7 +108,7 @@ def test_act3_refuses_a_database_with_foreign_effects(db_dsn: str) -> None:
 
 def test_the_proof_catches_a_leaked_effect_and_a_wrong_key(db_dsn: str) -> None:
     out = io.StringIO()
-    act = demo_outbox.OutboxAct(db_dsn, demo_outbox.Settings(messages=40, seed=5), out)
+    act = demo_outbox.OutboxAct(db_dsn, demo_outbox.OutboxSettings(messages=40, seed=5), out)
     assert act.run() is True, out.getvalue()
 
     # An effect of a message whose handler never committed appears in the outbox ...
@@ -118,7 +119,7 @@ def test_the_proof_catches_a_leaked_effect_and_a_wrong_key(db_dsn: str) -> None:
                      (act.expected[(poison.message_id, name)], destination, json.dumps({"leaked": True})))
     # ... and the sink got one attempt of an effect under another key.
     first = act.sink.requests[0]
-    act.sink.requests.append(demo_outbox.SinkRequest(first.path, ("fx_other",), first.body, "duplicate"))
+    act.sink.requests.append(SinkRequest(first.path, ("fx_other",), first.body, "duplicate"))
 
     out.seek(0)
     out.truncate()

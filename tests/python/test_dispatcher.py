@@ -1,4 +1,4 @@
-"""The outbox dispatcher (python/pginbox/dispatcher.py) against a real PostgreSQL."""
+"""The outbox dispatcher (python/pginbox/dispatcher/) against a real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def test_run_once_delivers_committed_effects_exactly_once(
     assert dispatcher.stats.lag_seconds_last is not None
     assert dispatcher.run_once() == 0
     assert len(recorder.ids) == 25
-    counts = dict(conn.execute("SELECT status::text, count(*) FROM inbox.outbox GROUP BY 1").fetchall())
+    counts: dict[str, int] = dict(conn.execute("SELECT status::text, count(*) FROM inbox.outbox GROUP BY 1").fetchall())
     assert counts == {"delivered": 25}  # the rolled-back enqueue left nothing
 
 
@@ -428,7 +428,7 @@ def test_run_once_drains_everything_when_in_flight_capacity_is_full(
     dispatcher = make_dispatcher("cap", recorder, batch_size=100, concurrency_per_destination=4, max_in_flight=4)
     assert dispatcher.run_once() == 10000
     assert len(recorder.ids) == 10000 and len(set(recorder.ids)) == 10000, "each effect delivered once"
-    counts = dict(conn.execute("SELECT status::text, count(*) FROM inbox.outbox GROUP BY 1").fetchall())
+    counts: dict[str, int] = dict(conn.execute("SELECT status::text, count(*) FROM inbox.outbox GROUP BY 1").fetchall())
     assert counts == {"delivered": 10000}
     assert dispatcher.stats.delivered == 10000 and dispatcher.stats.claimed == 10000
     assert dispatcher.in_flight == 0
@@ -517,7 +517,7 @@ def test_reports_are_flushed_in_batches_with_every_outcome_counted(
     assert (dispatcher.stats.delivered, dispatcher.stats.dead, dispatcher.stats.retried) == (31, 1, 1)
     assert dispatcher.stats.fenced == 0 and dispatcher.stats.report_errors == 0
     assert dispatcher.in_flight == 0
-    counts = dict(conn.execute("SELECT status::text, count(*) FROM inbox.outbox GROUP BY 1").fetchall())
+    counts: dict[str, int] = dict(conn.execute("SELECT status::text, count(*) FROM inbox.outbox GROUP BY 1").fetchall())
     assert counts == {"delivered": 31, "dead": 1}
 
 

@@ -302,7 +302,7 @@ def test_eight_dispatchers_deliver_ten_thousand_effects_each_once(
         assert wait_until(lambda: delivered() == total, timeout=240, interval=0.5), f"{delivered()} of {total}"
         assert [p.terminate() for p in procs] == [0] * len(procs)
     stats = [p.stats() for p in procs]
-    attempts = dict(conn.execute("SELECT effect_id, attempts FROM inbox.outbox").fetchall())
+    attempts: dict[str, int] = dict(conn.execute("SELECT effect_id, attempts FROM inbox.outbox").fetchall())
     per_key = sink.per_key()
     assert set(per_key) == set(attempts) and len(attempts) == total, "every effect reached the sink"
     assert all(sink.applied[k] == 1 for k in attempts), "the sink applied each key once"

@@ -1,6 +1,8 @@
-"""The Python client `pginbox.Inbox` against a real PostgreSQL: every public call and outcome, the
-failure recording, crash loops, retries driven by real serialization failures, deadlocks and lock
-timeouts, connections lost before and during COMMIT, and the schema-version check.
+# Generated from test_library_async.py by python/tools/async_to_sync.py: DO NOT EDIT.
+# Edit tests/python/test_library_async.py, then run the script (tests/run checks this file).
+"""The Python client `pginbox.Inbox` against a real PostgreSQL: every public call and outcome,
+the failure recording, crash loops, retries driven by real serialization failures, deadlocks and
+lock timeouts, connections lost before and during COMMIT, and the schema-version check.
 
 Every assertion about effects reads the domain tables (account, ledger) and the inbox tables.
 """
@@ -15,22 +17,24 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from acompat import barrier_once, connect, gather
 from helpers_inbox import (
     SAFE_OPTIONS,
     assert_applied_exactly,
     balance,
     canonical_sha256,
-    connect,
     failed_attempts,
     inbox_rows,
     ledger_counts,
     setup_domain,
 )
+from helpers_inbox import connect as autocommit_connect
 from helpers_library import (
     COMMIT_DELAY_DDL,
     CREDIT_SQL,
@@ -44,6 +48,7 @@ from psycopg import IsolationLevel, sql
 from psycopg_pool import ConnectionPool
 
 from pginbox import (
+    Handler,
     HandlerProtocolError,
     Inbox,
     Message,
@@ -56,9 +61,10 @@ from pginbox import (
     TransientKind,
     is_transient,
 )
-from pginbox.retry import classify
+from pginbox.client.retry import classify
 
 Conn = psycopg.Connection[Any]
+Cursor = psycopg.Cursor[Any]
 CHILD = Path(__file__).with_name("_library_child.py")
 FAST_RETRY = RetryPolicy(max_attempts=5, base_delay=0.005, max_delay=0.05)
 
@@ -87,10 +93,10 @@ def inbox(client: Conn, pipeline: bool) -> Inbox:
     return Inbox(client, consumer="billing", handler_version="v1", retry=FAST_RETRY, pipeline=pipeline)
 
 
-def credit(calls: Calls | None = None) -> Any:
+def credit(calls: Calls | None = None) -> Handler:
     """A Python handler: one apply_credit (balance + ledger row) per message."""
 
-    def handler(cur: psycopg.Cursor[Any], m: Message) -> None:
+    def handler(cur: Cursor, m: Message) -> None:
         if calls is not None:
             calls()
         cur.execute(CREDIT_SQL, credit_args(m))
@@ -134,6 +140,23 @@ def test_handle_applies_once_then_duplicate_then_conflict(inbox: Inbox, domain: 
     assert stats.outcomes == {Outcome.APPLIED: 1, Outcome.DUPLICATE: 1, Outcome.CONFLICT: 1}
 
 
+def test_handle_outcomes_with_a_given_connection(db_dsn: str, domain: Conn, pipeline: bool) -> None:
+    calls = Calls()
+    m = message(uid(), 10)
+    with connect(db_dsn) as c:
+        inbox = Inbox(c, consumer="billing", handler_version="v1", retry=FAST_RETRY, pipeline=pipeline)
+        first = inbox.handle(m, credit(calls))
+        again = inbox.handle(m, credit(calls))
+        other = inbox.handle(message(m.message_id, 11), credit(calls))
+        assert c.autocommit is False and inbox.connection is c
+        assert inbox.stats.deliveries == 3
+    assert first.outcome is Outcome.APPLIED and first.payload_sha256 == canonical_sha256(domain, m.payload)
+    assert again.outcome is Outcome.DUPLICATE
+    assert other.outcome is Outcome.CONFLICT and other.quarantine_id is not None
+    assert calls.n == 1
+    assert_applied_exactly(domain, {m.message_id: 10})
+
+
 def test_handle_keeps_the_callers_connection_settings(inbox: Inbox, client: Conn) -> None:
     assert client.autocommit is False
     assert inbox.handle(message(uid()), credit()).outcome is Outcome.APPLIED
@@ -142,7 +165,9 @@ def test_handle_keeps_the_callers_connection_settings(inbox: Inbox, client: Conn
     assert inbox.connection is client
 
 
-def test_handle_refuses_a_connection_inside_a_transaction(inbox: Inbox, client: Conn, domain: Conn) -> None:
+def test_handle_refuses_a_connection_inside_a_transaction(
+    inbox: Inbox, client: Conn, domain: Conn
+) -> None:
     client.execute("SELECT 1")  # opens a transaction (not autocommit)
     with pytest.raises(PginboxError, match="inside a transaction"):
         inbox.handle(message(uid()), credit())
@@ -153,7 +178,7 @@ def test_handle_refuses_a_connection_inside_a_transaction(inbox: Inbox, client: 
 def test_handler_exception_rolls_back_claim_and_writes_and_is_recorded(inbox: Inbox, domain: Conn) -> None:
     m = message(uid(), 10)
 
-    def broken(cur: psycopg.Cursor[Any], msg: Message) -> None:
+    def broken(cur: Cursor, msg: Message) -> None:
         cur.execute(CREDIT_SQL, credit_args(msg))  # written, then rolled back
         raise ValueError("ledger service rejected the entry")
 
@@ -180,12 +205,44 @@ def test_handler_exception_rolls_back_claim_and_writes_and_is_recorded(inbox: In
     assert_applied_exactly(domain, {m.message_id: 10})
 
 
+def test_handler_failure_is_rolled_back_and_recorded(db_dsn: str, domain: Conn) -> None:
+    domain.execute("SELECT inbox.configure_consumer('billing', max_attempts => 2)")
+    m = message(uid(), 10)
+
+    def broken(cur: Cursor, msg: Message) -> None:
+        cur.execute(CREDIT_SQL, credit_args(msg))
+        raise ValueError("rejected")
+
+    def swallows(cur: Cursor, msg: Message) -> None:
+        cur.execute(CREDIT_SQL, credit_args(msg))
+        try:
+            cur.execute("SELECT 1 / 0")
+        except psycopg.errors.DivisionByZero:
+            return
+
+    with connect(db_dsn, autocommit=True) as c:
+        inbox = Inbox(c, consumer="billing", handler_version="v1")
+        failed = inbox.handle(m, broken)
+        assert ledger_counts(domain) == {} and inbox_rows(domain, m.message_id) == []
+        with pytest.raises(ValueError) as caught:
+            inbox.handle(m, broken, raise_on_failure=True)
+        assert any("recorded as quarantined" in note for note in caught.value.__notes__)
+        held = inbox.handle(m, credit())
+        other = inbox.handle(message(uid()), swallows)
+    assert failed.outcome is Outcome.FAILED and failed.reason_code == "ValueError"
+    assert isinstance(failed.exception, ValueError) and failed.attempts == 1
+    assert held.outcome is Outcome.QUARANTINED and held.quarantine_id is not None
+    assert other.outcome is Outcome.FAILED and isinstance(other.exception, HandlerProtocolError)
+    assert failed_attempts(domain, m.message_id) == 2
+    assert ledger_counts(domain) == {} and balance(domain) == 0
+
+
 def test_failures_reach_quarantine_at_max_attempts(inbox: Inbox, domain: Conn) -> None:
     domain.execute("SELECT inbox.configure_consumer('billing', max_attempts => 2)")
     calls = Calls()
     m = message(uid())
 
-    def broken(cur: psycopg.Cursor[Any], msg: Message) -> None:
+    def broken(cur: Cursor, msg: Message) -> None:
         calls()
         raise RuntimeError("downstream refused")
 
@@ -205,13 +262,13 @@ def test_reason_codes(inbox: Inbox, domain: Conn) -> None:
     class InvalidAccount(Exception):
         reason_code = "invalid_account"
 
-    def coded(cur: psycopg.Cursor[Any], m: Message) -> None:
+    def coded(cur: Cursor, m: Message) -> None:
         raise InvalidAccount("account 7 is closed")
 
-    def violates(cur: psycopg.Cursor[Any], m: Message) -> None:
+    def violates(cur: Cursor, m: Message) -> None:
         cur.execute("UPDATE account SET id = NULL WHERE id = 1")  # not-null violation
 
-    def named_constraint(cur: psycopg.Cursor[Any], m: Message) -> None:
+    def named_constraint(cur: Cursor, m: Message) -> None:
         cur.execute("INSERT INTO ledger (account, message_id, amount) VALUES (42, 'x', 1)")  # FK
 
     assert inbox.handle(message(uid()), coded).reason_code == "invalid_account"
@@ -224,7 +281,7 @@ def test_raise_on_failure_reraises_after_recording(client: Conn, domain: Conn) -
     inbox = Inbox(client, consumer="billing", handler_version="v1", raise_on_failure=True)
     m = message(uid())
 
-    def broken(cur: psycopg.Cursor[Any], msg: Message) -> None:
+    def broken(cur: Cursor, msg: Message) -> None:
         cur.execute(CREDIT_SQL, credit_args(msg))
         raise KeyError("missing field")
 
@@ -241,7 +298,7 @@ def test_raise_on_failure_reraises_after_recording(client: Conn, domain: Conn) -
 def test_handler_that_swallows_a_database_error_fails(inbox: Inbox, domain: Conn) -> None:
     m = message(uid())
 
-    def swallows(cur: psycopg.Cursor[Any], msg: Message) -> None:
+    def swallows(cur: Cursor, msg: Message) -> None:
         cur.execute(CREDIT_SQL, credit_args(msg))
         # The transaction is failed after this: returning does not make it commit.
         with contextlib.suppress(psycopg.errors.DivisionByZero):
@@ -254,7 +311,7 @@ def test_handler_that_swallows_a_database_error_fails(inbox: Inbox, domain: Conn
 
 
 def test_handler_may_not_end_the_transaction(inbox: Inbox, domain: Conn) -> None:
-    def commits(cur: psycopg.Cursor[Any], msg: Message) -> None:
+    def commits(cur: Cursor, msg: Message) -> None:
         cur.connection.commit()
 
     with pytest.raises(HandlerProtocolError, match="ended the transaction"):
@@ -265,7 +322,7 @@ def test_handler_savepoint_inside_the_transaction(inbox: Inbox, domain: Conn) ->
     """A handler may use savepoints (connection.transaction()) to recover from its own errors."""
     m = message(uid(), 5)
 
-    def careful(cur: psycopg.Cursor[Any], msg: Message) -> None:
+    def careful(cur: Cursor, msg: Message) -> None:
         try:
             with cur.connection.transaction():
                 cur.execute("SELECT 1 / 0")
@@ -377,7 +434,7 @@ def test_handle_batch(inbox: Inbox, domain: Conn) -> None:
     fresh = [message(uid(), 2) for _ in range(66)]
     calls = Calls()
 
-    def handler(cur: psycopg.Cursor[Any], m: Message) -> None:
+    def handler(cur: Cursor, m: Message) -> None:
         calls()
         cur.execute(CREDIT_SQL, credit_args(m))
         if m.message_id == poison.message_id:
@@ -395,24 +452,36 @@ def test_handle_batch(inbox: Inbox, domain: Conn) -> None:
     assert inbox_rows(domain, poison.message_id) == []
 
 
+def test_apply_apply_batch_and_handle_batch(db_dsn: str, domain: Conn) -> None:
+    done = message(uid(), 1)
+    fresh = [message(uid(), 2) for _ in range(66)]
+    mine = [message(uid(), 3) for _ in range(3)]
+    poison = message(uid(), 4)
+
+    def handler(cur: Cursor, m: Message) -> None:
+        cur.execute(CREDIT_SQL, credit_args(m))
+        if m.message_id == poison.message_id:
+            raise LookupError("unknown customer")
+
+    with connect(db_dsn) as c:
+        inbox = Inbox(c, consumer="billing", retry=FAST_RETRY)
+        first = inbox.apply(done)
+        applied = inbox.apply_batch(
+            [fresh[0], done, message(done.message_id, 9), message(uid(), -1), *fresh[1:]]
+        )
+        handled = inbox.handle_batch([mine[0], poison, fresh[0], *mine[1:]], handler)
+    assert first.outcome is Outcome.APPLIED
+    assert [r.outcome for r in applied[:4]] == [Outcome.APPLIED, Outcome.DUPLICATE, Outcome.CONFLICT, Outcome.FAILED]
+    assert [r.outcome for r in applied[4:]] == [Outcome.APPLIED] * 65
+    assert [r.outcome for r in handled] == [Outcome.APPLIED, Outcome.FAILED, Outcome.DUPLICATE, Outcome.APPLIED,
+                                            Outcome.APPLIED]
+    assert isinstance(handled[1].exception, LookupError)
+    assert_applied_exactly(domain, {done.message_id: 1, **{m.message_id: 2 for m in fresh},
+                                    **{m.message_id: 3 for m in mine}})
+    assert failed_attempts(domain, poison.message_id) == 1
+
+
 # ----------------------------------------------------------------------------- retries
-
-
-def barrier_once(parties: int) -> Any:
-    """A barrier that only the first attempt of each thread waits on."""
-    barrier = threading.Barrier(parties, timeout=20)
-    seen: set[int] = set()
-    lock = threading.Lock()
-
-    def wait() -> None:
-        me = threading.get_ident()
-        with lock:
-            first = me not in seen
-            seen.add(me)
-        if first:
-            barrier.wait()
-
-    return wait
 
 
 def test_serialization_failures_are_retried(db_dsn: str, domain: Conn, pipeline: bool) -> None:
@@ -420,7 +489,7 @@ def test_serialization_failures_are_retried(db_dsn: str, domain: Conn, pipeline:
     real 40001, runs its whole transaction again, and both messages are applied exactly once."""
     both_read = barrier_once(2)
 
-    def handler(cur: psycopg.Cursor[Any], m: Message) -> None:
+    def handler(cur: Cursor, m: Message) -> None:
         cur.execute("SELECT balance FROM account WHERE id = 1")
         both_read()  # both snapshots are taken before either updates
         cur.execute(CREDIT_SQL, credit_args(m))
@@ -428,16 +497,15 @@ def test_serialization_failures_are_retried(db_dsn: str, domain: Conn, pipeline:
     errors: Counter[str] = Counter()
 
     def run(message_id: str) -> Result:
-        with psycopg.connect(db_dsn, options=SAFE_OPTIONS) as c:
-            c.isolation_level = IsolationLevel.REPEATABLE_READ
+        with connect(db_dsn) as c:
+            c.set_isolation_level(IsolationLevel.REPEATABLE_READ)
             inbox = Inbox(c, consumer="billing", retry=FAST_RETRY, pipeline=pipeline)
             result = inbox.handle(message(message_id, 5), handler)
             errors.update(inbox.stats.transient_errors)
             return result
 
     ids = [uid("rr"), uid("rr")]
-    with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(run, ids))
+    results = gather(*(partial(run, i) for i in ids))
     assert [r.outcome for r in results] == [Outcome.APPLIED, Outcome.APPLIED]
     assert sum(r.retries for r in results) >= 1
     assert errors["40001"] == sum(r.retries for r in results)
@@ -451,7 +519,7 @@ def test_deadlocks_are_retried(db_dsn: str, domain: Conn) -> None:
     its transaction runs again, and each message is applied exactly once to each account."""
     both_locked = barrier_once(2)
 
-    def handler(cur: psycopg.Cursor[Any], m: Message) -> None:
+    def handler(cur: Cursor, m: Message) -> None:
         first, second = m.payload["order"]
         cur.execute(CREDIT_SQL, (first, m.message_id, 1))
         both_locked()
@@ -459,18 +527,16 @@ def test_deadlocks_are_retried(db_dsn: str, domain: Conn) -> None:
 
     errors: Counter[str] = Counter()
 
-    def run(args: tuple[str, list[int]]) -> Result:
-        message_id, order = args
+    def run(message_id: str, order: list[int]) -> Result:
         options = SAFE_OPTIONS + " -c deadlock_timeout=50ms"
-        with psycopg.connect(db_dsn, options=options, autocommit=True) as c:
+        with connect(db_dsn, options=options, autocommit=True) as c:
             inbox = Inbox(c, consumer="billing", retry=FAST_RETRY)
             result = inbox.handle(Message("orders", message_id, "credit", {"order": order}), handler)
             errors.update(inbox.stats.transient_errors)
             return result
 
     jobs = [(uid("dl"), [1, 2]), (uid("dl"), [2, 1])]
-    with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(run, jobs))
+    results = gather(*(partial(run, *job) for job in jobs))
     assert [r.outcome for r in results] == [Outcome.APPLIED, Outcome.APPLIED]
     assert sum(r.retries for r in results) >= 1
     assert errors["40P01"] >= 1
@@ -480,21 +546,64 @@ def test_deadlocks_are_retried(db_dsn: str, domain: Conn) -> None:
         assert balance(domain, account) == 2
 
 
+def test_serialization_failures_and_deadlocks_are_retried(db_dsn: str, domain: Conn) -> None:
+    rr_ids = [uid("rr"), uid("rr")]
+    dl_ids = [uid("dl"), uid("dl")]
+    errors: Counter[str] = Counter()
+    rr_read = barrier_once(2)
+    dl_locked = barrier_once(2)
+
+    def rr_handler(cur: Cursor, m: Message) -> None:
+        cur.execute("SELECT balance FROM account WHERE id = 1")
+        rr_read()
+        cur.execute(CREDIT_SQL, credit_args(m))
+
+    def dl_handler(cur: Cursor, m: Message) -> None:
+        first, second = m.payload["order"]
+        cur.execute(CREDIT_SQL, (first, m.message_id, 1))
+        dl_locked()
+        cur.execute(CREDIT_SQL, (second, m.message_id, 1))
+
+    def deliver(m: Message, handler: Handler, **kw: Any) -> Result:
+        with connect(db_dsn, **kw) as c:
+            if kw.get("autocommit") is None:
+                c.set_isolation_level(IsolationLevel.REPEATABLE_READ)
+            inbox = Inbox(c, consumer="billing", retry=FAST_RETRY)
+            result = inbox.handle(m, handler)
+            errors.update(inbox.stats.transient_errors)
+            return result
+
+    rr = gather(*(partial(deliver, message(i, 5), rr_handler) for i in rr_ids))
+    dl = gather(*(
+        partial(deliver, Message("orders", i, "credit", {"order": order}), dl_handler, autocommit=True,
+                options=SAFE_OPTIONS + " -c deadlock_timeout=50ms")
+        for i, order in zip(dl_ids, ([1, 2], [2, 1]), strict=True)
+    ))
+    assert [r.outcome for r in rr + dl] == [Outcome.APPLIED] * 4
+    assert errors["40001"] >= 1 and errors["40P01"] >= 1
+    assert sum(r.retries for r in rr) >= 1 and sum(r.retries for r in dl) >= 1
+    assert max(r.lock_wait_seconds for r in dl) >= 0.04
+    assert ledger_counts(domain, 1) == {rr_ids[0]: 1, rr_ids[1]: 1, dl_ids[0]: 1, dl_ids[1]: 1}
+    assert ledger_counts(domain, 2) == {dl_ids[0]: 1, dl_ids[1]: 1}
+    assert balance(domain, 1) == 12 and balance(domain, 2) == 2
+
+
 def test_lock_timeouts_are_retried(client: Conn, domain: Conn, db_dsn: str) -> None:
     m = message(uid(), 3)
     attempts = Calls()
 
-    def handler(cur: psycopg.Cursor[Any], msg: Message) -> None:
+    def handler(cur: Cursor, msg: Message) -> None:
         attempts()
         cur.execute("SET LOCAL lock_timeout = '30ms'")
         cur.execute(CREDIT_SQL, credit_args(msg))
 
-    with connect(db_dsn) as blocker:
+    with autocommit_connect(db_dsn) as blocker:
         blocker.execute("BEGIN")
         blocker.execute("SELECT 1 FROM account WHERE id = 1 FOR UPDATE")
         release = threading.Timer(0.15, blocker.execute, ("ROLLBACK",))
         release.start()
-        slow = Inbox(client, consumer="billing", retry=RetryPolicy(max_attempts=20, base_delay=0.02, max_delay=0.05))
+        retry = RetryPolicy(max_attempts=20, base_delay=0.02, max_delay=0.05)
+        slow = Inbox(client, consumer="billing", retry=retry)
         result = slow.handle(m, handler)
         release.join()
     assert result.outcome is Outcome.APPLIED
@@ -505,9 +614,10 @@ def test_lock_timeouts_are_retried(client: Conn, domain: Conn, db_dsn: str) -> N
 
 def test_retries_are_bounded(client: Conn, domain: Conn) -> None:
     m = message(uid())
-    bounded = Inbox(client, consumer="billing", retry=RetryPolicy(max_attempts=3, base_delay=0.001, max_delay=0.002))
+    retry = RetryPolicy(max_attempts=3, base_delay=0.001, max_delay=0.002)
+    bounded = Inbox(client, consumer="billing", retry=retry)
 
-    def always_conflicts(cur: psycopg.Cursor[Any], msg: Message) -> None:
+    def always_conflicts(cur: Cursor, msg: Message) -> None:
         cur.execute(CREDIT_SQL, credit_args(msg))
         cur.execute("DO $$ BEGIN RAISE EXCEPTION 'simulated' USING ERRCODE = '40001'; END $$")
 
@@ -521,13 +631,26 @@ def test_retries_are_bounded(client: Conn, domain: Conn) -> None:
     assert ledger_counts(domain) == {} and inbox_rows(domain, m.message_id) == []
 
 
+def test_retries_are_bounded_on_deadlocks(db_dsn: str, domain: Conn) -> None:
+    def conflicts(cur: Cursor, msg: Message) -> None:
+        cur.execute("DO $$ BEGIN RAISE EXCEPTION 'simulated' USING ERRCODE = '40P01'; END $$")
+
+    with connect(db_dsn) as c:
+        inbox = Inbox(c, consumer="billing", retry=RetryPolicy(max_attempts=2, base_delay=0.001))
+        with pytest.raises(RetriesExhausted) as caught:
+            inbox.handle(message(uid()), conflicts)
+        assert isinstance(caught.value.__cause__, psycopg.errors.DeadlockDetected)
+        assert inbox.stats.retries == 1
+    assert ledger_counts(domain) == {}
+
+
 def test_connection_lost_in_handler_is_retried_on_a_new_connection(
     inbox: Inbox, client: Conn, domain: Conn
 ) -> None:
     m = message(uid(), 4)
     timers: list[threading.Timer] = []
 
-    def handler(cur: psycopg.Cursor[Any], msg: Message) -> None:
+    def handler(cur: Cursor, msg: Message) -> None:
         cur.execute(CREDIT_SQL, credit_args(msg))
         if not timers:
             pid = cur.connection.info.backend_pid
@@ -578,7 +701,9 @@ def test_retry_policy() -> None:
 # ----------------------------------------------------------------------------- unknown COMMIT outcome
 
 
-def test_backend_killed_during_commit_is_found_aborted_and_retried(inbox: Inbox, client: Conn, domain: Conn) -> None:
+def test_backend_killed_during_commit_is_found_aborted_and_retried(
+    inbox: Inbox, client: Conn, domain: Conn
+) -> None:
     """COMMIT blocks in a deferred trigger; the backend is terminated there. The transaction did not
     commit: pg_xact_status says 'aborted', the delivery runs again and applies once."""
     domain.execute(COMMIT_DELAY_DDL)
@@ -597,11 +722,29 @@ def test_backend_killed_during_commit_is_found_aborted_and_retried(inbox: Inbox,
     inbox.close()
 
 
+def test_backend_killed_during_commit(db_dsn: str, domain: Conn) -> None:
+    domain.execute(COMMIT_DELAY_DDL)
+    domain.execute("UPDATE commit_delay SET seconds = 30")
+    m = message(uid(), 6)
+    with connect(db_dsn) as c:
+        inbox = Inbox(c, consumer="billing", retry=FAST_RETRY)
+        with ThreadPoolExecutor(1) as killer:
+            killed = killer.submit(terminate_backend_in_commit, domain)
+            result = inbox.handle(m, credit())
+            killed.result(timeout=30)
+        assert (inbox.stats.unknown_commits, inbox.stats.unknown_committed) == (1, 0)
+        inbox.close()
+    assert result.outcome is Outcome.APPLIED and result.retries == 1
+    assert_applied_exactly(domain, {m.message_id: 6})
+
+
 def test_backend_killed_during_commit_with_a_pool(db_dsn: str, domain: Conn) -> None:
     domain.execute(COMMIT_DELAY_DDL)
     domain.execute("UPDATE commit_delay SET seconds = 30")
     m = message(uid(), 6)
-    with ConnectionPool(db_dsn, min_size=1, max_size=2, open=False, kwargs={"options": SAFE_OPTIONS}) as pool:
+    with ConnectionPool(
+        db_dsn, min_size=1, max_size=2, open=False, kwargs={"options": SAFE_OPTIONS}
+    ) as pool:
         inbox = Inbox(pool, consumer="billing", retry=FAST_RETRY)
         with ThreadPoolExecutor(1) as killer:
             killed = killer.submit(terminate_backend_in_commit, domain)
@@ -617,7 +760,7 @@ def test_commit_whose_answer_is_lost_is_found_committed(db_dsn: str, domain: Con
     pg_xact_status says 'committed': APPLIED, with no second application and no retry."""
     m = message(uid(), 8)
     calls = Calls()
-    with CommitDroppingProxy(db_dsn) as proxy, psycopg.connect(proxy.dsn, options=SAFE_OPTIONS) as c:
+    with CommitDroppingProxy(db_dsn) as proxy, connect(proxy.dsn) as c:
         inbox = Inbox(c, consumer="billing", retry=FAST_RETRY, pipeline=pipeline)
         proxy.arm()
         result = inbox.handle(m, credit(calls))
@@ -627,6 +770,21 @@ def test_commit_whose_answer_is_lost_is_found_committed(db_dsn: str, domain: Con
         assert (inbox.stats.unknown_commits, inbox.stats.unknown_committed) == (1, 1)
         assert inbox.handle(m, credit(calls)).outcome is Outcome.DUPLICATE
         inbox.close()
+    assert_applied_exactly(domain, {m.message_id: 8})
+
+
+def test_commit_whose_answer_is_lost(db_dsn: str, domain: Conn, pipeline: bool) -> None:
+    m = message(uid(), 8)
+    with CommitDroppingProxy(db_dsn) as proxy, connect(proxy.dsn) as c:
+        inbox = Inbox(c, consumer="billing", retry=FAST_RETRY, pipeline=pipeline)
+        proxy.arm()
+        result = inbox.handle(m, credit())
+        assert proxy.dropped.is_set() and c.closed
+        assert (inbox.stats.unknown_commits, inbox.stats.unknown_committed) == (1, 1)
+        again = inbox.handle(m, credit())
+        inbox.close()
+    assert result.outcome is Outcome.APPLIED and result.retries == 0
+    assert again.outcome is Outcome.DUPLICATE
     assert_applied_exactly(domain, {m.message_id: 8})
 
 
@@ -647,20 +805,36 @@ def test_apply_commit_answer_lost(db_dsn: str, domain: Conn) -> None:
 
 
 def test_pool_many_workers_racing_duplicates(db_dsn: str, domain: Conn) -> None:
-    """8 threads share a pool; every message is delivered three times at once."""
+    """8 workers share a pool; every message is delivered three times at once."""
     messages = [message(uid("pool"), 1) for _ in range(30)]
     deliveries = [m for m in messages for _ in range(3)]
-    with ConnectionPool(db_dsn, min_size=4, max_size=8, open=False, kwargs={"options": SAFE_OPTIONS}) as pool:
+    with ConnectionPool(
+        db_dsn, min_size=4, max_size=8, open=False, kwargs={"options": SAFE_OPTIONS}
+    ) as pool:
         pool.wait()
         inbox = Inbox(pool, consumer="billing", handler_version="v2", retry=FAST_RETRY)
-        with ThreadPoolExecutor(8) as workers:
-            results = list(workers.map(lambda m: inbox.handle(m, credit()), deliveries))
-            batch = list(workers.map(inbox.apply, deliveries[:9]))
+        results = gather(*(partial(inbox.handle, m, credit()) for m in deliveries), concurrency=8)
+        batch = gather(*(partial(inbox.apply, m) for m in deliveries[:9]), concurrency=8)
     counts = Counter(r.outcome for r in results)
     assert counts == {Outcome.APPLIED: 30, Outcome.DUPLICATE: 60}
     assert all(r.outcome is Outcome.DUPLICATE for r in batch)
     assert_applied_exactly(domain, {m.message_id: 1 for m in messages})
     assert inbox.stats.deliveries == 99
+
+
+def test_pool_racing_duplicates(db_dsn: str, domain: Conn) -> None:
+    messages = [message(uid("pool"), 1) for _ in range(25)]
+    with ConnectionPool(
+        db_dsn, min_size=4, max_size=8, open=False, kwargs={"options": SAFE_OPTIONS}
+    ) as pool:
+        inbox = Inbox(pool, consumer="billing", retry=FAST_RETRY)
+        handled = gather(
+            *(partial(inbox.handle, m, credit()) for m in messages for _ in range(3)), concurrency=8
+        )
+        applied = gather(*(partial(inbox.apply, m) for m in messages[:5]), concurrency=8)
+    assert Counter(r.outcome for r in handled) == {Outcome.APPLIED: 25, Outcome.DUPLICATE: 50}
+    assert all(r.outcome is Outcome.DUPLICATE for r in applied)
+    assert_applied_exactly(domain, {m.message_id: 1 for m in messages})
 
 
 def test_inbox_rejects_wrong_arguments(client: Conn) -> None:
@@ -695,7 +869,7 @@ def test_interrupts_are_not_failures(inbox: Inbox, domain: Conn) -> None:
     """KeyboardInterrupt / SystemExit in a handler: rolled back, not recorded, propagated."""
     m = message(uid())
 
-    def interrupted(cur: psycopg.Cursor[Any], msg: Message) -> None:
+    def interrupted(cur: Cursor, msg: Message) -> None:
         cur.execute(CREDIT_SQL, credit_args(msg))
         raise KeyboardInterrupt
 
@@ -768,3 +942,22 @@ def test_unknown_schema_version_is_refused(empty_dsn: str, version: int, advice:
         assert caught.value.found == version
         with pytest.raises(SchemaVersionError):
             inbox.apply_batch([message(uid())])
+
+
+def test_schema_version_refusal(empty_dsn: str) -> None:
+    with connect(empty_dsn, autocommit=True) as c:
+        inbox = Inbox(c, consumer="billing")
+        with pytest.raises(SchemaVersionError, match="pginbox deploy"):
+            inbox.handle(message(uid()), credit())
+        c.execute("CREATE SCHEMA inbox")
+        c.execute("CREATE FUNCTION inbox.schema_version() RETURNS integer LANGUAGE sql RETURN 7")
+        with pytest.raises(SchemaVersionError, match="upgrade") as caught:
+            inbox.apply(message(uid()))
+        assert caught.value.found == 7
+        c.execute("DROP FUNCTION inbox.schema_version()")
+        c.execute(
+            sql.SQL("CREATE FUNCTION inbox.schema_version() RETURNS integer LANGUAGE sql RETURN {}").format(
+                sql.Literal(1)
+            )
+        )
+        assert inbox.check_schema() == 1

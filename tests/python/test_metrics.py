@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-import yaml
+import yaml  # type: ignore[import-untyped]  # no stubs in the dev extras; the test reads plain data
 from helpers_inbox import SAFE_OPTIONS, setup_domain
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -31,7 +31,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg_pool import ConnectionPool
 
 from pginbox import Inbox, Message, Outcome, RetryPolicy
-from pginbox.metrics import DatabaseCollector, InboxCollector
+from pginbox.ops.metrics import DatabaseCollector, InboxCollector
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "docs" / "alerts" / "pginbox.rules.yml"
@@ -252,7 +252,8 @@ def test_metrics_doc_lists_every_served_metric(conn: Conn, db_dsn: str) -> None:
     """docs/metrics.md names every family inbox.metrics() can serve (read from the SQL source)."""
     source = (ROOT / "sql" / "095_metrics.sql").read_text()
     families = set(re.findall(r"'(pginbox_[a-z0-9_]+)'", source))
-    families |= set(re.findall(r'"(pginbox_[a-z0-9_]+)"', (ROOT / "python" / "pginbox" / "metrics.py").read_text()))
+    collectors = ROOT / "python" / "pginbox" / "ops" / "metrics.py"
+    families |= set(re.findall(r'"(pginbox_[a-z0-9_]+)"', collectors.read_text()))
     doc = (ROOT / "docs" / "metrics.md").read_text()
     missing = sorted(f for f in families if f not in doc)
     assert not missing, f"docs/metrics.md does not mention {missing}"

@@ -126,7 +126,7 @@ class Run:
     def produce(self) -> Produced:
         n = len(self.produced)
         poison = self.rng.random() < 0.04
-        payload = {"message_id": f"m{n:05d}", "amount": self.rng.randint(1, 100), "poison": poison,
+        payload: dict[str, Any] = {"message_id": f"m{n:05d}", "amount": self.rng.randint(1, 100), "poison": poison,
                    "slow": self.rng.random() < 0.02}
         row = self.admin.execute("SELECT clock_timestamp()").fetchone()
         assert row is not None

@@ -28,8 +28,8 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
-from pginbox import replay
 from pginbox.cli import main
+from pginbox.ops import replay
 
 Conn = psycopg.Connection[Any]
 

@@ -7,6 +7,7 @@ at most one committed domain transition per identity (the ledger has at most one
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -21,8 +22,8 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
-from pginbox import retention
 from pginbox.cli import main
+from pginbox.ops import retention
 
 CONSUMER = "billing"
 PRODUCER = "shop"
@@ -148,6 +149,28 @@ def test_python_library_reports_expired(db: psycopg.Connection[Any], db_dsn: str
     assert ledger(db) == {"lib-1": 1}
 
 
+def test_status_counts_expired_entries(db: psycopg.Connection[Any], db_dsn: str) -> None:
+    """`pginbox status` counts open entries of kind expired per consumer, next to conflicts and
+    failures (their sum is the open count)."""
+    assert apply(db, "st-1", 0) == "applied"
+    age(db, 30)
+    produced = produced_at_of(db, "st-1")
+    assert purge_sql(db_dsn).rows_deleted == 1
+    assert db.execute(APPLY, {"consumer": CONSUMER, "producer": PRODUCER, "id": "st-1",
+                              "produced_at": produced}).fetchone() == ("expired",)
+    result = CliRunner().invoke(main, ["status", "--json", "--dsn", db_dsn])
+    assert result.exit_code == 0, result.output
+    status = json.loads(result.stdout)
+    assert status["quarantine"]["open"] == {"conflict": 0, "failure": 0, "expired": 1}
+    assert [(c["consumer"], c["open"], c["conflicts"], c["failures"], c["expired"])
+            for c in status["open_by_consumer"]] == [(CONSUMER, 1, 0, 0, 1)]
+    text = CliRunner().invoke(main, ["status", "--dsn", db_dsn]).stdout
+    assert "  open         1  (conflict 0, failure 0, expired 1)" in text
+    header, _, row = text.split("open quarantine entries: 1\n", 1)[1].splitlines()[:3]
+    assert header.split() == ["consumer", "open", "conflicts", "failures", "expired", "oldest"]
+    assert row.split()[:5] == [CONSUMER, "1", "0", "0", "1"]
+
+
 def test_operator_decisions_on_an_expired_entry(db: psycopg.Connection[Any], db_dsn: str) -> None:
     assert apply(db, "old-1", 0) == "applied"
     assert apply(db, "old-2", 0) == "applied"
@@ -155,7 +178,7 @@ def test_operator_decisions_on_an_expired_entry(db: psycopg.Connection[Any], db_
     assert purge_sql(db_dsn).rows_deleted == 2
     produced = db.execute("SELECT now() - interval '30 days'").fetchone()[0]  # type: ignore[index]
     # A genuinely new message produced long ago looks just the same: expired too.
-    results = {}
+    results: dict[str, Any] = {}
     for mid in ("old-1", "old-2", "never-seen", "never-seen-2"):
         results[mid] = db.execute(
             "SELECT outcome, quarantine_id FROM inbox.claim_and_apply(%s, %s, %s, 'credit',"

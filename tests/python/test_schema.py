@@ -35,8 +35,8 @@ from helpers_schema import (
 )
 from psycopg import sql
 
-from pginbox import sqitch
-from pginbox.cluster import Cluster
+from pginbox.devtools.cluster import Cluster
+from pginbox.schema import sqitch
 
 # Schemas that are not the package's: PostgreSQL's own and Sqitch's registry.
 FOREIGN_SCHEMAS = ("pg_catalog", "information_schema", "pg_toast", "sqitch")

@@ -1,4 +1,4 @@
-"""pginbox.sqitch_script renders the Sqitch project as one psql script; a database built with it
+"""pginbox.schema.sqitch_script renders the Sqitch project as one psql script; a database built with it
 is one Sqitch itself recognizes, and would have built the same.
 
 Checked against real PostgreSQL and the real `sqitch`, on a small synthetic project (a tag, a
@@ -28,9 +28,9 @@ import psycopg
 import pytest
 from conftest import REPO_ROOT, create_database, drop_database, dsn_for
 
-from pginbox import sqitch
-from pginbox.cluster import find_bindir
-from pginbox.sqitch_script import SqitchScriptError, canonical_uri, read_plan, render_script
+from pginbox.devtools.cluster import find_bindir
+from pginbox.schema import sqitch
+from pginbox.schema.sqitch_script import SqitchScriptError, canonical_uri, read_plan, render_script
 
 DUMP_NOISE = ("--", "SET ", "SELECT pg_catalog.set_config(", "\\restrict", "\\unrestrict")
 

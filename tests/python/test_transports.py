@@ -18,7 +18,6 @@ from typing import Any
 import httpcore
 import pytest
 
-from pginbox import transports
 from pginbox.transports import (
     AmbiguousDelivery,
     CallableTransport,
@@ -26,7 +25,9 @@ from pginbox.transports import (
     Effect,
     Transport,
     WebhookTransport,
+    config,
     load_config,
+    ssrf,
 )
 
 LOCAL = ["127.0.0.1"]
@@ -311,7 +312,7 @@ def test_redirect_limit(server: tuple[str, Recorder]) -> None:
 
 
 def test_forbidden_reason_table() -> None:
-    reason = transports._forbidden_reason
+    reason = ssrf._forbidden_reason
     assert reason(ipaddress.ip_address("8.8.8.8")) is None
     assert reason(ipaddress.ip_address("2606:4700::1111")) is None
     assert reason(ipaddress.ip_address("169.254.169.254")) == "link-local"
@@ -404,11 +405,11 @@ def test_entry_point_destinations(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     eps = [
-        metadata.EntryPoint("noop", "_pginbox_ep_dest:plain", transports.ENTRY_POINT_GROUP),
-        metadata.EntryPoint("audit", "_pginbox_ep_dest:Custom", transports.ENTRY_POINT_GROUP),
+        metadata.EntryPoint("noop", "_pginbox_ep_dest:plain", config.ENTRY_POINT_GROUP),
+        metadata.EntryPoint("audit", "_pginbox_ep_dest:Custom", config.ENTRY_POINT_GROUP),
     ]
 
-    monkeypatch.setattr(transports, "find_entry_points", lambda: eps)
+    monkeypatch.setattr(config, "find_entry_points", lambda: eps)
     cfg = tmp_path / "c.toml"
     cfg.write_text('[destinations.audit]\nlevel = "info"\n', encoding="utf-8")
     dests = load_config(cfg, environ={})
@@ -452,7 +453,7 @@ def _fake_dns(monkeypatch: pytest.MonkeyPatch, table: dict[str, list[str]]) -> l
             (socket.AF_INET6 if ":" in a else socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, port)) for a in table[host]
         ]
 
-    monkeypatch.setattr(transports, "_getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(ssrf, "_getaddrinfo", getaddrinfo)
     return asked
 
 

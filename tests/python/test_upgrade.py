@@ -39,7 +39,7 @@ from helpers_schema import (
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pginbox import sqitch
+from pginbox.schema import sqitch
 
 Conn = psycopg.Connection[Any]
 

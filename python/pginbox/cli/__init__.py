@@ -1,0 +1,69 @@
+"""The `pginbox` command line: one module per command group, the shared parts in context.py (state,
+errors, --dsn, connecting, environment variables) and output.py (JSON, tables, values).
+
+    pginbox [--dsn DSN] [--verbose]
+      deploy | verify | revert                          schema.py      Sqitch
+      status                                            status.py      Sqitch changes, messages, quarantine
+      quarantine list | show | repair | discard | release   quarantine.py
+      outbox list | show | redrive | discard            outbox.py
+      dispatch | dispatch-health                        dispatch.py    the outbox dispatcher daemon
+      replay create | add | run | status | accept-version | cancel   replay.py
+      purge | retention show | set                      retention.py
+      stats | metrics serve | rollup | configure        metrics.py
+      demo                                              demo.py
+      cluster start | stop | status | dsn               cluster.py     the private demo cluster
+
+Without --dsn (or PGINBOX_DSN, or DATABASE_URL) the commands use the private demo cluster (see
+pginbox.devtools.cluster.default_cluster), started on demand, database pginbox_demo.
+
+Every option can also be set in the environment: PGINBOX_<COMMAND>_<OPTION>, e.g.
+PGINBOX_DISPATCH_HEALTH_PORT=9187 or PGINBOX_QUARANTINE_LIST_CONSUMER=billing (`--help` shows each
+name; see context.read_options_from_environment).
+
+Errors are reported as one line without a traceback (use --verbose for the details). Passwords
+in connection strings are never printed.
+"""
+
+from __future__ import annotations
+
+import click
+
+from pginbox.cli.cluster import cluster_group
+from pginbox.cli.context import DsnGroup, State, mask_dsn, read_options_from_environment
+from pginbox.cli.demo import demo
+from pginbox.cli.dispatch import dispatch, dispatch_health
+from pginbox.cli.metrics import metrics_group, stats
+from pginbox.cli.outbox import outbox_group
+from pginbox.cli.quarantine import quarantine_group
+from pginbox.cli.replay import replay_group
+from pginbox.cli.retention import purge_command, retention_group
+from pginbox.cli.schema import deploy, revert, verify
+from pginbox.cli.status import status
+
+__all__ = ["main", "mask_dsn"]
+
+
+@click.group(cls=DsnGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--dsn",
+    envvar=["PGINBOX_DSN", "DATABASE_URL"],
+    metavar="DSN",
+    default=None,
+    help="libpq connection string or URL [default: the private demo cluster, database pginbox_demo].",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Show details and tracebacks on errors.")
+@click.version_option(package_name="pginbox")
+@click.pass_context
+def main(ctx: click.Context, dsn: str | None, verbose: bool) -> None:
+    """pginbox: deploy and inspect the SQL inbox package (schema inbox)."""
+    state = State(dsn=dsn or None, verbose=verbose)
+    state.remember_secrets_of(dsn)
+    ctx.obj = state
+
+
+for _command in (
+    deploy, verify, revert, status, quarantine_group, outbox_group, dispatch, dispatch_health, replay_group,
+    purge_command, retention_group, stats, metrics_group, demo, cluster_group,
+):
+    main.add_command(_command)
+read_options_from_environment(main)

@@ -1,0 +1,200 @@
+"""`pginbox dispatch` (the outbox dispatcher daemon) and `pginbox dispatch-health`."""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import logging
+import os
+import signal
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from pginbox.cli.context import State, database, dsn_option
+from pginbox.errors import ClaimError
+from pginbox.ops.retention import PeriodicPurger
+from pginbox.sql_limits import CLAIM_LIMIT, LEASE_MAX_SECONDS
+
+if TYPE_CHECKING:  # imported when the command runs: the other commands start without httpx & co.
+    from pginbox.dispatcher import Dispatcher
+    from pginbox.transports import Transport
+
+__all__ = ["dispatch", "dispatch_health"]
+
+
+def _load_callable(spec: str) -> tuple[str, Callable[..., object]]:
+    """`destination=module:function` -> (destination, the function)."""
+    destination, sep, target = spec.partition("=")
+    module_name, colon, attribute = target.partition(":")
+    if not sep or not colon or not destination or not module_name or not attribute:
+        raise click.BadParameter(f"expected destination=module:function, got {spec!r}", param_hint="--callable")
+    try:
+        found: object = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as exc:
+        raise click.BadParameter(f"{spec}: {exc}", param_hint="--callable") from None
+    if not callable(found):
+        raise click.BadParameter(f"{spec}: {attribute} is not callable", param_hint="--callable")
+    return destination, found
+
+
+def _transports(config: Path | None, callables: tuple[str, ...]) -> dict[str, Transport]:
+    """The destinations: pginbox.transports.load_config (TOML file, environment, entry points),
+    then each --callable."""
+    from pginbox.transports import CallableTransport, load_config
+
+    transports = dict(load_config(config))
+    for spec in callables:
+        destination, func = _load_callable(spec)
+        transports[destination] = CallableTransport(func)
+    if not transports:
+        raise click.UsageError("no destinations: pass --callable DEST=MODULE:FUNCTION or --config FILE")
+    return transports
+
+
+@contextmanager
+def _stopped_by_signals(dispatcher: Dispatcher) -> Iterator[None]:
+    """SIGTERM and SIGINT stop the dispatcher (it finishes what is in flight); the previous
+    handlers come back afterwards."""
+
+    def on_signal(signum: int, frame: object) -> None:
+        logging.getLogger("pginbox.dispatcher").info(f"stopping signal={signal.Signals(signum).name}")
+        dispatcher.stop()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run(dispatcher: Dispatcher, purger: PeriodicPurger | None, *, once: bool) -> None:
+    """--once: drain what is due (then purge once); else the daemon loop, the purger beside it."""
+    if once:
+        try:
+            dispatcher.run_once()
+        except ClaimError as exc:  # claims kept failing: --once did not drain
+            raise click.ClickException(str(exc)) from None
+        if purger is not None:
+            purger.run_once()
+        return
+    if purger is not None:
+        purger.start()
+    dispatcher.run()
+
+
+@click.command()
+@dsn_option
+@click.option("--once", is_flag=True, help="Deliver everything due, then exit (for cron and tests).")
+@click.option("--name", default=None, help="Dispatcher name (unique per process) [default: pginbox-<host>-<pid>].")
+@click.option("--batch-size", type=click.IntRange(1, CLAIM_LIMIT), default=100, show_default=True)
+@click.option("--lease", type=click.FloatRange(0.001, LEASE_MAX_SECONDS), default=30.0, show_default=True,
+              help="Lease, seconds.")
+@click.option("--concurrency", type=click.IntRange(1, 1000), default=8, show_default=True,
+              help="In-flight deliveries per destination.")
+@click.option("--poll-interval", type=click.FloatRange(0.01, 3600), default=1.0, show_default=True,
+              help="Longest wait between claims when idle (the NOTIFY signal usually comes first), seconds.")
+@click.option("--delivery-timeout", type=click.FloatRange(0.001, 86400), default=None,
+              help="A delivery running longer is reported as an ambiguous, retryable failure, seconds.")
+@click.option("--callable", "callables", multiple=True, metavar="DEST=MODULE:FUNCTION",
+              help="Deliver destination DEST by calling MODULE:FUNCTION(effect) (repeatable).")
+@click.option("--config", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="TOML file of destinations (pginbox.transports).")
+@click.option("--health-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve GET /healthz and GET /metrics (Prometheus) on this port (0: any free port, logged).")
+@click.option("--health-host", default="127.0.0.1", show_default=True,
+              help="Address the health endpoint binds to (it has no authentication).")
+@click.option("--purge-every", type=click.FloatRange(1, 86400 * 7), default=None, metavar="SECONDS",
+              help="Also purge every consumer with a retention policy this often (with --once: once, at the end).")
+@click.option("--database-metrics", is_flag=True, default=False,
+              help="Also serve inbox.metrics() at the health endpoint's /metrics (the role needs inbox_reader).")
+@click.option("--keep-delivered", type=click.FloatRange(0, None), default=7 * 86400.0, show_default=True,
+              metavar="SECONDS",
+              help="With --purge-every: also delete delivered and discarded effects older than this, in batches.")
+@click.pass_context
+def dispatch(
+    ctx: click.Context,
+    command_dsn: str | None,
+    once: bool,
+    name: str | None,
+    batch_size: int,
+    lease: float,
+    concurrency: int,
+    poll_interval: float,
+    delivery_timeout: float | None,
+    callables: tuple[str, ...],
+    config: Path | None,
+    health_port: int | None,
+    health_host: str,
+    purge_every: float | None,
+    database_metrics: bool,
+    keep_delivered: float,
+) -> None:
+    """Deliver committed outbox effects to their destinations (SIGTERM/SIGINT: finish and exit 0)."""
+    from pginbox.dispatcher import Dispatcher, HealthServer
+    from pginbox.ops.metrics import DatabaseCollector
+
+    dsn = database(ctx, command_dsn)
+    transports = _transports(config, callables)
+    state = ctx.find_object(State)
+    logging.basicConfig(
+        level=logging.DEBUG if state is not None and state.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    dispatcher = Dispatcher(
+        dsn, name or f"pginbox-{socket.gethostname()}-{os.getpid()}", transports, batch_size=batch_size,
+        lease=lease, concurrency_per_destination=concurrency, poll_interval=poll_interval,
+        delivery_timeout=delivery_timeout, extra_collectors=[DatabaseCollector(dsn)] if database_metrics else (),
+    )
+    purger = None
+    if purge_every is not None:
+        purger = PeriodicPurger(dsn, purge_every, keep_delivered=datetime.timedelta(seconds=keep_delivered))
+    health = None
+    with _stopped_by_signals(dispatcher):
+        try:
+            if health_port is not None:
+                health = HealthServer(dispatcher, health_host, health_port).start()
+            _run(dispatcher, purger, once=once)
+        finally:
+            if purger is not None:
+                purger.stop()
+            if health is not None:
+                health.close()
+            dispatcher.close()
+    stats = dispatcher.stats.as_dict()
+    click.echo(" ".join(f"{k}={'-' if v is None else v}" for k, v in stats.items()))
+
+
+@click.command(name="dispatch-health")
+@click.option("--port", type=click.IntRange(1, 65535), default=None, help="The dispatcher's --health-port.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="With --port: the dispatcher's --health-host.")
+@click.option("--url", default=None, help="Full URL instead [default: http://HOST:PORT/healthz].")
+@click.option("--timeout", type=click.FloatRange(0.1, 600), default=5.0, show_default=True, help="Seconds.")
+def dispatch_health(port: int | None, host: str, url: str | None, timeout: float) -> None:
+    """Ask a running `pginbox dispatch --health-port` whether it is healthy: prints its JSON;
+    exit status 0 when healthy, 1 when not (503) or unreachable."""
+    if url is None:
+        if port is None:
+            raise click.UsageError("pass --port PORT (the dispatcher's --health-port) or --url URL")
+        url = f"http://{host}:{port}/healthz"
+    if not url.startswith(("http://", "https://")):
+        raise click.UsageError(f"--url must be http(s)://..., got {url!r}")
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            status, body = response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        status, body = exc.code, exc.read()
+    except (urllib.error.URLError, OSError) as exc:
+        raise click.ClickException(f"{url}: unreachable: {getattr(exc, 'reason', exc)}") from None
+    click.echo(body.decode("utf-8", errors="replace").rstrip())
+    if status != 200:
+        raise click.exceptions.Exit(1)

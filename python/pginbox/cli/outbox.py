@@ -1,0 +1,102 @@
+"""`pginbox outbox list | show | redrive | discard`."""
+
+from __future__ import annotations
+
+import click
+
+from pginbox.cli.context import connect, dsn_option
+from pginbox.cli.output import echo_json, fmt, table
+from pginbox.ops import outbox
+from pginbox.ops.json_values import jsonable
+
+__all__ = ["outbox_group"]
+
+
+@click.group(name="outbox")
+def outbox_group() -> None:
+    """Inspect outbox effects; redrive or discard dead ones (audited)."""
+
+
+@outbox_group.command(name="list")
+@dsn_option
+@click.option("--status", "effect_status", type=click.Choice([*outbox.OUTBOX_STATUSES, "all"]), default="all",
+              show_default=True)
+@click.option("--limit", type=click.IntRange(1, 100000), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@click.pass_context
+def outbox_list(ctx: click.Context, command_dsn: str | None, effect_status: str, limit: int, as_json: bool) -> None:
+    """Effects, oldest first."""
+    with connect(ctx, command_dsn) as conn:
+        rows = outbox.list_effects(conn, None if effect_status == "all" else effect_status, limit)
+    if as_json:
+        echo_json({"status": effect_status, "effects": [jsonable(r) for r in rows]})
+        return
+    if not rows:
+        click.echo("no effects" if effect_status == "all" else f"no {effect_status} effects")
+        return
+    lines = [
+        [r["effect_id"] if len(r["effect_id"]) <= 40 else r["effect_id"][:37] + "...", r["destination"], r["status"],
+         r["attempts"], r["ordering_key"], fmt(r["created_at"]), r["dead_reason"] or r["last_error"]]
+        for r in rows
+    ]
+    click.echo(table(["effect_id", "destination", "status", "attempts", "ordering_key", "created", "problem"], lines))
+
+
+@outbox_group.command(name="show")
+@click.argument("effect_id", metavar="ID")
+@dsn_option
+@click.option("--payload", "with_payload", is_flag=True, help="Also show payload, headers and response (operator).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.pass_context
+def outbox_show(ctx: click.Context, effect_id: str, command_dsn: str | None, with_payload: bool, as_json: bool) -> None:
+    """One effect, its redrives, and (with --payload) its body."""
+    with connect(ctx, command_dsn) as conn:
+        details = outbox.show_effect(conn, effect_id, with_payload=with_payload)
+    if details is None:
+        raise click.ClickException(f"no effect {effect_id!r}")
+    row, redrives, discards = details.effect, details.redrives, details.discards
+    result = {**jsonable(row), "redrives": [jsonable(r) for r in redrives],
+              "discards": [jsonable(r) for r in discards]}
+    if as_json:
+        echo_json(result)
+        return
+    for key, value in row.items():
+        click.echo(f"{key}: {fmt(value)}")
+    for r in redrives:
+        click.echo(f"redrive {r['redrive_id']}: {fmt(r['redriven_at'])} by {r['redriven_by']}: {r['note']}")
+    for r in discards:
+        click.echo(f"discard {r['discard_id']}: {fmt(r['discarded_at'])} by {r['discarded_by']}: {r['note']}")
+
+
+@outbox_group.command(name="redrive")
+@click.argument("effect_id", metavar="ID")
+@click.option("--note", required=True, help="Why: goes into the audit trail (inbox.outbox_redrive).")
+@dsn_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.pass_context
+def outbox_redrive(ctx: click.Context, effect_id: str, note: str, command_dsn: str | None, as_json: bool) -> None:
+    """Send a dead effect again (inbox.redrive_effect: attempts reset, audited)."""
+    with connect(ctx, command_dsn) as conn:
+        row = outbox.redrive_effect(conn, effect_id, note)
+    if as_json:
+        echo_json(jsonable(row))
+        return
+    click.echo(f"effect {effect_id}: {row['status']} (attempts {row['attempts']})")
+
+
+@outbox_group.command(name="discard")
+@click.argument("effect_id", metavar="ID")
+@click.option("--note", required=True, help="Why: goes into the audit trail (inbox.outbox_discard).")
+@dsn_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.pass_context
+def outbox_discard(ctx: click.Context, effect_id: str, note: str, command_dsn: str | None, as_json: bool) -> None:
+    """Close a dead effect without delivering it (inbox.discard_effect, audited): later effects of
+    its ordering key are no longer held behind it."""
+    with connect(ctx, command_dsn) as conn:
+        row = outbox.discard_effect(conn, effect_id, note)
+    if as_json:
+        echo_json(jsonable(row))
+        return
+    key = f"; ordering key {row['ordering_key']} moves on" if row["ordering_key"] is not None else ""
+    click.echo(f"effect {effect_id}: {row['status']} (after {row['attempts']} attempts){key}")

@@ -1,0 +1,60 @@
+"""How the commands print: JSON, plain tables, values and ages."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+__all__ = ["echo_json", "fmt", "format_age", "indent", "table"]
+
+
+def echo_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, sort_keys=False, ensure_ascii=False))
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A plain-text table: columns as wide as their widest cell, numbers right-aligned."""
+    cells = [[("-" if v is None else str(v)) for v in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+    numeric = [all(isinstance(row[i], int) for row in rows) and bool(rows) for i in range(len(headers))]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric, strict=True)]
+        return "  ".join(parts).rstrip()
+
+    out = [line(list(headers)), line(["-" * w for w in widths])]
+    out.extend(line(row) for row in cells)
+    return "\n".join(out)
+
+
+def fmt(value: object) -> str:
+    """One value of a `key: value` listing: '-' for none, times to the second, '' visible."""
+    if value is None:
+        return "-"
+    if isinstance(value, datetime.datetime):
+        return value.isoformat(sep=" ", timespec="seconds")
+    if isinstance(value, str):
+        return repr(value) if value == "" else value
+    return str(value)
+
+
+def format_age(age: datetime.timedelta | None) -> str:
+    """A short age: 42s, 7m, 3h, 12d."""
+    if age is None:
+        return "-"
+    seconds = max(int(age.total_seconds()), 0)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def indent(text: str, prefix: str = "  ") -> str:
+    return "\n".join(prefix + line for line in text.splitlines())

@@ -1,0 +1,193 @@
+"""`pginbox quarantine list | show | repair | discard | release`."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from pginbox.cli.context import connect, dsn_option
+from pginbox.cli.output import echo_json, fmt, format_age, indent, table
+from pginbox.ops import quarantine as ops
+from pginbox.ops.status import check_schema
+
+__all__ = ["quarantine_group"]
+
+
+@click.group(name="quarantine")
+def quarantine_group() -> None:
+    """Inspect and decide on quarantined messages (conflicts, exhausted attempts).
+
+    Quarantine is a change of ownership, not success: each entry stays open until an operator
+    repairs, discards or releases it, and every decision is audited (see `show`).
+    """
+
+
+@quarantine_group.command(name="list")
+@dsn_option
+@click.option("--consumer", metavar="NAME", default=None, help="Only entries of this consumer.")
+@click.option(
+    "--status",
+    "entry_status",
+    type=click.Choice([*ops.QUARANTINE_STATUSES, "all"]),
+    default="open",
+    show_default=True,
+    help="Entries in this status.",
+)
+@click.option("--limit", type=click.IntRange(1, 100000), default=50, show_default=True, help="At most this many.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@click.pass_context
+def quarantine_list(
+    ctx: click.Context, command_dsn: str | None, consumer: str | None, entry_status: str, limit: int, as_json: bool
+) -> None:
+    """Quarantine entries, oldest first."""
+    with connect(ctx, command_dsn) as conn:
+        check_schema(conn)
+        listing = ops.list_entries(
+            conn, consumer=consumer, status=None if entry_status == "all" else entry_status, limit=limit
+        )
+    if as_json:
+        echo_json(listing.as_json())
+        return
+    what = f"{entry_status} entries" if entry_status != "all" else "entries"
+    where = f" of consumer {consumer}" if consumer else ""
+    if not listing.entries:
+        click.echo(f"no {what}{where} in quarantine")
+        return
+    rows = [
+        [
+            e["quarantine_id"],
+            e["consumer"],
+            e["producer"],
+            e["message_id"] if len(e["message_id"]) <= 40 else e["message_id"][:37] + "...",
+            e["kind"],
+            e["reason_code"],
+            e["attempts"],
+            e["deliveries"],
+            e["status"],
+            format_age(e["age"]),
+        ]
+        for e in listing.entries
+    ]
+    headers = ["id", "consumer", "producer", "message_id", "kind", "reason_code", "attempts", "deliveries",
+               "status", "age"]
+    click.echo(table(headers, rows))
+    more = f" (showing {len(listing.entries)}; --limit shows more)" if listing.total > len(listing.entries) else ""
+    click.echo(f"{listing.total} {what}{where}{more}")
+
+
+_ENTRY_FIELDS = (
+    "quarantine_id", "status", "kind", "consumer", "tenant", "producer", "message_id", "message_type",
+    "reason_code", "error_message", "attempts", "crashes", "deliveries", "handler_version", "payload_sha256",
+    "stored_sha256", "payload_ref", "first_failure_at", "last_failure_at", "created_at", "last_seen_at",
+    "decided_at", "decided_by",
+)
+
+
+@quarantine_group.command(name="show")
+@click.argument("quarantine_id", type=int, metavar="ID")
+@dsn_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option("--show-payload", is_flag=True, help="Also print the stored payload (sensitive; needs inbox_operator).")
+@click.pass_context
+def quarantine_show(
+    ctx: click.Context, quarantine_id: int, command_dsn: str | None, as_json: bool, show_payload: bool
+) -> None:
+    """Every field of entry ID, its audit trail and its attempt record."""
+    with connect(ctx, command_dsn) as conn:
+        check_schema(conn)
+        details = ops.show_entry(conn, quarantine_id, with_payload=show_payload)
+    if as_json:
+        echo_json(details.as_json())
+        return
+    entry = details.entry
+    click.echo(f"quarantine entry {entry['quarantine_id']} ({entry['status']}, {entry['kind']})")
+    width = max(len(name) for name in _ENTRY_FIELDS)
+    for name in _ENTRY_FIELDS:
+        click.echo(f"  {name:<{width}}  {fmt(entry[name])}")
+
+    click.echo("audit trail (inbox.quarantine_decision):")
+    if not details.decisions:
+        click.echo("  no decisions yet")
+    for d in details.decisions:
+        reason = f"; reason {d['reason_code']}: {d['error_message']}" if d["reason_code"] else ""
+        click.echo(
+            f"  {fmt(d['decided_at'])}  {d['decided_by']}  {d['decision']} -> {d['result']}"
+            f"  note: {d['note']}{reason}"
+        )
+
+    click.echo("attempt record (inbox.attempt):")
+    if details.attempt is None:
+        click.echo("  none (no failure or redelivery was recorded for this identity)")
+    else:
+        a = details.attempt
+        click.echo(f"  started {a['started']} (announced redeliveries), failed {a['failed']}")
+        for name in ("reason_code", "error_message", "handler_version", "message_type", "first_failure_at",
+                     "last_failure_at", "last_started_at"):
+            click.echo(f"  {name:<16}  {fmt(a[name])}")
+
+    click.echo("inbox row (inbox.message):")
+    if details.message is None:
+        click.echo("  none (the identity is not held: its next delivery is processed normally)")
+    else:
+        m = details.message
+        click.echo(
+            f"  status {m['status']}, handler {m['handler_version']}, hash {m['payload_sha256'] or '-'}, "
+            f"processed_at {fmt(m['processed_at'])}"
+        )
+
+    if not show_payload:
+        click.echo("payload: not shown (sensitive; --show-payload prints it)")
+    elif details.payload is not None:
+        click.echo("payload:")
+        click.echo(indent(json.dumps(details.payload, indent=2, ensure_ascii=False)))
+    elif details.payload_bytes is not None:
+        click.echo(f"payload: {len(details.payload_bytes)} bytes (not JSON; --json prints them in base64)")
+    else:
+        click.echo("payload: not stored" + (f" (payload_ref {entry['payload_ref']})" if entry["payload_ref"] else ""))
+
+
+_DECISION_HELP = {
+    "repair": "Run the stored payload through the current handler now (failure entries). "
+    "Exit status 1 when the handler fails again: the entry stays open and the failure is audited.",
+    "discard": "Close the entry without effect: redeliveries of its message become duplicates.",
+    "release": "Lift the hold: the next delivery is processed normally (failure entries).",
+}
+
+_DECISION_SAYS = {
+    "recovered": "the stored payload was applied{version}; redeliveries are duplicates now",
+    "discarded": "nothing was applied; redeliveries of its message are duplicates now",
+    "released": "the hold is lifted; the next delivery is processed normally, with a full set of attempts",
+}
+
+
+def _decision_command(action: ops.Action) -> None:
+    @quarantine_group.command(name=action, help=_DECISION_HELP[action])
+    @click.argument("quarantine_id", type=int, metavar="ID")
+    @click.option("--note", required=True, help="Why: goes into the audit trail.")
+    @dsn_option
+    @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+    @click.pass_context
+    def command(ctx: click.Context, quarantine_id: int, note: str, command_dsn: str | None, as_json: bool) -> None:
+        with connect(ctx, command_dsn) as conn:
+            check_schema(conn)
+            decision = ops.decide(conn, action, quarantine_id, note)
+        if as_json:
+            echo_json(decision.as_json())
+        elif decision.ok:
+            version = f" by handler version {decision.handler_version}" if decision.handler_version else ""
+            says = _DECISION_SAYS[decision.result].format(version=version)
+            click.echo(f"entry {quarantine_id}: {decision.result} ({says})")
+        else:
+            click.echo(
+                f"entry {quarantine_id}: repair failed, the entry stays open "
+                f"(reason {decision.reason_code}: {decision.error_message})"
+            )
+        if not decision.ok:
+            ctx.exit(1)
+
+    del command
+
+
+for _action in ops.ACTIONS:
+    _decision_command(_action)

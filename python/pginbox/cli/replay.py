@@ -1,0 +1,174 @@
+"""`pginbox replay create | add | run | status | accept-version | cancel`: replay plans (compensated
+migration), see docs/replay.md.
+
+    pginbox replay create NAME --consumer C --message-type T --handler 'f(jsonb)' --handler-version V --note N
+    pginbox replay add PLAN [FILE|-]              items as JSON lines {producer, message_id, tenant?, payload}
+    pginbox replay run PLAN [--max-items N] [--until-done]
+    pginbox replay status [PLAN] [--json]
+    pginbox replay accept-version PLAN --handler 'f(jsonb)' --handler-version V --note N
+    pginbox replay cancel PLAN --note N
+
+PLAN is a plan name or id. A run that finds the plan stopped (the registered handler changed)
+exits with status 3 and one line saying so.
+"""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+import click
+
+from pginbox.cli.context import connect, dsn_option
+from pginbox.cli.output import echo_json, fmt, table
+from pginbox.ops import replay
+from pginbox.ops.json_values import jsonable
+
+__all__ = ["replay_group"]
+
+EXIT_STOPPED = 3
+
+
+@click.group(name="replay")
+def replay_group() -> None:
+    """Replay plans: re-run processed messages through a pinned handler version, each once."""
+
+
+@replay_group.command(name="create")
+@click.argument("name")
+@click.option("--consumer", required=True, help="The consumer whose processed messages are replayed.")
+@click.option("--message-type", required=True, help="The message type (selects the registered handler).")
+@click.option("--handler", required=True, metavar="REGPROCEDURE", help="Registered handler, e.g. 'app.credit(jsonb)'.")
+@click.option("--handler-version", required=True, help="The registered handler version the plan is pinned to.")
+@click.option("--note", required=True, help="Why: goes into the audit trail (inbox.replay_decision).")
+@dsn_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.pass_context
+def replay_create(ctx: click.Context, name: str, consumer: str, message_type: str, handler: str,
+                  handler_version: str, note: str, command_dsn: str | None, as_json: bool) -> None:
+    """Create a plan pinned to the handler and version registered for CONSUMER and MESSAGE_TYPE."""
+    with connect(ctx, command_dsn) as conn:
+        plan_id = replay.create_plan(conn, name, consumer, message_type, handler, handler_version, note)
+    if as_json:
+        echo_json({"plan_id": plan_id, "plan_name": name, "status": "open"})
+        return
+    click.echo(f"replay plan {plan_id} ({name}) created, pinned to {handler} version {handler_version}")
+
+
+@replay_group.command(name="add")
+@click.argument("plan")
+@click.argument("items_file", type=click.File("r", encoding="utf-8"), default="-", metavar="[FILE|-]")
+@dsn_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.pass_context
+def replay_add(ctx: click.Context, plan: str, items_file: TextIO, command_dsn: str | None, as_json: bool) -> None:
+    """Add items from JSON lines (FILE, or stdin): {"producer", "message_id", "tenant"?, "payload"}.
+
+    Each payload must be the one the consumer processed (checked against the stored hash)."""
+    with connect(ctx, command_dsn) as conn:
+        plan_id = replay.resolve_plan(conn, plan)
+        added = replay.add_items(conn, plan_id, replay.read_items(items_file))
+    if as_json:
+        echo_json({"plan_id": plan_id, "added": added})
+        return
+    click.echo(f"replay plan {plan_id}: {added} item(s) added")
+
+
+@replay_group.command(name="run")
+@click.argument("plan")
+@click.option("--max-items", type=click.IntRange(1, 10000), default=100, show_default=True,
+              help="Items per call (one transaction each).")
+@click.option("--until-done", is_flag=True, help="Call again until no item is pending.")
+@dsn_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.pass_context
+def replay_run(ctx: click.Context, plan: str, max_items: int, until_done: bool, command_dsn: str | None,
+               as_json: bool) -> None:
+    """Run pending items, each exactly once, with your rights. Exit status 3 when the plan is stopped."""
+    with connect(ctx, command_dsn) as conn:
+        plan_id = replay.resolve_plan(conn, plan)
+        try:
+            result = replay.run_plan(conn, plan_id, max_items=max_items, until_done=until_done)
+        except replay.ReplayStopped as exc:
+            click.echo(f"Error: {exc}", err=True)
+            ctx.exit(EXIT_STOPPED)
+    if as_json:
+        echo_json(result.as_json())
+        return
+    click.echo(
+        f"replay plan {plan_id}: {result.status}; this run applied {result.applied_now}, failed {result.failed_now}, "
+        f"skipped {result.skipped_now} ({result.calls} call(s)); totals: pending {result.pending}, "
+        f"applied {result.applied}, failed {result.failed}, skipped {result.skipped}"
+    )
+
+
+@replay_group.command(name="status")
+@click.argument("plan", required=False)
+@dsn_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.pass_context
+def replay_status(ctx: click.Context, plan: str | None, command_dsn: str | None, as_json: bool) -> None:
+    """Progress of all plans, or of PLAN with its audit trail and failed/skipped items."""
+    with connect(ctx, command_dsn) as conn:
+        plan_id = replay.resolve_plan(conn, plan) if plan is not None else None
+        statuses = replay.plan_status(conn, plan_id)
+    if as_json:
+        plans = []
+        for s in statuses:
+            entry = jsonable(s.row)
+            if plan_id is not None:
+                entry["decisions"] = [jsonable(d) for d in s.decisions]
+                entry["failed_or_skipped"] = [jsonable(p) for p in s.problems]
+            plans.append(entry)
+        echo_json({"plans": plans})
+        return
+    if not statuses:
+        click.echo("no replay plans")
+        return
+    if plan_id is None:
+        rows = [[s.row["plan_id"], s.row["plan_name"], s.row["status"], s.row["consumer"], s.row["message_type"],
+                 s.row["handler_version"], s.row["pending"], s.row["applied"], s.row["failed"], s.row["skipped"],
+                 "yes" if s.row["pin_matches"] else "NO"] for s in statuses]
+        click.echo(table(["plan", "name", "status", "consumer", "type", "version", "pending", "applied", "failed",
+                           "skipped", "pin ok"], rows))
+        return
+    s = statuses[0]
+    for key, value in s.row.items():
+        click.echo(f"{key}: {fmt(value)}")
+    click.echo("audit trail (inbox.replay_decision):")
+    for d in s.decisions:
+        pin = f" {d['handler']} {d['handler_version']}" if d["handler"] else ""
+        click.echo(f"  {d['decided_at']:%Y-%m-%d %H:%M:%S} {d['decision']} by {d['decided_by']}{pin}"
+                   f"{' items=' + str(d['items']) if d['items'] is not None else ''}: {fmt(d['note'])}")
+    for p in s.problems:
+        click.echo(f"  item {p['item_no']} {p['status']} ({p['reason_code']}): {p['producer']}/{p['message_id']} "
+                   f"tenant {p['tenant']!r} {fmt(p['error_message'])}")
+
+
+@replay_group.command(name="accept-version")
+@click.argument("plan")
+@click.option("--handler", required=True, metavar="REGPROCEDURE", help="The handler now registered.")
+@click.option("--handler-version", required=True, help="The version now registered.")
+@click.option("--note", required=True, help="Why: goes into the audit trail.")
+@dsn_option
+@click.pass_context
+def replay_accept_version(ctx: click.Context, plan: str, handler: str, handler_version: str, note: str,
+                          command_dsn: str | None) -> None:
+    """Re-pin a stopped plan to the handler and version now registered; it runs again."""
+    with connect(ctx, command_dsn) as conn:
+        plan_id = replay.resolve_plan(conn, plan)
+        status = replay.accept_version(conn, plan_id, handler, handler_version, note)
+    click.echo(f"replay plan {plan_id}: {status}, pinned to {handler} version {handler_version}")
+
+
+@replay_group.command(name="cancel")
+@click.argument("plan")
+@click.option("--note", required=True, help="Why: goes into the audit trail.")
+@dsn_option
+@click.pass_context
+def replay_cancel(ctx: click.Context, plan: str, note: str, command_dsn: str | None) -> None:
+    """Cancel a plan: pending items are skipped, its retention holds go; applied items stay applied."""
+    with connect(ctx, command_dsn) as conn:
+        plan_id = replay.resolve_plan(conn, plan)
+        status = replay.cancel_plan(conn, plan_id, note)
+    click.echo(f"replay plan {plan_id}: {status}")
+

@@ -1,0 +1,142 @@
+"""`pginbox purge` and `pginbox retention show | set`.
+
+Exit codes of `pginbox purge` (for cron): 0 purged, nothing to purge, or another purger is
+running (busy); 1 an error (one line on stderr); 2 bad usage; 3 a named consumer has no retention
+policy; 75 (EX_TEMPFAIL) transactions from before the announcement outlived --wait-timeout
+(nothing more was deleted: run it again later).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import click
+
+from pginbox.cli.context import connect, dsn_option
+from pginbox.cli.output import echo_json, table
+from pginbox.ops import retention
+
+EXIT_NO_POLICY = 3
+EXIT_TIMEOUT = 75
+
+
+def _text(value: object) -> object:
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        return str(value)
+    return str(value)
+
+
+@click.command(name="purge")
+@dsn_option
+@click.option("--consumer", metavar="NAME", default=None,
+              help="Only this consumer [default: every consumer with a policy].")
+@click.option("--batch-size", type=click.IntRange(1, 100000), default=5000, show_default=True,
+              help="Rows deleted per transaction.")
+@click.option("--max-batches", type=click.IntRange(1, 10_000_000), default=1000, show_default=True,
+              help="Stop after this many batches per consumer (the next run goes on).")
+@click.option("--wait-timeout", type=click.FloatRange(0, 86400), default=300.0, show_default=True,
+              help="Longest wait for transactions from before the announcement, seconds.")
+@click.option("--pause", type=click.FloatRange(0, 60), default=0.0, show_default=True,
+              help="Sleep this long after each batch (leaves CPU to the claims on a busy machine), seconds.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.pass_context
+def purge_command(ctx: click.Context, command_dsn: str | None, consumer: str | None, batch_size: int,
+                  max_batches: int, wait_timeout: float, pause: float, as_json: bool) -> None:
+    """Delete processed inbox rows older than each consumer's retention window (for cron)."""
+    with connect(ctx, command_dsn) as conn:
+        reports = retention.purge(conn, consumer, batch_size=batch_size, max_batches=max_batches,
+                                  wait_timeout=wait_timeout, pause=pause)
+    if as_json:
+        echo_json({"consumers": [r.as_dict() for r in reports]})
+    elif not reports:
+        click.echo("no consumer has a retention policy: nothing is ever purged (pginbox retention set ...)")
+    for report in reports if not as_json else []:
+        line = {
+            "purged": f"purged {report.rows_deleted} rows in {report.batches} batches ({report.seconds}s); "
+                      f"watermark {report.watermark}",
+            "done": f"nothing to purge; watermark {report.watermark}",
+            "busy": "another purger is running for this consumer: nothing done",
+            "no_policy": "no retention policy: its rows are never purged (pginbox retention set ...)",
+            "inactive": "not active for a whole retention window yet (or down now): nothing is old enough",
+            "timeout": f"gave up after {wait_timeout}s waiting for transactions from before the announcement; "
+                       f"deleted {report.rows_deleted} rows; run it again later",
+        }[report.status]
+        click.echo(f"{report.consumer}: {line}", err=report.status == "timeout")
+    if any(r.status == "timeout" for r in reports):
+        ctx.exit(EXIT_TIMEOUT)
+    if consumer is not None and any(r.status == "no_policy" for r in reports):
+        ctx.exit(EXIT_NO_POLICY)
+
+
+@click.group(name="retention")
+def retention_group() -> None:
+    """Retention policies (named failure scenarios) and where the purge stands."""
+
+
+@retention_group.command(name="show")
+@dsn_option
+@click.option("--consumer", metavar="NAME", default=None, help="Only this consumer.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@click.pass_context
+def retention_show(ctx: click.Context, command_dsn: str | None, consumer: str | None, as_json: bool) -> None:
+    """Window, dominating scenario, watermark and purge lag per consumer and producer."""
+    with connect(ctx, command_dsn) as conn:
+        rows = retention.retention_status(conn, consumer)
+    if as_json:
+        echo_json({"policies": [{k: _text(v) if not isinstance(v, int) else v for k, v in row.items()}
+                                 for row in rows]})
+        return
+    if not rows:
+        click.echo("no retention policy" + (f" for consumer {consumer}" if consumer else "")
+                   + ": nothing is ever purged (pginbox retention set ...)")
+        return
+    headers = ["consumer", "producer", "window", "dominated by", "watermark", "purge lag", "purged", "expired",
+               "last purge"]
+    table_rows: list[list[Any]] = [
+        [r["consumer"], r["producer"] or "*", _text(r["retention_window"]), r["dominating_scenario"],
+         _text(r["watermark"]), _text(r["purge_lag"]), int(r["rows_purged"]), int(r["expired_total"]),
+         _text(r["last_purge_at"])]
+        for r in rows
+    ]
+    click.echo(table(headers, table_rows))
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _scenario_option(name: str) -> Callable[[F], F]:
+    flag = "--" + name.replace("_", "-")
+    return click.option(flag, name, required=True, metavar="INTERVAL",
+                        help=f"{name.replace('_', ' ')} (a PostgreSQL interval, '0' = does not apply).")
+
+
+@retention_group.command(name="set")
+@click.argument("consumer")
+@dsn_option
+@click.option("--producer", default="", show_default=True, help="Producer ('' = every producer of the consumer).")
+@_scenario_option("broker_retention")
+@_scenario_option("max_offset_rewind")
+@_scenario_option("dead_letter_redrive_horizon")
+@_scenario_option("producer_retry_horizon")
+@_scenario_option("outage_allowance")
+@_scenario_option("backup_restore_window")
+@_scenario_option("planned_replay_horizon")
+@_scenario_option("safety_margin")
+@click.option("--note", required=True, help="Why (goes into the audit trail).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.pass_context
+def retention_set(ctx: click.Context, /, consumer: str, command_dsn: str | None, producer: str, note: str,
+                  as_json: bool, **scenarios: str) -> None:
+    """Set a consumer's retention policy: every scenario explicitly (audited)."""
+    with connect(ctx, command_dsn) as conn:
+        window, dominating = retention.set_policy(conn, consumer, producer, scenarios, note)
+    if as_json:
+        echo_json({"consumer": consumer, "producer": producer, "retention_window": str(window),
+                    "dominating_scenario": dominating})
+        return
+    click.echo(f"{consumer}{'/' + producer if producer else ''}: retention window {window} "
+               f"(dominated by {dominating})")

@@ -1,0 +1,72 @@
+"""`pginbox status`: deployed Sqitch changes, messages by status, quarantine entries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+import psycopg
+
+from pginbox.cli.context import database, dsn_option
+from pginbox.cli.output import echo_json, format_age, indent, table
+from pginbox.ops.status import inbox_status, parse_sqitch_status
+from pginbox.schema import sqitch
+
+__all__ = ["status"]
+
+_STATUS_CONSUMERS = 20  # consumers with open entries listed by `status` (the busiest first)
+
+
+@click.command()
+@dsn_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.pass_context
+def status(ctx: click.Context, command_dsn: str | None, as_json: bool) -> None:
+    """Deployed Sqitch changes, messages by status and quarantine entries."""
+    dsn = database(ctx, command_dsn)
+    sqitch_output: str | None = None
+    sqitch_problem: str | None = None
+    try:
+        sqitch_output = sqitch.run("status", dsn, "--show-changes")
+    except sqitch.SqitchError as exc:
+        lines = [line.strip() for line in exc.output.splitlines() if line.strip()]
+        sqitch_problem = lines[-1] if lines else str(exc)
+    with psycopg.connect(dsn, autocommit=True, application_name="pginbox-cli") as conn:
+        found = inbox_status(conn)
+
+    if as_json:
+        result: dict[str, Any] = {"sqitch": {"problem": sqitch_problem}}
+        if sqitch_output is not None:
+            result["sqitch"].update(parse_sqitch_status(sqitch_output))
+        result.update(found.as_json())
+        echo_json(result)
+        return
+
+    click.echo(sqitch_output.rstrip() if sqitch_output is not None else f"sqitch: {sqitch_problem}")
+    if not found.deployed:
+        click.echo("schema inbox: not deployed (run `pginbox deploy`)")
+        return
+    click.echo(f"schema inbox: version {found.schema_version}")
+    if found.problem:
+        click.echo(f"inbox: {found.problem}")
+        return
+    click.echo("inbox.message by status:")
+    for message_status, count in found.messages.items():
+        click.echo(f"  {message_status:<12} {count}")
+    click.echo("inbox.quarantine by status:")
+    for q_status, kinds in found.quarantine.items():
+        detail = ", ".join(f"{kind} {n}" for kind, n in kinds.items())
+        click.echo(f"  {q_status:<12} {sum(kinds.values())}  ({detail})")
+    if found.open_by_consumer:
+        click.echo(f"open quarantine entries: {found.open_entries}")
+        busiest = sorted(found.open_by_consumer, key=lambda r: (-r["open"], r["consumer"]))
+        rows = [
+            [r["consumer"], r["open"], r["conflicts"], r["failures"], r["expired"], format_age(r["oldest_age"])]
+            for r in busiest[:_STATUS_CONSUMERS]
+        ]
+        click.echo(indent(table(["consumer", "open", "conflicts", "failures", "expired", "oldest"], rows)))
+        if len(busiest) > _STATUS_CONSUMERS:
+            click.echo(f"  ... and {len(busiest) - _STATUS_CONSUMERS} more consumers (--json lists them all)")
+        click.echo("  (pginbox quarantine list [--consumer NAME] shows the entries)")
+    else:
+        click.echo("open quarantine entries: none")

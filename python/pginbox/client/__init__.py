@@ -1,0 +1,1 @@
+"""The client of schema inbox: Inbox, AsyncInbox, the typed outcomes and the retry policy."""

@@ -1,0 +1,640 @@
+# Generated from async_inbox.py by python/tools/async_to_sync.py: DO NOT EDIT.
+# Edit python/pginbox/client/async_inbox.py, then run the script (tests/run checks this file).
+"""`Inbox`: the client of schema `inbox` (psycopg.Connection or
+psycopg_pool.ConnectionPool).
+
+Every delivery runs in transactions of its own, started with an explicit BEGIN (honouring the
+connection's isolation_level) and sent in one round trip with the claim (pipeline mode):
+
+  handle       BEGIN + inbox.claim | the Python handler's statements | COMMIT
+  apply        BEGIN + inbox.claim_and_apply | COMMIT
+  apply_batch  BEGIN + inbox.claim_and_apply_batch (<= 64 messages) | COMMIT, per chunk
+
+Transient errors re-run the whole transaction (RetryPolicy). A connection lost during COMMIT is
+resolved with pg_xact_status on the transaction id read before COMMIT, never guessed.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import replace
+from functools import partial
+from typing import Any, TypeVar, cast
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import pq
+from psycopg.conninfo import make_conninfo
+from psycopg.rows import TupleRow, tuple_row
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTimeout
+
+from pginbox.client import queries
+from pginbox.client import shared as _core
+from pginbox.client.outcomes import InboxStats, Message, Outcome, Result
+from pginbox.client.retry import RetryPolicy, TransientKind, classify
+from pginbox.client.shared import CallCost, CommitUnknown, Failure, Transient
+from pginbox.errors import CommitOutcomeUnknown, HandlerProtocolError, PginboxError, RetriesExhausted
+from pginbox.sql_limits import MAX_BATCH
+
+__all__ = ["Handler", "Inbox"]
+
+T = TypeVar("T")
+Conn = psycopg.Connection[Any]
+
+#: handler(cursor, message): runs inside the transaction that holds the claim. Its return value is
+#: ignored; raising rolls back the claim and its writes.
+Handler = Callable[[psycopg.Cursor[Any], Message], object]
+
+_IDLE = pq.TransactionStatus.IDLE
+_INERROR = pq.TransactionStatus.INERROR
+_PIPELINE = psycopg.Pipeline.is_supported()
+
+
+# The hot paths (handle, one statement) switch autocommit with these two calls around a
+# try/finally rather than with the _autocommit context manager: a generator-based context manager
+# costs a few microseconds per call. set_autocommit is a method of both flavours (the sync
+# `autocommit` property setter calls it), so the two modules make the same calls.
+def _enter_autocommit(conn: Conn, pipeline: bool = True) -> bool:
+    """In pipeline mode our transactions start with our own BEGIN, sent in the same round trip as
+    the first statement: psycopg must not send one of its own, so the connection is switched to
+    autocommit for the transaction. True when it was switched and must be switched back with
+    `_leave_autocommit`."""
+    if not pipeline or conn.autocommit:
+        return False
+    conn.set_autocommit(True)
+    return True
+
+
+def _leave_autocommit(conn: Conn, switched: bool) -> None:
+    if switched and not conn.closed and conn.pgconn.transaction_status == _IDLE:
+        conn.set_autocommit(False)
+
+
+@contextmanager
+def _autocommit(conn: Conn) -> Iterator[None]:
+    switched = _enter_autocommit(conn)
+    try:
+        yield
+    finally:
+        _leave_autocommit(conn, switched)
+
+
+def _rollback_quietly(conn: Conn) -> None:
+    if conn.closed:
+        return
+    with suppress(psycopg.Error):
+        conn.rollback()
+
+
+def _check_idle(conn: Conn) -> None:
+    if conn.pgconn.transaction_status != _IDLE:
+        raise PginboxError(
+            "the connection given to Inbox is inside a transaction: Inbox runs its own transactions "
+            "(commit or roll back first, or give Inbox a connection of its own)"
+        )
+
+
+def _begin_and_execute(
+    conn: Conn, cur: psycopg.Cursor[TupleRow], query: Any, params: Any, pipeline: bool
+) -> None:
+    """BEGIN, then `query`: in one round trip in pipeline mode, else in two (a connection not in
+    autocommit mode gets psycopg's own BEGIN, which honours its isolation_level, read_only and
+    deferrable)."""
+    if pipeline:
+        with conn.pipeline():
+            cur.execute(queries.BEGIN[conn.isolation_level], prepare=False)
+            cur.execute(query, params, prepare=True)
+        return
+    if conn.autocommit:
+        cur.execute(queries.BEGIN[conn.isolation_level], prepare=False)
+    cur.execute(query, params, prepare=True)
+
+
+class Inbox:
+    """Delivers messages for one consumer through schema `inbox`.
+
+    conn_or_pool      a psycopg.Connection (used under a lock, one call at a time, replaced by a
+                      new connection with the same parameters if it breaks: see `connection`) or a
+                      psycopg_pool.ConnectionPool (one connection per call: safe for concurrent
+                      callers).
+    consumer          the consumer name: part of every message identity.
+    handler_version   recorded with each claim and failure by `handle` (`apply` records the
+                      version the SQL handler was registered with).
+    retry             RetryPolicy for transient errors.
+    pipeline          True: BEGIN and the claim travel in one round trip (psycopg pipeline mode);
+                      False: two round trips, but less client CPU per message (a local database
+                      and a CPU-bound client). Ignored where libpq has no pipeline mode.
+    raise_on_failure  default of `handle(..., raise_on_failure=)`: False returns a FAILED or
+                      QUARANTINED Result; True re-raises the handler's exception after recording it.
+    batch_size        chunk size of apply_batch / handle_batch (at most 64).
+    """
+
+    def __init__(
+        self,
+        conn_or_pool: psycopg.Connection[Any] | ConnectionPool[Any],
+        *,
+        consumer: str,
+        handler_version: str = "unversioned",
+        retry: RetryPolicy | None = None,
+        raise_on_failure: bool = False,
+        batch_size: int = MAX_BATCH,
+        pipeline: bool = True,
+    ) -> None:
+        _core.check_names(consumer, handler_version)
+        self.consumer = consumer
+        self.handler_version = handler_version
+        self.retry = retry if retry is not None else RetryPolicy()
+        self.raise_on_failure = raise_on_failure
+        self.batch_size = _core.check_batch_size(batch_size)
+        self.pipeline = pipeline and _PIPELINE
+        self._stats = _core.StatsCounter()
+        self._rng = random.Random()
+        self._schema_version: int | None = None
+        self._pool: ConnectionPool[Any] | None = None
+        self._conn: Conn | None = None
+        self._own_conn = False
+        self._lock = threading.Lock()
+        given: object = conn_or_pool  # checked at run time too: callers are not always typed
+        if isinstance(given, ConnectionPool):
+            self._pool = given
+        elif isinstance(given, psycopg.Connection):
+            self._conn = given
+            self._snapshot_connection(given)
+        elif isinstance(given, psycopg.AsyncConnection | AsyncConnectionPool):
+            raise TypeError("Inbox takes a sync connection or pool; use pginbox.AsyncInbox for asyncio")
+        else:
+            raise TypeError(
+                "Inbox takes a psycopg.Connection or a psycopg_pool.ConnectionPool, "
+                f"not {type(given).__name__}"
+            )
+
+    # ------------------------------------------------------------------------- public API
+
+    @property
+    def stats(self) -> InboxStats:
+        """Cumulative counters since this Inbox was created (a snapshot)."""
+        return self._stats.snapshot()
+
+    @property
+    def connection(self) -> Conn | None:
+        """The connection in use when Inbox was given a connection (None with a pool). After
+        the given connection broke, this is the replacement Inbox opened (and closes in
+        `close()`)."""
+        return self._conn
+
+    def close(self) -> None:
+        """Close the replacement connection Inbox opened, if any (never the caller's own)."""
+        if self._own_conn and self._conn is not None:
+            self._conn.close()
+
+    def __enter__(self) -> Inbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def check_schema(self) -> int:
+        """Check `inbox.schema_version()` now (otherwise done on first use); returns the version.
+        Raises SchemaVersionError (missing or unknown schema) or SchemaAccessError."""
+        with self._connection() as conn:
+            return self._check_schema(conn)
+
+    def handle(
+        self, message: Message, handler: Handler, *, raise_on_failure: bool | None = None
+    ) -> Result:
+        """Claim `message` and run `handler(cursor, message)` in the transaction that holds the
+        claim; commit only if the handler returns.
+
+        APPLIED after the commit; DUPLICATE, CONFLICT, QUARANTINED without running the handler.
+        A permanent handler error rolls back the claim and the handler's writes, is recorded with
+        inbox.record_failure in a new transaction, and comes back as FAILED (or QUARANTINED at the
+        consumer's max_attempts), with the exception in `Result.exception`; with raise_on_failure
+        the exception is re-raised instead, after recording. Transient errors re-run the whole
+        transaction; RetriesExhausted when the policy gives up."""
+        message = _core.check_message(message)
+        cost = CallCost()
+        if message.redelivered:
+            start = self._record_starts([message], cost)[0]
+            if start is not None:
+                return self._stats.stamp([start], cost)[0]
+        attempt = self._run(lambda conn: self._handle_attempt(conn, message, handler), cost)
+        if isinstance(attempt, Result):
+            return self._stats.stamp([attempt], cost)[0]
+        recorded = self._record_failure(message, attempt.error, cost)
+        result = self._stats.stamp([recorded], cost, attempt.error)[0]
+        if self.raise_on_failure if raise_on_failure is None else raise_on_failure:
+            attempt.error.add_note(
+                f"pginbox: recorded as {result.outcome.value} (attempt {result.attempts}, "
+                f"reason {result.reason_code!r}) for message {message.message_id!r}"
+            )
+            raise attempt.error
+        return result
+
+    def apply(self, message: Message) -> Result:
+        """inbox.claim_and_apply: claim and run the SQL handler registered for the message type,
+        in one round trip. A handler failure is recorded by the SQL (FAILED / QUARANTINED)."""
+        message = _core.check_message(message)
+        cost = CallCost()
+        if message.redelivered:
+            start = self._record_starts([message], cost)[0]
+            if start is not None:
+                return self._stats.stamp([start], cost)[0]
+        params = _core.apply_params(self.consumer, message)
+        result = self._run(
+            lambda conn: self._statement_tx(conn, queries.CLAIM_AND_APPLY, params, _core.first_result), cost
+        )
+        return self._stats.stamp([result], cost)[0]
+
+    def apply_batch(self, messages: Iterable[Message]) -> list[Result]:
+        """inbox.claim_and_apply_batch over chunks of `batch_size` messages, one transaction per
+        chunk, each message isolated from the others' failures. Results in input order.
+        If a chunk exhausts its retries, RetriesExhausted is raised: earlier chunks are committed
+        (their redeliveries are duplicates), later ones were not attempted."""
+        batch = [_core.check_message(m) for m in messages]
+        results: list[Result] = []
+        for chunk in _core.chunks(batch, self.batch_size):
+            cost = CallCost()
+            out, pending = self._announce_redeliveries(chunk, cost)
+            if pending:
+                params = _core.batch_params(self.consumer, [chunk[i] for i in pending])
+                applied = self._run(
+                    partial(self._statement_tx, query=queries.CLAIM_AND_APPLY_BATCH, params=params,
+                            build=_core.batch_results),
+                    cost,
+                )
+                for i, r in zip(pending, applied, strict=True):
+                    out[i] = r
+            results.extend(self._stats.stamp(cast(list[Result], out), cost))
+        return results
+
+    def handle_batch(self, messages: Iterable[Message], handler: Handler) -> list[Result]:
+        """`handle` for many messages: one transaction per chunk of `batch_size`, a savepoint per
+        message. A permanent handler error rolls back to the message's savepoint and is recorded in
+        the same transaction (FAILED / QUARANTINED Result, never raised); a transient error re-runs
+        the whole chunk. Results in input order."""
+        batch = [_core.check_message(m) for m in messages]
+        results: list[Result] = []
+        for chunk in _core.chunks(batch, self.batch_size):
+            cost = CallCost()
+            out, pending = self._announce_redeliveries(chunk, cost)
+            if pending:
+                todo = [chunk[i] for i in pending]
+                done = self._run(partial(self._handle_batch_attempt, messages=todo, handler=handler), cost)
+                for i, (r, exc) in zip(pending, done, strict=True):
+                    out[i] = r if exc is None else replace(r, exception=exc)
+            results.extend(self._stats.stamp(cast(list[Result], out), cost))
+        return results
+
+    # ------------------------------------------------------------------------- attempts
+
+    def _handle_attempt(self, conn: Conn, message: Message, handler: Handler) -> Result | Failure:
+        switched = _enter_autocommit(conn, self.pipeline)
+        try:
+            cur = conn.cursor(row_factory=tuple_row)
+            try:
+                _begin_and_execute(
+                    conn, cur, queries.CLAIM, _core.claim_params(self.consumer, self.handler_version, message),
+                    self.pipeline,
+                )
+                row = cur.fetchone()
+            except BaseException:
+                _rollback_quietly(conn)
+                raise
+            assert row is not None
+            xid: str | None = row[9]
+            if row[0] != "claimed":
+                claim = _core.result_from_row(row)
+                self._commit(conn, xid, claim)
+                return claim
+            applied = Result(Outcome.APPLIED, row[1], None, row[3], row[4])
+            failure = self._call_handler(conn, handler, message, applied, savepoint=False)
+            if failure is not None:
+                return failure
+            try:
+                self._commit(conn, xid, applied)
+            except psycopg.Error as exc:
+                # The server answered COMMIT with an error (a deferred constraint, 40001 at
+                # SERIALIZABLE): the transaction rolled back.
+                if classify(exc) is not None:
+                    raise
+                return Failure(exc, applied)
+            return applied
+        finally:
+            _leave_autocommit(conn, switched)
+
+    def _call_handler(
+        self, conn: Conn, handler: Handler, message: Message, claim: Result, *, savepoint: bool
+    ) -> Failure | None:
+        """Runs the handler; None when it returned with the transaction intact. Permanent error:
+        rolls back (the transaction, or to the message's savepoint) and returns a Failure.
+        Transient error: rolls back the transaction and raises Transient."""
+        hcur = conn.cursor()
+        try:
+            handler(hcur, message)
+        except Exception as exc:
+            lost = _core.connection_lost(exc, conn)
+            kind = classify(exc) or (TransientKind.CONNECTION if lost else None)
+            if kind is not None:
+                _rollback_quietly(conn)
+                raise Transient(kind, exc) from exc
+            if savepoint:
+                conn.execute(queries.ROLLBACK_TO_SAVEPOINT, prepare=False)
+            else:
+                _rollback_quietly(conn)
+            return Failure(exc, claim)
+        except BaseException:
+            _rollback_quietly(conn)
+            raise
+        finally:
+            with suppress(psycopg.Error):
+                hcur.close()
+        if conn.closed:
+            gone = psycopg.OperationalError("the connection was lost in the handler")
+            raise Transient(TransientKind.CONNECTION, gone)
+        status = conn.info.transaction_status
+        if status == _INERROR:
+            if savepoint:
+                conn.execute(queries.ROLLBACK_TO_SAVEPOINT, prepare=False)
+            else:
+                _rollback_quietly(conn)
+            return Failure(
+                HandlerProtocolError(
+                    "the handler returned, but a database error it caught left its transaction failed: "
+                    "rolled back (let the error propagate, or use a savepoint: cursor.connection.transaction())",
+                    reason_code="25P02",
+                    sqlstate="25P02",
+                ),
+                claim,
+            )
+        if status == _IDLE:
+            raise HandlerProtocolError(
+                "the handler ended the transaction that holds the claim (commit or rollback): "
+                "Inbox commits it when the handler returns",
+                reason_code="handler_ended_transaction",
+            )
+        return None
+
+    def _handle_batch_attempt(
+        self, conn: Conn, messages: Sequence[Message], handler: Handler
+    ) -> list[tuple[Result, BaseException | None]]:
+        out: list[tuple[Result, BaseException | None]] = []
+        with _autocommit(conn):
+            cur = conn.cursor(row_factory=tuple_row)
+            xid: str | None = None
+            try:
+                begin: Any = queries.BEGIN[conn.isolation_level]
+                for message in messages:
+                    params = _core.claim_params(self.consumer, self.handler_version, message)
+                    if _PIPELINE:
+                        with conn.pipeline():
+                            cur.execute(begin, prepare=False)
+                            cur.execute(queries.SAVEPOINT, prepare=False)
+                            cur.execute(queries.CLAIM, params, prepare=True)
+                    else:
+                        cur.execute(begin, prepare=False)
+                        cur.execute(queries.SAVEPOINT, prepare=False)
+                        cur.execute(queries.CLAIM, params, prepare=True)
+                    begin = queries.RELEASE_SAVEPOINT
+                    row = cur.fetchone()
+                    assert row is not None
+                    claim = _core.result_from_row(row)
+                    xid = row[9] or xid
+                    if claim.outcome is not Outcome.CLAIMED:
+                        out.append((claim, None))
+                        continue
+                    failure = self._call_handler(conn, handler, message, claim, savepoint=True)
+                    if failure is None:
+                        applied = Result(
+                            Outcome.APPLIED, claim.payload_sha256, None, claim.handler_version, claim.processed_at
+                        )
+                        out.append((applied, None))
+                        continue
+                    reason, text = _core.failure_reason(failure.error)
+                    cur.execute(
+                        queries.RECORD_FAILURE,
+                        _core.record_failure_params(self.consumer, self.handler_version, message, reason, text),
+                        prepare=True,
+                    )
+                    frow = cur.fetchone()
+                    assert frow is not None
+                    xid = frow[9] or xid
+                    out.append((_core.result_from_row(frow), failure.error))
+            except BaseException:
+                _rollback_quietly(conn)
+                raise
+            self._commit(conn, xid, out)
+        return out
+
+    def _statement_tx(
+        self, conn: Conn, query: Any, params: Any, build: Callable[[list[TupleRow]], T]
+    ) -> T:
+        """One statement in a transaction of its own: BEGIN + statement, then COMMIT."""
+        switched = _enter_autocommit(conn, self.pipeline)
+        try:
+            cur = conn.cursor(row_factory=tuple_row)
+            try:
+                _begin_and_execute(conn, cur, query, params, self.pipeline)
+                rows = cur.fetchall()
+            except BaseException:
+                _rollback_quietly(conn)
+                raise
+            value = build(rows)
+            self._commit(conn, rows[0][-1] if rows else None, value)
+            return value
+        finally:
+            _leave_autocommit(conn, switched)
+
+    def _announce_redeliveries(
+        self, chunk: Sequence[Message], cost: CallCost
+    ) -> tuple[list[Result | None], list[int]]:
+        """record_start for the redelivered messages of a chunk: their QUARANTINED Results in place,
+        and the indices of the messages still to process."""
+        out: list[Result | None] = [None] * len(chunk)
+        redelivered = [i for i, m in enumerate(chunk) if m.redelivered]
+        if redelivered:
+            starts = self._record_starts([chunk[i] for i in redelivered], cost)
+            for i, start in zip(redelivered, starts, strict=True):
+                out[i] = start
+        return out, [i for i in range(len(chunk)) if out[i] is None]
+
+    def _record_starts(self, messages: Sequence[Message], cost: CallCost) -> list[Result | None]:
+        """inbox.record_start for redelivered messages, committed before they are processed:
+        a QUARANTINED Result for each crash-looping one, None for those to process."""
+        params = _core.record_starts_params(self.consumer, self.handler_version, messages)
+        return self._run(
+            lambda conn: self._statement_tx(conn, queries.RECORD_STARTS, params, _core.start_results), cost
+        )
+
+    def _record_failure(self, message: Message, error: BaseException, cost: CallCost) -> Result:
+        reason, text = _core.failure_reason(error)
+        params = _core.record_failure_params(self.consumer, self.handler_version, message, reason, text)
+        return self._run(
+            lambda conn: self._statement_tx(conn, queries.RECORD_FAILURE, params, _core.first_result), cost
+        )
+
+    def _commit(self, conn: Conn, xid: str | None, value: object) -> None:
+        try:
+            conn.commit()
+        except psycopg.Error as exc:
+            if _core.connection_lost(exc, conn):
+                if xid is None:
+                    return  # the transaction wrote nothing: whether it committed changes nothing
+                raise CommitUnknown(xid, conn.pgconn.backend_pid or None, value, exc) from exc
+            raise
+
+    # ------------------------------------------------------------------------- retry loop
+
+    def _run(self, attempt: Callable[[Conn], T], cost: CallCost) -> T:
+        policy = self.retry
+        number = 0
+        while True:
+            number += 1
+            started: float | None = None
+            try:
+                conn = self._acquire()
+                try:
+                    _check_idle(conn)
+                    if self._schema_version is None:
+                        self._check_schema(conn)
+                    started = time.monotonic()
+                    return attempt(conn)
+                finally:
+                    self._release(conn)
+            except CommitUnknown as unknown:
+                if self._resolve(unknown):
+                    return cast(T, unknown.value)
+                error, kind = unknown.error, TransientKind.CONNECTION
+            except Transient as transient:
+                error, kind = transient.error, transient.kind
+            except (PoolTimeout, PoolClosed):
+                raise
+            except psycopg.Error as exc:
+                found = classify(exc)
+                if found is None:
+                    raise
+                error, kind = exc, found
+            if kind is TransientKind.CONFLICT and started is not None:
+                cost.lock_wait += time.monotonic() - started
+            self._stats.transient_error(error)
+            if number >= policy.max_attempts:
+                self._stats.gave_up(cost)
+                raise RetriesExhausted(
+                    f"gave up after {number} attempts; the last failed with {_core.error_key(error)}: {error}",
+                    attempts=number,
+                    sqlstate=error.sqlstate if isinstance(error, psycopg.Error) else None,
+                ) from error
+            delay = policy.backoff(number, self._rng)
+            cost.retries += 1
+            cost.backoff += delay
+            time.sleep(delay)
+
+    def _resolve(self, unknown: CommitUnknown) -> bool:
+        """Whether the transaction whose COMMIT reply was lost committed (pg_xact_status)."""
+        policy = self.retry
+        first = time.monotonic()
+        deadline = first + policy.resolve_timeout
+        terminated = unknown.backend_pid is None
+        polls = 0
+        while True:
+            polls += 1
+            status: str | None = "unreachable"
+            try:
+                with self._connection() as conn, _autocommit(conn):
+                    cur = conn.execute(queries.XACT_STATUS, (unknown.xid,))
+                    row = cur.fetchone()
+                    status = row[0] if row else None
+                    if status == "in progress" and not terminated and time.monotonic() - first >= policy.orphan_grace:
+                        terminated = True
+                        with suppress(pg_errors.InsufficientPrivilege):
+                            conn.execute(queries.TERMINATE_ORPHAN, (unknown.backend_pid, unknown.xid))
+            except (PoolTimeout, PoolClosed):
+                raise
+            except psycopg.Error as exc:
+                if classify(exc) is None:
+                    raise
+            if status == "committed":
+                self._stats.unknown_commit(True)
+                return True
+            if status == "aborted":
+                self._stats.unknown_commit(False)
+                return False
+            if status is None or time.monotonic() >= deadline:
+                self._stats.unknown_commit(None)
+                raise CommitOutcomeUnknown(
+                    f"the connection was lost during COMMIT of transaction {unknown.xid} and its outcome "
+                    f"could not be established (last status: {status}): do not ack; a redelivery is safe",
+                    xid=unknown.xid,
+                ) from unknown.error
+            time.sleep(
+                min(policy.backoff(polls, self._rng) + 0.005, max(deadline - time.monotonic(), 0.0))
+            )
+
+    # ------------------------------------------------------------------------- connections
+
+    def _acquire(self) -> Conn:
+        """A connection for one attempt: from the pool, or the given one under the lock."""
+        if self._pool is not None:
+            return cast(Conn, self._pool.getconn())
+        self._lock.acquire()
+        try:
+            conn = self._conn
+            assert conn is not None
+            return self._reconnect() if conn.closed else conn
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _release(self, conn: Conn) -> None:
+        if self._pool is not None:
+            self._pool.putconn(conn)
+        else:
+            self._lock.release()
+
+    @contextmanager
+    def _connection(self) -> Iterator[Conn]:
+        conn = self._acquire()
+        try:
+            yield conn
+        finally:
+            self._release(conn)
+
+    def _snapshot_connection(self, conn: Conn) -> None:
+        """What `_reconnect` needs to open a connection like the given one."""
+        info = conn.info
+        self._conninfo = make_conninfo(info.dsn, **({"password": info.password} if info.password else {}))
+        self._conn_settings = (conn.autocommit, conn.isolation_level, conn.prepare_threshold, conn.row_factory)
+
+    def _reconnect(self) -> Conn:
+        old = self._conn
+        assert old is not None
+        autocommit, isolation_level, prepare_threshold, row_factory = self._conn_settings
+        new = type(old).connect(
+            self._conninfo, autocommit=autocommit, prepare_threshold=prepare_threshold, row_factory=row_factory
+        )
+        # set_isolation_level exists on both flavours (the sync one is the property's setter).
+        new.set_isolation_level(isolation_level)
+        with suppress(psycopg.Error):
+            old.close()  # broken already: this only frees it
+        self._conn = new
+        self._own_conn = True
+        return new
+
+    def _check_schema(self, conn: Conn) -> int:
+        _check_idle(conn)
+        where = _core.describe(conn.info)
+        try:
+            with _autocommit(conn):
+                cur = conn.execute(queries.SCHEMA_VERSION)
+                row = cur.fetchone()
+        except psycopg.Error as exc:
+            translated = _core.schema_error(exc, where)
+            if translated is not None:
+                raise translated from exc
+            raise
+        version = _core.check_schema_version(row[0] if row else None, where)
+        self._schema_version = version
+        return version

@@ -1,0 +1,1 @@
+"""Developer tools: the private PostgreSQL cluster of the demo and the tests."""

@@ -1,0 +1,106 @@
+"""The dispatcher's LISTEN session: its own autocommit connection, reconnected with capped,
+jittered exponential backoff (the caller claims after every reconnect: notifications sent while
+nobody listened are gone), probed with SELECT 1 when idle."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from pginbox.dispatcher.log import kv, log
+from pginbox.dispatcher.queries import LISTEN
+from pginbox.dispatcher.stats import DispatcherStats
+
+__all__ = ["Listener"]
+
+
+class Listener:
+    """The autocommit LISTEN session: reconnects with capped, jittered exponential backoff."""
+
+    def __init__(self, dsn: str, name: str, stats: DispatcherStats, *, probe_interval: float,
+                 backoff_base: float = 0.05, backoff_max: float = 5.0,
+                 on_reconnect: Callable[[], None] | None = None) -> None:
+        self.dsn = dsn
+        self.name = name
+        self.stats = stats
+        self.on_reconnect = on_reconnect
+        self.probe_interval = probe_interval
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.conn: psycopg.Connection[tuple[Any, ...]] | None = None
+        self.failures = 0
+        self.last_activity = time.monotonic()
+        self.connected_once = False
+
+    @property
+    def backend_pid(self) -> int | None:
+        conn = self.conn
+        return None if conn is None or conn.closed else conn.info.backend_pid
+
+    @property
+    def listening(self) -> bool:
+        conn = self.conn
+        return conn is not None and not conn.closed
+
+    def ensure(self, stop: threading.Event) -> bool:
+        """Connect and LISTEN if not connected. True when a new session was set up (the caller
+        must claim to catch up: notifications sent meanwhile were lost)."""
+        if self.conn is not None and not self.conn.closed:
+            return False
+        self.conn = None
+        while not stop.is_set():
+            try:
+                conn = psycopg.connect(
+                    self.dsn, autocommit=True, application_name=f"pginbox-dispatch-listen:{self.name}"
+                )
+                conn.execute(LISTEN)
+            except psycopg.Error as exc:
+                self.failures += 1
+                delay = min(self.backoff_max, self.backoff_base * 2 ** min(self.failures - 1, 16))
+                delay *= random.uniform(0.5, 1.0)
+                log.warning(kv("listen_connect_failed", dispatcher=self.name, attempt=self.failures,
+                                retry_in=f"{delay:.3f}", error=str(exc).strip()))
+                stop.wait(delay)
+                continue
+            self.conn = conn
+            self.failures = 0
+            self.last_activity = time.monotonic()
+            if self.connected_once:
+                self.stats.add(reconnects=1)
+                if self.on_reconnect is not None:
+                    self.on_reconnect()
+                log.info(kv("listen_reconnected", dispatcher=self.name, backend_pid=conn.info.backend_pid))
+            self.connected_once = True
+            return True
+        return False
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to `timeout` s for a notification. True on one, or when the session was lost
+        (the caller claims either way; ensure() reconnects)."""
+        conn = self.conn
+        if conn is None:
+            return True
+        try:
+            got = any(True for _ in conn.notifies(timeout=timeout, stop_after=1))
+            if got:
+                self.last_activity = time.monotonic()
+            elif time.monotonic() - self.last_activity >= self.probe_interval:
+                conn.execute("SELECT 1")  # a half-open connection shows up here
+                self.last_activity = time.monotonic()
+            return got
+        except psycopg.Error as exc:
+            log.warning(kv("listen_lost", dispatcher=self.name, error=str(exc).strip() or type(exc).__name__))
+            self.close()
+            return True
+
+    def close(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):  # already broken
+                conn.close()

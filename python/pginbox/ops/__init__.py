@@ -1,0 +1,1 @@
+"""Operator tasks: quarantine decisions, status, outbox, retention, replay plans, metrics."""

@@ -1,0 +1,1 @@
+"""Deploying schema inbox: the Sqitch wrapper."""

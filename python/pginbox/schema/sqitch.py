@@ -1,0 +1,213 @@
+"""Run Sqitch (deploy / verify / revert / status) for the pginbox project against a DSN.
+
+The DSN (libpq conninfo or postgresql:// URL) becomes a `db:pg:` target holding user, host, port
+and database; everything else (password, sslmode, socket directory, ...) travels in the libpq
+environment variables of the sqitch process, so no secret appears on a command line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+from psycopg.conninfo import conninfo_to_dict
+
+from pginbox.errors import SqitchError
+
+__all__ = [
+    "SqitchError",
+    "SqitchTarget",
+    "deploy",
+    "find_project",
+    "revert",
+    "run",
+    "status",
+    "summarize_output",
+    "target_from_dsn",
+    "verify",
+]
+
+PLAN_FILE = "sqitch.plan"
+
+# libpq keyword -> environment variable (the ones libpq documents).
+_LIBPQ_ENV = {
+    "host": "PGHOST",
+    "hostaddr": "PGHOSTADDR",
+    "port": "PGPORT",
+    "dbname": "PGDATABASE",
+    "user": "PGUSER",
+    "password": "PGPASSWORD",
+    "passfile": "PGPASSFILE",
+    "channel_binding": "PGCHANNELBINDING",
+    "service": "PGSERVICE",
+    "options": "PGOPTIONS",
+    "application_name": "PGAPPNAME",
+    "sslmode": "PGSSLMODE",
+    "requiressl": "PGREQUIRESSL",
+    "sslcompression": "PGSSLCOMPRESSION",
+    "sslcert": "PGSSLCERT",
+    "sslkey": "PGSSLKEY",
+    "sslrootcert": "PGSSLROOTCERT",
+    "sslcrl": "PGSSLCRL",
+    "sslcrldir": "PGSSLCRLDIR",
+    "sslsni": "PGSSLSNI",
+    "requirepeer": "PGREQUIREPEER",
+    "ssl_min_protocol_version": "PGSSLMINPROTOCOLVERSION",
+    "ssl_max_protocol_version": "PGSSLMAXPROTOCOLVERSION",
+    "gssencmode": "PGGSSENCMODE",
+    "krbsrvname": "PGKRBSRVNAME",
+    "gsslib": "PGGSSLIB",
+    "connect_timeout": "PGCONNECT_TIMEOUT",
+    "client_encoding": "PGCLIENTENCODING",
+    "target_session_attrs": "PGTARGETSESSIONATTRS",
+    "load_balance_hosts": "PGLOADBALANCEHOSTS",
+}
+
+
+@dataclass(frozen=True)
+class SqitchTarget:
+    """A sqitch target URI plus the libpq environment that completes it."""
+
+    uri: str
+    env: Mapping[str, str]
+
+
+def find_project() -> Path:
+    """The Sqitch project directory: $PGINBOX_SQITCH_DIR, else the nearest directory above
+    this package that holds sqitch.plan."""
+    override = os.environ.get("PGINBOX_SQITCH_DIR")
+    if override:
+        path = Path(override)
+        if not (path / PLAN_FILE).is_file():
+            raise SqitchError(f"PGINBOX_SQITCH_DIR={override} holds no {PLAN_FILE}")
+        return path
+    for parent in Path(__file__).resolve().parents:
+        if (parent / PLAN_FILE).is_file():
+            return parent
+    raise SqitchError(
+        f"no {PLAN_FILE} found above {Path(__file__).resolve().parent}: "
+        "set PGINBOX_SQITCH_DIR to the pginbox source checkout"
+    )
+
+
+def target_from_dsn(dsn: str) -> SqitchTarget:
+    """Convert a libpq conninfo or URL to a `db:pg:` target and environment.
+
+    User, a single TCP host, port and database name go into the URI; the rest (password,
+    socket directories, several hosts, SSL settings, ...) into PG* environment variables.
+    """
+    try:
+        params = {key: value for key, value in conninfo_to_dict(dsn).items() if value is not None}
+    except Exception as exc:  # psycopg.ProgrammingError on a malformed DSN
+        raise SqitchError(f"invalid connection string: {exc}") from None
+    env: dict[str, str] = {}
+    user = str(params.pop("user", ""))
+    dbname = str(params.pop("dbname", ""))
+    host = str(params.pop("host", ""))
+    port = str(params.pop("port", ""))
+    if host and (host.startswith(("/", "@")) or "," in host):
+        # Socket directory or several hosts: only libpq's own syntax can say that.
+        env["PGHOST"] = host
+        host = ""
+    if port and (not host or "," in port):
+        env["PGPORT"] = port
+        port = ""
+    for key, value in params.items():
+        variable = _LIBPQ_ENV.get(key)
+        if variable is None:
+            raise SqitchError(f"connection parameter {key!r} cannot be passed on to sqitch")
+        env[variable] = str(value)
+
+    authority = ""
+    if user:
+        authority += quote(user, safe="") + "@"
+    if host:
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"  # IPv6 literal
+        authority += quote(host, safe=":[]")
+        if port:
+            authority += f":{port}"
+    if authority:
+        uri = f"db:pg://{authority}/{quote(dbname, safe='')}"
+    else:
+        uri = f"db:pg:{quote(dbname, safe='')}"
+    return SqitchTarget(uri=uri, env=env)
+
+
+def run(
+    command: str,
+    dsn: str,
+    *args: str,
+    project: Path | None = None,
+) -> str:
+    """Run `sqitch <command> --target <target> <args>` in the project; return its output.
+
+    Raises SqitchError (with the full output) when sqitch fails.
+    """
+    executable = shutil.which("sqitch")
+    if executable is None:
+        raise SqitchError("sqitch is not installed (run ./dev.sh setup)")
+    project_dir = project if project is not None else find_project()
+    target = target_from_dsn(dsn)
+    env = dict(os.environ)
+    env.update(target.env)
+    argv = [executable, command, "--target", target.uri, *args]
+    result = subprocess.run(
+        argv,
+        cwd=project_dir,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        reason = summarize_output(result.stdout)
+        raise SqitchError(
+            f"sqitch {command} failed (exit {result.returncode}) on {target.uri}: {reason}",
+            output=result.stdout,
+            returncode=result.returncode,
+        )
+    return result.stdout
+
+
+_ERROR_LINE = re.compile(r"\b(?:ERROR|FATAL|PANIC):\s+(.*)|(.*\bfailed: .*)")
+
+
+def summarize_output(output: str) -> str:
+    """One line out of sqitch's output: the first PostgreSQL error plus sqitch's last word."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    if not lines:
+        return "no output"
+    error = next((m for m in map(_ERROR_LINE.search, lines) if m), None)
+    if error is None:
+        return lines[-1]
+    detail = (error.group(1) or error.group(2)).strip()
+    return detail if lines[-1] in error.string else f"{detail} ({lines[-1]})"
+
+
+def deploy(dsn: str, *, to_change: str | None = None, project: Path | None = None) -> str:
+    args = ["--to-change", to_change] if to_change else []
+    return run("deploy", dsn, *args, project=project)
+
+
+def verify(dsn: str, *, project: Path | None = None) -> str:
+    return run("verify", dsn, project=project)
+
+
+def revert(dsn: str, *, to_change: str | None = None, project: Path | None = None) -> str:
+    args = ["-y"]
+    if to_change:
+        args += ["--to-change", to_change]
+    return run("revert", dsn, *args, project=project)
+
+
+def status(dsn: str, *, project: Path | None = None) -> str:
+    return run("status", dsn, project=project)

@@ -1,0 +1,53 @@
+"""What a destination implements: `Transport.deliver(effect) -> DeliveryReport`.
+
+  delivered            error is None (status_code/response_excerpt describe the remote answer)
+  retryable failure    error set, retryable=True  (the dispatcher backs off and retries)
+  permanent failure    error set, retryable=False (the effect goes dead, visible to operators)
+  ambiguous outcome    deliver() RAISES: the destination may have acted; the dispatcher retries
+                       with the SAME idempotency key
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["DeliveryReport", "Transport", "TransportResolver"]
+
+
+@dataclass(frozen=True)
+class DeliveryReport:
+    """What a transport learned. `error` None: the destination accepted the effect. Otherwise a
+    failure, retried (same effect id) when `retryable`, else the effect goes dead."""
+
+    status_code: int | None = None
+    response_excerpt: str | None = None
+    retryable: bool = True
+    error: str | None = None
+
+    @property
+    def delivered(self) -> bool:
+        return self.error is None
+
+    @classmethod
+    def ok(cls, status_code: int | None = None, response_excerpt: str | None = None) -> DeliveryReport:
+        return cls(status_code, response_excerpt, True, None)
+
+    @classmethod
+    def failed(
+        cls, error: str, *, retryable: bool, status_code: int | None = None, response_excerpt: str | None = None
+    ) -> DeliveryReport:
+        return cls(status_code, response_excerpt, retryable, error or "failed")
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """Delivers one effect. Returns a DeliveryReport when the outcome is known; raises when it is
+    ambiguous (timeout, connection reset after sending): the effect is retried with the same id."""
+
+    def deliver(self, effect: Any) -> DeliveryReport: ...
+
+
+#: destination name -> its transport, or None when this dispatcher does not deliver it.
+TransportResolver = Callable[[str], Transport | None]

@@ -1,0 +1,166 @@
+"""`WebhookTransport`: POST (or `method`) the effect's payload as JSON to a URL.
+
+The payload goes with `Idempotency-Key: <effect id>` (never overridable), after the configured
+headers and the effect's own headers. 2xx is delivered (response excerpt <= 2000 characters); a
+status in `retry_on` (default 408, 425, 429, 500-599) is retryable; any other status is permanent.
+A connect failure (nothing was sent) is a retryable report; a failure after sending raises
+AmbiguousDelivery. Every connection goes through the SSRF guard (pginbox.transports.ssrf);
+redirects are followed by hand (at most 5), each hop checked again: 301/302/307/308 keep the method
+and the payload, 303 is followed with GET, and Authorization and Cookie headers are dropped when a
+redirect changes the origin.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping
+
+import httpx
+
+from pginbox.errors import AmbiguousDelivery, DestinationRefused
+from pginbox.sql_limits import EXCERPT_CHARS  # the excerpt kept: what inbox.outbox keeps
+from pginbox.transports.effect import EffectLike
+from pginbox.transports.protocol import DeliveryReport
+from pginbox.transports.ssrf import AddressPolicy, GuardedHTTPTransport
+
+__all__ = ["DEFAULT_RETRY_ON", "MAX_REDIRECTS", "WebhookTransport", "parse_retry_on"]
+
+MAX_REDIRECTS = 5
+DEFAULT_RETRY_ON: tuple[int | range, ...] = (408, 425, 429, range(500, 600))
+_REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+_SENSITIVE_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
+
+
+def _status_matches(status: int, retry_on: Iterable[int | range]) -> bool:
+    return any(status in rule if isinstance(rule, range) else status == rule for rule in retry_on)
+
+
+def parse_retry_on(items: Iterable[object]) -> tuple[int | range, ...]:
+    """Statuses and "lo-hi" ranges (ints, strings like "429" or "500-599", or ranges)."""
+    rules: list[int | range] = []
+    for item in items:
+        if isinstance(item, range) or (isinstance(item, int) and not isinstance(item, bool)):
+            rules.append(item)
+        elif isinstance(item, str) and "-" in item:
+            lo, hi = item.split("-", 1)
+            rules.append(range(int(lo), int(hi) + 1))
+        elif isinstance(item, str) and item.strip():
+            rules.append(int(item))
+        else:
+            raise ValueError(f"retry_on: not a status or range: {item!r}")
+    return tuple(rules)
+
+
+class WebhookTransport:
+    """POST (or `method`) the effect's payload as JSON to `url`; see the module docstring."""
+
+    def __init__(
+        self,
+        url: str,
+        method: str = "POST",
+        headers: Mapping[str, str] | None = None,
+        timeout: float = 10.0,
+        allow_hosts: Iterable[str] = (),
+        retry_on: Iterable[int | range] = DEFAULT_RETRY_ON,
+    ) -> None:
+        parsed = httpx.URL(url)
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ValueError(f"webhook url must be http(s)://host/...: {url!r}")
+        self.url = url
+        self.method = method.upper()
+        self.headers = dict(headers or {})
+        self.timeout = float(timeout)
+        self.allow_hosts = tuple(allow_hosts)
+        self.retry_on = tuple(retry_on)
+        self._client = httpx.Client(
+            transport=GuardedHTTPTransport(AddressPolicy(self.allow_hosts)),
+            timeout=httpx.Timeout(self.timeout),
+            follow_redirects=False,
+            trust_env=False,
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> WebhookTransport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"WebhookTransport({self.method} {self.url})"
+
+    def _request_headers(self, effect: EffectLike) -> dict[str, str]:
+        merged: dict[str, str] = {"Content-Type": "application/json"}
+        for source in (self.headers, effect.headers):
+            for name, value in source.items():
+                if name.lower() == "idempotency-key":
+                    continue
+                merged[name] = str(value)
+        merged["Idempotency-Key"] = effect.effect_id
+        return merged
+
+    def deliver(self, effect: EffectLike) -> DeliveryReport:
+        body = json.dumps(effect.payload, separators=(",", ":"), ensure_ascii=False).encode()
+        method = self.method
+        url = httpx.URL(self.url)
+        headers = self._request_headers(effect)
+        content: bytes | None = body
+        for _hop in range(MAX_REDIRECTS + 1):
+            try:
+                status, excerpt, location = self._send(method, url, headers, content)
+            except DestinationRefused as exc:
+                return DeliveryReport(None, None, False, str(exc))
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+                # Nothing was sent: an ordinary retryable failure.
+                return DeliveryReport(None, None, True, f"connect failed: {type(exc).__name__}: {exc}")
+            except httpx.UnsupportedProtocol as exc:
+                return DeliveryReport(None, None, False, f"unsupported url: {exc}")
+            except httpx.TransportError as exc:
+                raise AmbiguousDelivery(
+                    f"outcome unknown for effect {effect.effect_id} at {url}: {type(exc).__name__}: {exc}"
+                ) from exc
+            if status in _REDIRECT_STATUSES and location is not None:
+                try:
+                    target = url.join(location)
+                except httpx.InvalidURL as exc:
+                    return DeliveryReport(status, excerpt, False, f"invalid redirect location {location!r}: {exc}")
+                if target.scheme not in ("http", "https"):
+                    return DeliveryReport(status, excerpt, False, f"refused: redirect to {target.scheme} url")
+                # 301/302/307/308 keep the method and the payload (a webhook that lost its payload on
+                # a redirect must not count as delivered); 303 means "processed, see the result": GET.
+                if status == 303 and method != "HEAD":
+                    method, content = "GET", None
+                    headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
+                if (target.scheme, target.host, target.port) != (url.scheme, url.host, url.port):
+                    headers = {k: v for k, v in headers.items() if k.lower() not in _SENSITIVE_HEADERS}
+                url = target
+                continue
+            if 200 <= status < 300:
+                return DeliveryReport(status, excerpt, False, None)
+            retryable = _status_matches(status, self.retry_on)
+            return DeliveryReport(status, excerpt, retryable, f"HTTP {status} from {url.host}")
+        return DeliveryReport(None, None, False, f"too many redirects (more than {MAX_REDIRECTS})")
+
+    def _send(
+        self, method: str, url: httpx.URL, headers: Mapping[str, str], content: bytes | None
+    ) -> tuple[int, str | None, str | None]:
+        with self._client.stream(method, url, headers=headers, content=content) as response:
+            raw = bytearray()
+            deadline = time.monotonic() + self.timeout
+            try:
+                for chunk in response.iter_raw():
+                    raw.extend(chunk)
+                    if len(raw) >= EXCERPT_CHARS * 4 or time.monotonic() > deadline:
+                        break
+            except httpx.TransportError:
+                pass  # the status is known: an incomplete body only shortens the excerpt
+            encoding = response.charset_encoding or "utf-8"
+            try:
+                text = raw.decode(encoding, errors="replace")
+            except LookupError:
+                text = raw.decode("utf-8", errors="replace")
+            excerpt = text[:EXCERPT_CHARS] if raw else None
+            return response.status_code, excerpt, response.headers.get("location")
