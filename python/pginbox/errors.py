@@ -49,6 +49,7 @@ __all__ = [
     "ReplayStopped",
     "RetriesExhausted",
     "SchemaAccessError",
+    "SchemaNewerWarning",
     "SchemaVersionError",
     "SimulationError",
     "SqitchError",
@@ -124,6 +125,10 @@ class SchemaVersionError(PginboxError):
         super().__init__(message, sqlstate=sqlstate)
         self.found = found
         self.supported = supported
+
+
+class SchemaNewerWarning(UserWarning):
+    """Schema `inbox` is of a newer release than this package knows, and compatible with it."""
 
 
 class SchemaAccessError(PginboxError):

@@ -2,7 +2,7 @@
 errors, --dsn, connecting, environment variables) and output.py (JSON, tables, values).
 
     pginbox [--dsn DSN] [--verbose]
-      deploy | verify | revert                          schema.py      Sqitch
+      deploy | verify | revert | schema sql             schema.py      Sqitch, or a plain SQL script
       status                                            status.py      Sqitch changes, messages, quarantine
       quarantine list | show | repair | discard | release   quarantine.py
       outbox list | show | redrive | discard            outbox.py
@@ -13,8 +13,9 @@ errors, --dsn, connecting, environment variables) and output.py (JSON, tables, v
       demo                                              demo.py
       cluster start | stop | status | dsn               cluster.py     the private demo cluster
 
-Without --dsn (or PGINBOX_DSN, or DATABASE_URL) the commands use the private demo cluster (see
-pginbox.devtools.cluster.default_cluster), started on demand, database pginbox_demo.
+Every command needs a database: --dsn, or PGINBOX_DSN, or DATABASE_URL. Only `demo` (and
+`cluster`) fall back to the private demo cluster (pginbox.devtools.cluster.default_cluster),
+started on demand, database pginbox_demo.
 
 Every option can also be set in the environment: PGINBOX_<COMMAND>_<OPTION>, e.g.
 PGINBOX_DISPATCH_HEALTH_PORT=9187 or PGINBOX_QUARANTINE_LIST_CONSUMER=billing (`--help` shows each
@@ -37,7 +38,7 @@ from pginbox.cli.outbox import outbox_group
 from pginbox.cli.quarantine import quarantine_group
 from pginbox.cli.replay import replay_group
 from pginbox.cli.retention import purge_command, retention_group
-from pginbox.cli.schema import deploy, revert, verify
+from pginbox.cli.schema import deploy, revert, schema_group, verify
 from pginbox.cli.status import status
 
 __all__ = ["main", "mask_dsn"]
@@ -49,7 +50,7 @@ __all__ = ["main", "mask_dsn"]
     envvar=["PGINBOX_DSN", "DATABASE_URL"],
     metavar="DSN",
     default=None,
-    help="libpq connection string or URL [default: the private demo cluster, database pginbox_demo].",
+    help="libpq connection string or URL (required, except for `demo`, which uses the private demo cluster).",
 )
 @click.option("-v", "--verbose", is_flag=True, help="Show details and tracebacks on errors.")
 @click.version_option(package_name="pginbox")
@@ -62,8 +63,8 @@ def main(ctx: click.Context, dsn: str | None, verbose: bool) -> None:
 
 
 for _command in (
-    deploy, verify, revert, status, quarantine_group, outbox_group, dispatch, dispatch_health, replay_group,
-    purge_command, retention_group, stats, metrics_group, demo, cluster_group,
+    deploy, verify, revert, schema_group, status, quarantine_group, outbox_group, dispatch, dispatch_health,
+    replay_group, purge_command, retention_group, stats, metrics_group, demo, cluster_group,
 ):
     main.add_command(_command)
 read_options_from_environment(main)

@@ -4,10 +4,11 @@ PGINBOX_* environment variables of every option."""
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import click
 import psycopg
@@ -98,6 +99,18 @@ def _one_line(exc: BaseException) -> str:
     return text if len(text) <= 1000 else text[:997] + "..."
 
 
+def _schema_missing(exc: BaseException) -> PginboxError | None:
+    """One error for every command that meets a database without schema inbox (3F000, or an
+    inbox relation or function that does not exist)."""
+    if not isinstance(exc, psycopg.Error):
+        return None
+    primary = (exc.diag.message_primary or "") if exc.diag else ""
+    if exc.sqlstate == "3F000" or (exc.sqlstate in ("42P01", "42883") and 'inbox.' in primary):
+        return PginboxError("schema inbox is not deployed in this database: deploy it with "
+                            "`pginbox deploy --dsn <dsn>`", sqlstate=exc.sqlstate)
+    return None
+
+
 class DsnGroup(click.Group):
     """The top-level group: turns errors into one clean line (or a traceback with --verbose)."""
 
@@ -107,6 +120,9 @@ class DsnGroup(click.Group):
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except Exception as exc:
+            missing = _schema_missing(exc)
+            if missing is not None:
+                exc = missing
             state = ctx.find_object(State) or State()
             state.remember_secrets_of(ctx.params.get("dsn"))
             if state.verbose:
@@ -130,12 +146,23 @@ def dsn_option(func: F) -> F:
     )(func)
 
 
-def database(ctx: click.Context, command_dsn: str | None) -> str:
-    """The DSN this command uses: its --dsn, the global one, else the private demo cluster."""
+NO_DATABASE: Final = (
+    "no database given: pass --dsn, or set PGINBOX_DSN or DATABASE_URL "
+    "(only `pginbox demo` and `pginbox cluster` use the private demo cluster)"
+)
+
+
+def database(ctx: click.Context, command_dsn: str | None, *, demo_cluster: bool = False) -> str:
+    """The DSN this command uses: its --dsn, the global one (PGINBOX_DSN, DATABASE_URL). Only the
+    demo falls back to the private demo cluster (demo_cluster=True): an operator command run from
+    cron without a DSN must fail loudly, not purge or report on a demo database."""
     state = ctx.find_object(State)
     assert state is not None
     state.remember_secrets_of(command_dsn)
-    dsn = resolve_dsn(command_dsn or state.dsn)
+    given = command_dsn or state.dsn or os.environ.get("DATABASE_URL")
+    if not given and not demo_cluster:
+        raise click.ClickException(NO_DATABASE)
+    dsn = resolve_dsn(given)
     try:
         conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:

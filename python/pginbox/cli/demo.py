@@ -34,5 +34,5 @@ def demo(ctx: click.Context, command_dsn: str | None, messages: int, workers: in
     sent with one stable key and counted once (exit status 1 if anything is violated)."""
     from pginbox import demo as demo_module
 
-    demo_module.run(database(ctx, command_dsn), messages=messages, workers=workers, seed=seed,
+    demo_module.run(database(ctx, command_dsn, demo_cluster=True), messages=messages, workers=workers, seed=seed,
                     acts=acts or (1, 2, 3), outbox_messages=outbox_messages, sink_dedup=not sink_no_dedup)

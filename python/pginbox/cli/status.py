@@ -15,6 +15,10 @@ from pginbox.schema import sqitch
 __all__ = ["status"]
 
 _STATUS_CONSUMERS = 20  # consumers with open entries listed by `status` (the busiest first)
+# Exit statuses besides 0 (and 1 for errors): the schema is missing, or this package cannot work
+# with it (older than the package, or a newer breaking release).
+NOT_DEPLOYED = 3
+INCOMPATIBLE = 4
 
 
 @click.command()
@@ -22,7 +26,8 @@ _STATUS_CONSUMERS = 20  # consumers with open entries listed by `status` (the bu
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.pass_context
 def status(ctx: click.Context, command_dsn: str | None, as_json: bool) -> None:
-    """Deployed Sqitch changes, messages by status and quarantine entries."""
+    """Deployed Sqitch changes, messages by status and quarantine entries. Exits 3 when schema inbox
+    is not deployed, 4 when this package cannot work with it (deploy to upgrade it)."""
     dsn = database(ctx, command_dsn)
     sqitch_output: str | None = None
     sqitch_problem: str | None = None
@@ -40,13 +45,20 @@ def status(ctx: click.Context, command_dsn: str | None, as_json: bool) -> None:
             result["sqitch"].update(parse_sqitch_status(sqitch_output))
         result.update(found.as_json())
         echo_json(result)
+        if not found.deployed:
+            ctx.exit(NOT_DEPLOYED)
+        if found.incompatible:
+            ctx.exit(INCOMPATIBLE)
         return
 
     click.echo(sqitch_output.rstrip() if sqitch_output is not None else f"sqitch: {sqitch_problem}")
     if not found.deployed:
         click.echo("schema inbox: not deployed (run `pginbox deploy`)")
-        return
-    click.echo(f"schema inbox: version {found.schema_version}")
+        ctx.exit(NOT_DEPLOYED)
+    click.echo(f"schema inbox: release {found.release} (version {found.schema_version})")
+    if found.incompatible:
+        click.echo(f"schema inbox: {found.incompatible}")
+        ctx.exit(INCOMPATIBLE)
     if found.problem:
         click.echo(f"inbox: {found.problem}")
         return

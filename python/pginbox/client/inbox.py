@@ -635,6 +635,6 @@ class Inbox:
             if translated is not None:
                 raise translated from exc
             raise
-        version = _core.check_schema_version(row[0] if row else None, where)
+        version = _core.check_schema_version(row, where)
         self._schema_version = version
         return version

@@ -16,7 +16,9 @@ from typing import Final, LiteralString
 
 from psycopg import IsolationLevel
 
-SCHEMA_VERSION: Final = "SELECT inbox.schema_version()"
+from pginbox.schema.compat import SCHEMA_RELEASE
+
+SCHEMA_VERSION: Final = SCHEMA_RELEASE
 
 # BEGIN honouring the connection's isolation_level (None: the server's default).
 BEGIN: Final[Mapping[IsolationLevel | None, LiteralString]] = {

@@ -17,11 +17,8 @@ from psycopg.types.json import Jsonb
 from pginbox.client.outcomes import InboxStats, Message, Outcome, Result
 from pginbox.client.retry import TransientKind
 from pginbox.errors import PginboxError, SchemaAccessError, SchemaVersionError
+from pginbox.schema.compat import check_release
 from pginbox.sql_limits import MAX_BATCH, REASON_MAX_BYTES
-
-#: Versions of `inbox.schema_version()` this package works with.
-SUPPORTED_SCHEMA_VERSIONS: Final = frozenset({1, 2})
-
 
 _OUTCOMES: Final = {o.value: o for o in Outcome}
 
@@ -162,24 +159,13 @@ def failure_reason(exc: BaseException) -> tuple[str, str]:
 # ----------------------------------------------------------------------------- schema
 
 
-def check_schema_version(version: object, where: str) -> int:
-    if not isinstance(version, int) or version not in SUPPORTED_SCHEMA_VERSIONS:
-        known = ", ".join(str(v) for v in sorted(SUPPORTED_SCHEMA_VERSIONS))
-        if isinstance(version, int) and version > max(SUPPORTED_SCHEMA_VERSIONS):
-            advice = "upgrade the pginbox Python package (pip install -U pginbox)"
-        else:
-            advice = "deploy the current schema: pginbox deploy --dsn <dsn> (or sqitch deploy in the pginbox project)"
-        raise SchemaVersionError(
-            f"schema inbox in {where} is at version {version!r}; pginbox {__version__} works with "
-            f"version {known}: {advice}",
-            found=version if isinstance(version, int) else None,
-            supported=SUPPORTED_SCHEMA_VERSIONS,
-        )
-    return version
+def check_schema_version(row: object, where: str) -> int:
+    """The deployed schema version, when this package works with it (pginbox.schema.compat)."""
+    return check_release(row, where).version
 
 
 def schema_error(exc: psycopg.Error, where: str) -> PginboxError | None:
-    """The PginboxError for an error of `SELECT inbox.schema_version()`, None if unrelated."""
+    """The PginboxError for an error of the schema release query, None if unrelated."""
     if isinstance(exc, pg_errors.InsufficientPrivilege):
         return SchemaAccessError(
             f"this role may not use schema inbox in {where} ({exc.diag.message_primary}): "
@@ -191,7 +177,7 @@ def schema_error(exc: psycopg.Error, where: str) -> PginboxError | None:
             f"schema inbox is not deployed in {where}: deploy it with `pginbox deploy --dsn <dsn>` "
             "(or `sqitch deploy` in the pginbox project)",
             found=None,
-            supported=SUPPORTED_SCHEMA_VERSIONS,
+            supported=frozenset(),
             sqlstate=exc.sqlstate,
         )
     return None

@@ -17,11 +17,11 @@ from collections.abc import Collection
 
 import psycopg
 
-from pginbox.client.shared import SUPPORTED_SCHEMA_VERSIONS
 from pginbox.demo import act2_simulation, act3_outbox
 from pginbox.demo.act1_outcomes import OutcomesAct
-from pginbox.errors import InvariantBroken, SchemaVersionError
+from pginbox.errors import InvariantBroken
 from pginbox.schema import sqitch
+from pginbox.schema.compat import SCHEMA_RELEASE, check_release
 
 __all__ = ["ensure_schema", "run"]
 
@@ -41,15 +41,8 @@ def ensure_schema(dsn: str) -> None:
     elif by_sqitch:
         sqitch.deploy(dsn)  # changes added to the plan since; "Nothing to deploy" otherwise
     with psycopg.connect(dsn, autocommit=True) as conn:
-        version_row = conn.execute("SELECT inbox.schema_version()").fetchone()
-    version = version_row[0] if version_row is not None else None
-    if version not in SUPPORTED_SCHEMA_VERSIONS:
-        raise SchemaVersionError(
-            f"schema inbox has version {version}, this demo knows "
-            f"{sorted(SUPPORTED_SCHEMA_VERSIONS)}: run `pginbox deploy`",
-            found=version if isinstance(version, int) else None,
-            supported=SUPPORTED_SCHEMA_VERSIONS,
-        )
+        release_row = conn.execute(SCHEMA_RELEASE).fetchone()
+    check_release(release_row, "the demo database")
 
 
 def run(

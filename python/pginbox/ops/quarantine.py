@@ -12,9 +12,9 @@ which needs the inbox_operator role (inbox_reader cannot read that column).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, LiteralString
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -49,13 +49,34 @@ QUARANTINE_KINDS: Final = ("conflict", "failure", "expired")
 
 # --------------------------------------------------------------------------- SQL
 
-# Columns of inbox.quarantine an inbox_reader may read (everything but the payload).
+# The columns of an entry (everything but the payload). Error texts and payload hashes are the
+# operators' to read (0.2.0): for a reader they come back NULL (see _for_readers).
 _ENTRY_COLUMNS = """
        q.quarantine_id, q.consumer, q.tenant, q.producer, q.message_id, q.kind, q.message_type,
        encode(q.payload_sha256, 'hex') AS payload_sha256, encode(q.stored_sha256, 'hex') AS stored_sha256,
        q.payload_ref, q.reason_code, q.error_message, q.attempts, q.crashes, q.deliveries,
        q.first_failure_at, q.last_failure_at, q.handler_version, q.status, q.created_at, q.last_seen_at,
        q.decided_at, q.decided_by"""
+
+# May this session read error texts and payload hashes (an operator), or only reason codes (a reader)?
+READS_DIAGNOSTICS: Final = "SELECT pg_catalog.has_column_privilege('inbox.quarantine', 'error_message', 'SELECT')"
+
+_OPERATOR_ONLY: Final[tuple[tuple[LiteralString, LiteralString], ...]] = (
+    ("encode(q.payload_sha256, 'hex') AS payload_sha256", "NULL::text AS payload_sha256"),
+    ("encode(q.stored_sha256, 'hex') AS stored_sha256", "NULL::text AS stored_sha256"),
+    ("q.error_message", "NULL::text AS error_message"),
+    ("d.error_message", "NULL::text AS error_message"),
+    ("a.error_message", "NULL::text AS error_message"),
+    ("encode(a.payload_sha256, 'hex') AS payload_sha256", "NULL::text AS payload_sha256"),
+    ("encode(m.payload_sha256, 'hex') AS payload_sha256", "NULL::text AS payload_sha256"),
+)
+
+
+def _for_readers(statement: LiteralString) -> LiteralString:
+    """`statement` with the operator-only columns read as NULL."""
+    for column, blank in _OPERATOR_ONLY:
+        statement = statement.replace(column, blank)
+    return statement
 
 # %(status)s / %(consumer)s NULL: no filter. The values are known when the statement is planned,
 # so the planner folds the unused branch away.
@@ -223,16 +244,18 @@ class EntryDetails:
 def show_entry(conn: psycopg.Connection[Any], quarantine_id: int, *, with_payload: bool = False) -> EntryDetails:
     """Every field of an entry, its audit trail, its attempt record and inbox row (and payload)."""
     try:
+        reads_diagnostics = conn.execute(READS_DIAGNOSTICS).fetchone() == (True,)
+        show: Callable[[LiteralString], LiteralString] = (lambda s: s) if reads_diagnostics else _for_readers
         with conn.cursor(row_factory=dict_row) as cur:
-            entry = cur.execute(SHOW_ENTRY, {"id": quarantine_id}).fetchone()
+            entry = cur.execute(show(SHOW_ENTRY), {"id": quarantine_id}).fetchone()
             if entry is None:
                 raise OperatorError(
                     f"entry {quarantine_id} does not exist (see `pginbox quarantine list --status all`)"
                 )
-            decisions = cur.execute(SHOW_DECISIONS, {"id": quarantine_id}).fetchall()
+            decisions = cur.execute(show(SHOW_DECISIONS), {"id": quarantine_id}).fetchall()
             identity = {k: entry[k] for k in ("consumer", "tenant", "producer", "message_id")}
-            attempt = cur.execute(SHOW_ATTEMPT, identity).fetchone()
-            message = cur.execute(SHOW_MESSAGE, identity).fetchone()
+            attempt = cur.execute(show(SHOW_ATTEMPT), identity).fetchone()
+            message = cur.execute(show(SHOW_MESSAGE), identity).fetchone()
     except psycopg.Error as exc:
         raise refused(exc, "read inbox.quarantine") from exc
     details = EntryDetails(entry=entry, decisions=decisions, attempt=attempt, message=message)

@@ -10,10 +10,10 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 
-from pginbox.client.shared import SUPPORTED_SCHEMA_VERSIONS
-from pginbox.errors import OperatorError
+from pginbox.errors import OperatorError, SchemaVersionError
 from pginbox.ops.json_values import jsonable
 from pginbox.ops.quarantine import QUARANTINE_STATUSES, refused
+from pginbox.schema.compat import KNOWN_SCHEMA_VERSION, SCHEMA_RELEASE, check_release
 
 __all__ = ["MESSAGE_STATUSES", "InboxStatus", "check_schema", "inbox_status", "parse_sqitch_status"]
 
@@ -23,7 +23,6 @@ Row = dict[str, Any]
 MESSAGE_STATUSES: Final = ("processed", "quarantined", "discarded")
 
 SCHEMA_PRESENT: Final = "SELECT to_regnamespace('inbox') IS NOT NULL AS deployed"
-SCHEMA_VERSION: Final = "SELECT inbox.schema_version() AS version"
 
 MESSAGE_COUNTS: Final = """
 SELECT m.status::text AS status, count(*) AS n
@@ -52,28 +51,28 @@ SELECT q.consumer, count(*) AS open, count(*) FILTER (WHERE q.kind = 'conflict')
 
 
 def check_schema(conn: psycopg.Connection[Any]) -> int:
-    """The deployed schema version; OperatorError when inbox is missing or of an unknown version."""
+    """The deployed schema version; OperatorError when inbox is missing or of a release this
+    package cannot work with (pginbox.schema.compat)."""
     try:
         row = conn.execute(SCHEMA_PRESENT).fetchone()
         if row is None or not row[0]:
-            raise OperatorError("schema inbox is not deployed in this database: run `pginbox deploy`")
-        version_row = conn.execute(SCHEMA_VERSION).fetchone()
+            raise OperatorError("schema inbox is not deployed in this database: run `pginbox deploy --dsn <dsn>`")
+        release_row = conn.execute(SCHEMA_RELEASE).fetchone()
     except psycopg.Error as exc:
         raise refused(exc, "read the schema version") from exc
-    version = version_row[0] if version_row else None
-    if not isinstance(version, int) or version not in SUPPORTED_SCHEMA_VERSIONS:
-        known = ", ".join(str(v) for v in sorted(SUPPORTED_SCHEMA_VERSIONS))
-        raise OperatorError(
-            f"schema inbox is at version {version!r}, this pginbox knows version {known}: "
-            "deploy the matching schema (`pginbox deploy`) or upgrade pginbox"
-        )
-    return version
+    try:
+        return check_release(release_row, "this database").version
+    except SchemaVersionError as exc:
+        raise OperatorError(str(exc)) from None
 
 
 @dataclass
 class InboxStatus:
     deployed: bool
     schema_version: int | None = None
+    release: str | None = None
+    #: Why this package cannot work with the deployed schema (missing, older, breaking), or None.
+    incompatible: str | None = None
     messages: dict[str, int] = field(default_factory=dict)
     quarantine: dict[str, dict[str, int]] = field(default_factory=dict)
     open_by_consumer: list[Row] = field(default_factory=list)
@@ -89,6 +88,9 @@ class InboxStatus:
                 {
                     "deployed": self.deployed,
                     "schema_version": self.schema_version,
+                    "release": self.release,
+                    "client_schema_version": KNOWN_SCHEMA_VERSION,
+                    "incompatible": self.incompatible,
                     "messages": self.messages,
                     "quarantine": self.quarantine,
                     "open_entries": self.open_entries,
@@ -109,8 +111,13 @@ def inbox_status(conn: psycopg.Connection[Any]) -> InboxStatus:
         return InboxStatus(deployed=False)
     result = InboxStatus(deployed=True)
     try:
-        version_row = conn.execute(SCHEMA_VERSION).fetchone()
-        result.schema_version = version_row[0] if version_row else None
+        release_row = conn.execute(SCHEMA_RELEASE).fetchone()
+        if release_row is not None:
+            result.schema_version, result.release = release_row[0], release_row[1]
+        try:
+            check_release(release_row, "this database")
+        except SchemaVersionError as exc:
+            result.incompatible = str(exc)
         with conn.cursor(row_factory=dict_row) as cur:
             messages = cur.execute(MESSAGE_COUNTS).fetchall()
             quarantine = cur.execute(QUARANTINE_COUNTS).fetchall()

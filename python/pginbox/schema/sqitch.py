@@ -78,21 +78,24 @@ class SqitchTarget:
     env: Mapping[str, str]
 
 
+#: The Sqitch project this package ships (pginbox/schema/project: symlinks in a checkout, files in
+#: an installed wheel).
+PACKAGED_PROJECT = Path(__file__).resolve().parent / "project"
+
+
 def find_project() -> Path:
-    """The Sqitch project directory: $PGINBOX_SQITCH_DIR, else the nearest directory above
-    this package that holds sqitch.plan."""
+    """The Sqitch project directory: $PGINBOX_SQITCH_DIR, else the project this package ships."""
     override = os.environ.get("PGINBOX_SQITCH_DIR")
     if override:
         path = Path(override)
         if not (path / PLAN_FILE).is_file():
             raise SqitchError(f"PGINBOX_SQITCH_DIR={override} holds no {PLAN_FILE}")
         return path
-    for parent in Path(__file__).resolve().parents:
-        if (parent / PLAN_FILE).is_file():
-            return parent
+    if (PACKAGED_PROJECT / PLAN_FILE).is_file():
+        return PACKAGED_PROJECT
     raise SqitchError(
-        f"no {PLAN_FILE} found above {Path(__file__).resolve().parent}: "
-        "set PGINBOX_SQITCH_DIR to the pginbox source checkout"
+        f"this pginbox package ships no Sqitch project ({PACKAGED_PROJECT / PLAN_FILE} is missing): "
+        "reinstall it, or set PGINBOX_SQITCH_DIR to a pginbox source checkout"
     )
 
 
