@@ -53,6 +53,7 @@ __all__ = [
     "SchemaVersionError",
     "SimulationError",
     "SqitchError",
+    "SqitchScriptError",
     "server_message",
     "with_sqlstate",
 ]
@@ -211,6 +212,10 @@ class SqitchError(PginboxError):
         super().__init__(message)
         self.output = output
         self.returncode = returncode
+
+
+class SqitchScriptError(PginboxError):
+    """The Sqitch project cannot be rendered as one SQL script: the message says what to fix."""
 
 
 class ClusterError(PginboxError):

@@ -86,6 +86,23 @@ def plan_changes(project: Path = REPO_ROOT) -> list[str]:
     return [entry for entry in plan_entries(project) if not entry.startswith("@")]
 
 
+def plan_targets(project: Path = REPO_ROOT) -> list[str]:
+    """Every plan position as Sqitch names it unambiguously: a reworked change's earlier position
+    is `change@tag` (the first tag after it), its latest `change@HEAD`, any other just `change`."""
+    entries = plan_entries(project)
+    targets = []
+    for i, entry in enumerate(entries):
+        if entry.startswith("@"):
+            continue
+        if entry in entries[i + 1:]:
+            targets.append(entry + next(e for e in entries[i + 1:] if e.startswith("@")))
+        elif entry in entries[:i]:
+            targets.append(entry + "@HEAD")
+        else:
+            targets.append(entry)
+    return targets
+
+
 def last_tag(project: Path = REPO_ROOT) -> str:
     tags = [entry for entry in plan_entries(project) if entry.startswith("@")]
     if not tags:

@@ -348,13 +348,13 @@ def test_status_counts(entries: Entries) -> None:
     result = cli("status", dsn=entries.dsn)
     assert result.exit_code == 0, result.output
     out = result.stdout
-    assert "schema inbox: version 1" in out
+    assert "schema inbox: release 0.2.0 (version 2)" in out
     assert "inbox.message by status:\n  processed    1\n  quarantined  2\n  discarded    0" in out
     assert "  open         3  (conflict 1, failure 2)" in out
     assert "open quarantine entries: 3" in out and CONSUMER in out
 
     status = ok_json("status", dsn=entries.dsn)
-    assert status["deployed"] is True and status["schema_version"] == 1
+    assert status["deployed"] is True and status["schema_version"] == 2 and status["release"] == "0.2.0"
     assert status["messages"] == {"processed": 1, "quarantined": 2, "discarded": 0}
     assert status["quarantine"]["open"] == {"conflict": 1, "failure": 2}
     assert status["quarantine"]["discarded"] == {"conflict": 0, "failure": 0}
@@ -378,11 +378,14 @@ def empty_dsn(pg_base: str) -> Iterator[str]:
 
 
 def test_status_and_quarantine_without_schema(empty_dsn: str) -> None:
-    status = ok_json("status", dsn=empty_dsn)
+    result = cli("status", "--json", dsn=empty_dsn)
+    assert result.exit_code == 3, result.output
+    status = json.loads(result.stdout)
     assert status["deployed"] is False and status["messages"] == {}
     assert status["sqitch"]["problem"]
     text = cli("status", dsn=empty_dsn)
-    assert text.exit_code == 0 and "schema inbox: not deployed (run `pginbox deploy`)" in text.stdout
+    # Not deployed: exit 3, so that a health check or cron job notices.
+    assert text.exit_code == 3 and "schema inbox: not deployed (run `pginbox deploy`)" in text.stdout
     fails(cli("quarantine", "list", dsn=empty_dsn), "schema inbox is not deployed", "pginbox deploy")
 
 

@@ -62,6 +62,7 @@ from pginbox import (
     is_transient,
 )
 from pginbox.client.retry import classify
+from pginbox.errors import SchemaNewerWarning
 
 Conn = psycopg.Connection[Any]
 Cursor = psycopg.Cursor[Any]
@@ -896,7 +897,7 @@ def test_transient_error_in_a_sql_handler_is_retried(client: Conn, domain: Conn)
 
 
 def test_schema_version_is_checked(inbox: Inbox) -> None:
-    assert inbox.check_schema() == 1
+    assert inbox.check_schema() == 2
 
 
 def scratch_db(pg_base: str) -> Iterator[str]:
@@ -927,15 +928,22 @@ def test_missing_schema_is_refused(empty_dsn: str) -> None:
             inbox.apply(message(uid()))
 
 
-@pytest.mark.parametrize(("version", "advice"), [(99, "upgrade the pginbox Python package"), (0, "pginbox deploy")])
-def test_unknown_schema_version_is_refused(empty_dsn: str, version: int, advice: str) -> None:
+def release_function(version: int, breaking_since: int) -> sql.Composed:
+    return sql.SQL(
+        "CREATE OR REPLACE FUNCTION inbox.schema_release(OUT version integer, OUT release text,"
+        " OUT breaking_since integer) LANGUAGE sql AS $$ SELECT {}, {}, {} $$"
+    ).format(sql.Literal(version), sql.Literal(f"0.{version}.0"), sql.Literal(breaking_since))
+
+
+@pytest.mark.parametrize(
+    ("version", "breaking_since", "advice"),
+    [(99, 99, "upgrade the pginbox Python package"), (0, 0, "pginbox deploy")],
+)
+def test_unknown_schema_version_is_refused(empty_dsn: str, version: int, breaking_since: int,
+                                                 advice: str) -> None:
     with psycopg.connect(empty_dsn, autocommit=True) as c:
         c.execute("CREATE SCHEMA inbox")
-        c.execute(
-            sql.SQL("CREATE FUNCTION inbox.schema_version() RETURNS integer LANGUAGE sql RETURN {}").format(
-                sql.Literal(version)
-            )
-        )
+        c.execute(release_function(version, breaking_since))
         inbox = Inbox(c, consumer="billing")
         with pytest.raises(SchemaVersionError, match=advice) as caught:
             inbox.check_schema()
@@ -950,14 +958,14 @@ def test_schema_version_refusal(empty_dsn: str) -> None:
         with pytest.raises(SchemaVersionError, match="pginbox deploy"):
             inbox.handle(message(uid()), credit())
         c.execute("CREATE SCHEMA inbox")
-        c.execute("CREATE FUNCTION inbox.schema_version() RETURNS integer LANGUAGE sql RETURN 7")
+        c.execute(release_function(7, 7))
         with pytest.raises(SchemaVersionError, match="upgrade") as caught:
             inbox.apply(message(uid()))
         assert caught.value.found == 7
-        c.execute("DROP FUNCTION inbox.schema_version()")
-        c.execute(
-            sql.SQL("CREATE FUNCTION inbox.schema_version() RETURNS integer LANGUAGE sql RETURN {}").format(
-                sql.Literal(1)
-            )
-        )
+        # A newer release that breaks nothing this client knows: served, with a warning.
+        c.execute(release_function(7, 1))
+        with pytest.warns(SchemaNewerWarning, match="compatible"):
+            assert inbox.check_schema() == 7
+        # The release before this client's (0.1.0) works with it too: 0.2.0 broke nothing.
+        c.execute(release_function(1, 1))
         assert inbox.check_schema() == 1

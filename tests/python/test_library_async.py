@@ -66,6 +66,7 @@ from pginbox import (
     is_transient,
 )
 from pginbox.client.retry import classify
+from pginbox.errors import SchemaNewerWarning
 
 #@ async: anyio's pytest plugin runs the coroutine tests and fixtures, on asyncio
 pytestmark = pytest.mark.anyio
@@ -961,7 +962,7 @@ async def test_transient_error_in_a_sql_handler_is_retried(client: AConn, domain
 
 
 async def test_schema_version_is_checked(inbox: AsyncInbox) -> None:
-    assert await inbox.check_schema() == 1
+    assert await inbox.check_schema() == 2
 
 
 def scratch_db(pg_base: str) -> Iterator[str]:
@@ -992,15 +993,22 @@ async def test_missing_schema_is_refused(empty_dsn: str) -> None:
             await inbox.apply(message(uid()))
 
 
-@pytest.mark.parametrize(("version", "advice"), [(99, "upgrade the pginbox Python package"), (0, "pginbox deploy")])
-async def test_unknown_schema_version_is_refused(empty_dsn: str, version: int, advice: str) -> None:
+def release_function(version: int, breaking_since: int) -> sql.Composed:
+    return sql.SQL(
+        "CREATE OR REPLACE FUNCTION inbox.schema_release(OUT version integer, OUT release text,"
+        " OUT breaking_since integer) LANGUAGE sql AS $$ SELECT {}, {}, {} $$"
+    ).format(sql.Literal(version), sql.Literal(f"0.{version}.0"), sql.Literal(breaking_since))
+
+
+@pytest.mark.parametrize(
+    ("version", "breaking_since", "advice"),
+    [(99, 99, "upgrade the pginbox Python package"), (0, 0, "pginbox deploy")],
+)
+async def test_unknown_schema_version_is_refused(empty_dsn: str, version: int, breaking_since: int,
+                                                 advice: str) -> None:
     async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
         await c.execute("CREATE SCHEMA inbox")
-        await c.execute(
-            sql.SQL("CREATE FUNCTION inbox.schema_version() RETURNS integer LANGUAGE sql RETURN {}").format(
-                sql.Literal(version)
-            )
-        )
+        await c.execute(release_function(version, breaking_since))
         inbox = AsyncInbox(c, consumer="billing")
         with pytest.raises(SchemaVersionError, match=advice) as caught:
             await inbox.check_schema()
@@ -1015,14 +1023,14 @@ async def test_schema_version_refusal(empty_dsn: str) -> None:
         with pytest.raises(SchemaVersionError, match="pginbox deploy"):
             await inbox.handle(message(uid()), credit())
         await c.execute("CREATE SCHEMA inbox")
-        await c.execute("CREATE FUNCTION inbox.schema_version() RETURNS integer LANGUAGE sql RETURN 7")
+        await c.execute(release_function(7, 7))
         with pytest.raises(SchemaVersionError, match="upgrade") as caught:
             await inbox.apply(message(uid()))
         assert caught.value.found == 7
-        await c.execute("DROP FUNCTION inbox.schema_version()")
-        await c.execute(
-            sql.SQL("CREATE FUNCTION inbox.schema_version() RETURNS integer LANGUAGE sql RETURN {}").format(
-                sql.Literal(1)
-            )
-        )
+        # A newer release that breaks nothing this client knows: served, with a warning.
+        await c.execute(release_function(7, 1))
+        with pytest.warns(SchemaNewerWarning, match="compatible"):
+            assert await inbox.check_schema() == 7
+        # The release before this client's (0.1.0) works with it too: 0.2.0 broke nothing.
+        await c.execute(release_function(1, 1))
         assert await inbox.check_schema() == 1

@@ -121,12 +121,15 @@ def test_inbox_retention_expires_before_a_simulated_redrive(db: psycopg.Connecti
     entry = db.execute("SELECT kind, status, reason_code, deliveries, message_type, payload IS NOT NULL"
                        " FROM inbox.quarantine").fetchall()
     assert entry == [("expired", "open", "expired", 2, "credit", True)]
-    assert db.execute("SELECT count(*) FROM inbox.message").fetchone() == (0,), "the claim row was undone"
+    assert db.execute("SELECT status::text FROM inbox.message").fetchall() == [("quarantined",)], \
+        "the claim row became the entry's hold"
     status = retention.retention_status(db, CONSUMER)[0]
     assert status["expired_total"] == 2 and status["rows_purged"] == 1 and status["watermark"] > produced
-    # A delivery without produced_at cannot be checked: it is unprotected (and applied again).
-    assert apply(db, "order-1", None) == "applied"
-    assert db.execute("SELECT count(*) FROM inbox.message WHERE produced_at IS NULL").fetchone() == (1,)
+    # The hold catches every later delivery, even one without a produced_at to check (0.2.0).
+    assert apply(db, "order-1", None) == "expired"
+    assert ledger(db) == {"order-1": 1}
+    # A message that never had a hold and comes without produced_at is unprotected (applied).
+    assert apply(db, "order-2", None) == "applied"
 
 
 def test_python_library_reports_expired(db: psycopg.Connection[Any], db_dsn: str) -> None:
@@ -186,14 +189,15 @@ def test_operator_decisions_on_an_expired_entry(db: psycopg.Connection[Any], db_
             (CONSUMER, PRODUCER, mid, mid, produced)).fetchone()
     assert {k: v[0] for k, v in results.items()} == dict.fromkeys(results, "expired")
 
-    # discard: closed without effect; redeliveries stay expired, counted on the closed entry.
+    # discard: closed without effect; the identity is discarded, so redeliveries are duplicates
+    # (0.2.0, as for an exhausted entry).
     db.execute("SELECT inbox.discard(%s, 'already applied before the purge')", (results["old-1"][1],))
     again = db.execute("SELECT outcome, quarantine_id FROM inbox.claim_and_apply(%s, %s, 'old-1', 'credit',"
                        " jsonb_build_object('id', 'old-1', 'amount', 1), '', %s)",
                        (CONSUMER, PRODUCER, produced)).fetchone()
-    assert again == ("expired", results["old-1"][1])
+    assert again == ("duplicate", None)
     assert db.execute("SELECT status, deliveries FROM inbox.quarantine WHERE quarantine_id = %s",
-                      (results["old-1"][1],)).fetchone() == ("discarded", 2)
+                      (results["old-1"][1],)).fetchone() == ("discarded", 1)
 
     # release: the operator says it is new; its next delivery is processed normally, once.
     db.execute("SELECT inbox.release(%s, 'new message, producer clock was wrong')", (results["never-seen"][1],))

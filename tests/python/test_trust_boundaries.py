@@ -39,6 +39,10 @@ $$;
 """
 
 
+def role_of(conninfo: str) -> str:
+    return str(psycopg.conninfo.conninfo_to_dict(conninfo)["user"])
+
+
 def connect(dsn: str) -> Conn:
     return psycopg.connect(dsn, autocommit=True)
 
@@ -55,13 +59,13 @@ def setup_billing(conn: Conn, login_role: Callable[..., str]) -> tuple[str, str,
     attacker = login_role("inbox_consumer")
     operator = login_role("inbox_operator")
     reader = login_role("inbox_reader")
-    billing_role = psycopg.conninfo.conninfo_to_dict(billing)["user"]
+    billing_role = role_of(billing)
     conn.execute(DOMAIN)
     conn.execute(sql.SQL("GRANT USAGE ON SCHEMA app TO {0}; GRANT INSERT, SELECT, UPDATE ON ALL TABLES IN SCHEMA app"
                          " TO {0}").format(sql.Identifier(billing_role)))
     # Operators call the handler to repair (it runs with the consumer's rights): they see its schema only.
     conn.execute(sql.SQL("GRANT USAGE ON SCHEMA app TO {}").format(
-        sql.Identifier(psycopg.conninfo.conninfo_to_dict(operator)["user"])))
+        sql.Identifier(role_of(operator))))
     conn.execute("SELECT inbox.register_handler('billing', 'credit', 'app.credit(jsonb, inbox.message_context)', 'v1')")
     conn.execute("SELECT inbox.bind_consumer('billing', %s::regrole, note => 'the billing service')", (billing_role,))
     return billing, attacker, operator, reader
@@ -110,7 +114,7 @@ def test_another_consumer_role_cannot_act_as_billing(conn: Conn, login_role: Cal
 
 def test_tenant_bindings_and_unknown_consumers(conn: Conn, login_role: Callable[..., str]) -> None:
     billing, _, _, _ = setup_billing(conn, login_role)
-    role = psycopg.conninfo.conninfo_to_dict(billing)["user"]
+    role = role_of(billing)
     conn.execute("SELECT inbox.bind_consumer('billing', %s::regrole, ARRAY['acme'], 'acme only')", (role,))
     with connect(billing) as svc:
         claim_acme = "SELECT outcome FROM inbox.claim('billing', 'shop', 'm1', '{}', tenant => 'acme')"
@@ -137,7 +141,7 @@ def test_tenant_bindings_and_unknown_consumers(conn: Conn, login_role: Callable[
 
 def test_repair_never_runs_with_more_rights_than_the_consumer(conn: Conn, login_role: Callable[..., str]) -> None:
     billing, attacker, operator, _ = setup_billing(conn, login_role)
-    billing_role = psycopg.conninfo.conninfo_to_dict(billing)["user"]
+    billing_role = role_of(billing)
     conn.execute("SELECT inbox.configure_consumer('billing', max_attempts => 1)")
     # The attacker cannot plant a failure with a payload of its own choosing.
     with connect(attacker) as evil, pytest.raises(errors.InsufficientPrivilege):
@@ -167,7 +171,7 @@ def test_a_handler_rewritten_by_its_owner_cannot_escape_to_the_operators_rights(
     conn: Conn, login_role: Callable[..., str]
 ) -> None:
     billing, _, operator, _ = setup_billing(conn, login_role)
-    billing_role = psycopg.conninfo.conninfo_to_dict(billing)["user"]
+    billing_role = role_of(billing)
     conn.execute("SELECT inbox.configure_consumer('billing', max_attempts => 1)")
     conn.execute("CREATE TABLE app.stolen (payload jsonb)")
     conn.execute(sql.SQL("GRANT INSERT ON app.stolen TO {}").format(sql.Identifier(billing_role)))
@@ -310,7 +314,7 @@ def test_a_shadowing_operator_cannot_turn_a_duplicate_into_an_application(
     conn: Conn, login_role: Callable[..., str]
 ) -> None:
     billing, _, _, _ = setup_billing(conn, login_role)
-    role = psycopg.conninfo.conninfo_to_dict(billing)["user"]
+    role = role_of(billing)
     conn.execute(sql.SQL("CREATE SCHEMA evil AUTHORIZATION {}").format(sql.Identifier(role)))
     with connect(billing) as svc:
         svc.execute("""CREATE FUNCTION evil.ne(a text, b text) RETURNS boolean LANGUAGE sql AS 'SELECT false';
@@ -325,7 +329,7 @@ def test_a_shadowing_operator_cannot_turn_a_duplicate_into_an_application(
 
 def test_a_compressed_payload_is_held_to_its_real_size(conn: Conn, login_role: Callable[..., str]) -> None:
     billing, _, _, _ = setup_billing(conn, login_role)
-    role = psycopg.conninfo.conninfo_to_dict(billing)["user"]
+    role = role_of(billing)
     conn.execute("CREATE TABLE app.big (body jsonb)")
     conn.execute("INSERT INTO app.big SELECT jsonb_build_object('blob', repeat('a', 8 * 1024 * 1024))")
     conn.execute(sql.SQL("GRANT SELECT ON app.big TO {}").format(sql.Identifier(role)))

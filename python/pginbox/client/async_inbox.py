@@ -214,7 +214,7 @@ class AsyncInbox:
         await self.close()
 
     async def check_schema(self) -> int:
-        """Check `inbox.schema_version()` now (otherwise done on first use); returns the version.
+        """Check `inbox.schema_release()` now (otherwise done on first use); returns the version.
         Raises SchemaVersionError (missing or unknown schema) or SchemaAccessError."""
         async with self._connection() as conn:
             return await self._check_schema(conn)

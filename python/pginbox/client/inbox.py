@@ -198,7 +198,7 @@ class Inbox:
         self.close()
 
     def check_schema(self) -> int:
-        """Check `inbox.schema_version()` now (otherwise done on first use); returns the version.
+        """Check `inbox.schema_release()` now (otherwise done on first use); returns the version.
         Raises SchemaVersionError (missing or unknown schema) or SchemaAccessError."""
         with self._connection() as conn:
             return self._check_schema(conn)

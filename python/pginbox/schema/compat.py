@@ -36,7 +36,7 @@ BREAKING_SCHEMA_VERSIONS: Final = frozenset({1})
 SCHEMA_RELEASE: Final = "SELECT r.version, r.release, r.breaking_since FROM inbox.schema_release() r"
 
 _DEPLOY = "deploy the schema this package ships: pginbox deploy --dsn <dsn> (or sqitch deploy in the pginbox project)"
-_UPGRADE = "upgrade the pginbox package (pip install -U pginbox)"
+_UPGRADE = "upgrade the pginbox Python package (pip install -U pginbox)"
 
 
 @dataclass(frozen=True)

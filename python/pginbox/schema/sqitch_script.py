@@ -33,7 +33,7 @@ from pathlib import Path
 
 from psycopg import sql
 
-from pginbox.errors import PginboxError
+from pginbox.errors import SqitchScriptError
 
 __all__ = [
     "REGISTRY_RELEASE",
@@ -53,10 +53,6 @@ REGISTRY_RELEASE = "1.1"  # App::Sqitch::Engine::registry_release in Sqitch 1.3.
 REGISTRY_DDL_RESOURCE = "sqitch_registry_pg.sql"  # App/Sqitch/Engine/pg.sql of Sqitch 1.3.1
 ADVISORY_LOCK_KEY = 75474063  # App::Sqitch::Engine::pg::try_lock / wait_lock
 LOCK_WAIT = "60s"  # Sqitch's default --lock-timeout
-
-
-class SqitchScriptError(PginboxError):
-    """The Sqitch project cannot be rendered: the message says what to fix."""
 
 
 # --------------------------------------------------------------------------- plan model
