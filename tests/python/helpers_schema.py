@@ -86,6 +86,25 @@ def plan_changes(project: Path = REPO_ROOT) -> list[str]:
     return [entry for entry in plan_entries(project) if not entry.startswith("@")]
 
 
+def plan_change_refs(project: Path = REPO_ROOT) -> list[str]:
+    """plan_changes() as Sqitch can look them up: a reworked change is ambiguous by its name alone,
+    so its earlier positions are <change>@<the next tag> and its last one <change>@HEAD."""
+    entries = plan_entries(project)
+    changes = plan_changes(project)
+    refs = []
+    for position, entry in enumerate(entries):
+        if entry.startswith("@"):
+            continue
+        later = entries[position + 1:]
+        if changes.count(entry) == 1:
+            refs.append(entry)
+        elif entry in later:
+            refs.append(entry + next(e for e in later if e.startswith("@")))
+        else:
+            refs.append(f"{entry}@HEAD")
+    return refs
+
+
 def last_tag(project: Path = REPO_ROOT) -> str:
     tags = [entry for entry in plan_entries(project) if entry.startswith("@")]
     if not tags:

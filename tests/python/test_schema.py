@@ -28,6 +28,7 @@ from conftest import (
 from helpers_schema import (
     assert_same_lines,
     build_from_sql_sources,
+    plan_change_refs,
     plan_changes,
     psql_file,
     query,
@@ -319,7 +320,7 @@ SELECT inbox.register_handler('smoke', 'm', 'public.smoke_handler(jsonb)', 'v1')
 """
 
 
-@pytest.mark.parametrize("to_change", plan_changes()[plan_changes().index("apply"):-1])
+@pytest.mark.parametrize("to_change", plan_change_refs()[plan_changes().index("apply"):-1])
 def test_reverting_the_later_changes_leaves_working_claims(db_dsn: str, to_change: str) -> None:
     """`sqitch revert --to X` for every X from `apply` on: the claim paths of what is left must
     still work (later modules hook into them; their reverts must put the hooks back), and
