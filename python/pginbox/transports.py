@@ -12,8 +12,12 @@ A transport delivers one effect and reports what happened:
                        dispatcher retries with the SAME idempotency key.
 
 Webhooks (WebhookTransport)
-  The payload is sent as JSON with `Idempotency-Key: <effect id>` (never overridable), after the
-  configured headers and the effect's own headers. 2xx is delivered (response excerpt <= 2000
+  The payload is sent as JSON with `Idempotency-Key: <effect id>` (never overridable). Headers: the
+  effect's own headers, then the configured headers, which always win (names compared without
+  case); an effect never sets Host, credentials (Authorization, Proxy-Authorization, Cookie),
+  framing (Content-Length, Transfer-Encoding), hop-by-hop headers or the idempotency key: those are
+  dropped from the effect's headers (enqueue_effect refuses them since 0.2.0; older effects may
+  still carry them). 2xx is delivered (response excerpt <= 2000
   characters); a status in `retry_on` (default 408, 425, 429, 500-599) is retryable; any other
   status is permanent. A connect failure (nothing was sent) is a retryable report.
 
@@ -23,8 +27,10 @@ Webhooks (WebhookTransport)
   multicast, reserved and other non-global addresses are refused unless the operator allowlists
   the host name or an address/CIDR (`allow_hosts`). Redirects are followed by hand (at most 5),
   each hop going through the same check; environment proxies are ignored (trust_env=False).
-  301/302/307/308 keep the method and the payload; 303 is followed with GET; Authorization and
-  Cookie headers are dropped when a redirect changes the origin.
+  301/302/307/308 keep the method and the payload; 303 is followed with GET. When a redirect
+  changes the origin, every configured header is treated as a secret and dropped, unless the
+  destination lists it in `forward_on_redirect`; Authorization, Proxy-Authorization and Cookie are
+  dropped in any case.
   A refusal is a permanent report whose error starts with "refused:".
 
 Configuration (load_config)
@@ -33,7 +39,8 @@ Configuration (load_config)
       [destinations.billing]
       url = "https://billing.example.com/hooks/outbox"
       method = "POST"                         # default POST
-      headers = { Authorization = "Bearer s3cr3t" }
+      headers = { Authorization = "Bearer s3cr3t", X-Tenant = "acme" }
+      forward_on_redirect = ["X-Tenant"]      # configured headers kept on a cross-origin redirect
       timeout = 10.0                          # seconds, every phase (connect, write, read)
       allow_hosts = ["10.1.2.0/24", "hooks.internal"]   # SSRF allowlist: host names, IPs, CIDRs
       retry_on = [408, 429, "500-599"]        # statuses (or "lo-hi" ranges) that are retryable
@@ -44,7 +51,8 @@ Configuration (load_config)
   Environment (wins over the file), <NAME> = destination name upper-cased, non-alphanumerics -> _:
       PGINBOX_DEST_<NAME>_URL, _METHOD, _TIMEOUT,
       _HEADERS      (JSON object, merged over the file's headers)
-      _ALLOW_HOSTS  (comma-separated), _RETRY_ON (comma-separated, e.g. "429,500-599")
+      _ALLOW_HOSTS  (comma-separated), _RETRY_ON (comma-separated, e.g. "429,500-599"),
+      _FORWARD_ON_REDIRECT (comma-separated header names)
   A PGINBOX_DEST_<NAME>_URL without a section in the file defines the destination `<name>`
   (lower-cased).
 
@@ -95,6 +103,12 @@ ENTRY_POINT_GROUP = "pginbox.destinations"
 DEFAULT_RETRY_ON: tuple[int | range, ...] = (408, 425, 429, range(500, 600))
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 _SENSITIVE_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
+# What an effect's headers never set (the dispatcher's: target, credentials, framing, hop-by-hop,
+# the idempotency key); the same list inbox._headers_ok refuses at enqueue.
+_DISPATCHER_HEADERS = frozenset({
+    "host", "authorization", "proxy-authorization", "cookie", "content-length", "transfer-encoding", "connection",
+    "keep-alive", "proxy-connection", "proxy-authenticate", "te", "trailer", "upgrade", "idempotency-key",
+})
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -332,6 +346,7 @@ class WebhookTransport:
         timeout: float = 10.0,
         allow_hosts: Iterable[str] = (),
         retry_on: Iterable[int | range] = DEFAULT_RETRY_ON,
+        forward_on_redirect: Iterable[str] = (),
     ) -> None:
         parsed = httpx.URL(url)
         if parsed.scheme not in ("http", "https") or not parsed.host:
@@ -342,6 +357,10 @@ class WebhookTransport:
         self.timeout = float(timeout)
         self.allow_hosts = tuple(allow_hosts)
         self.retry_on = tuple(retry_on)
+        self.forward_on_redirect = frozenset(name.lower() for name in forward_on_redirect)
+        # Dropped when a redirect changes the origin: every configured header not marked to follow.
+        self._secret_headers = (frozenset(name.lower() for name in self.headers) - self.forward_on_redirect) \
+            | _SENSITIVE_HEADERS
         self._client = httpx.Client(
             transport=GuardedHTTPTransport(AddressPolicy(self.allow_hosts)),
             timeout=httpx.Timeout(self.timeout),
@@ -362,14 +381,16 @@ class WebhookTransport:
         return f"WebhookTransport({self.method} {self.url})"
 
     def _request_headers(self, effect: EffectLike) -> dict[str, str]:
-        merged: dict[str, str] = {"Content-Type": "application/json"}
-        for source in (self.headers, effect.headers):
-            for name, value in source.items():
-                if name.lower() == "idempotency-key":
-                    continue
-                merged[name] = str(value)
-        merged["Idempotency-Key"] = effect.effect_id
-        return merged
+        # By lower-case name, so that "x-a" from the effect cannot ride along with a configured "X-A".
+        merged: dict[str, tuple[str, str]] = {"content-type": ("Content-Type", "application/json")}
+        for name, value in effect.headers.items():
+            if name.lower() not in _DISPATCHER_HEADERS:
+                merged[name.lower()] = (name, str(value))
+        for name, value in self.headers.items():  # configured headers win
+            if name.lower() != "idempotency-key":
+                merged[name.lower()] = (name, str(value))
+        merged["idempotency-key"] = ("Idempotency-Key", effect.effect_id)
+        return dict(merged.values())
 
     def deliver(self, effect: EffectLike) -> DeliveryReport:
         body = json.dumps(effect.payload, separators=(",", ":"), ensure_ascii=False).encode()
@@ -404,7 +425,7 @@ class WebhookTransport:
                     method, content = "GET", None
                     headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
                 if (target.scheme, target.host, target.port) != (url.scheme, url.host, url.port):
-                    headers = {k: v for k, v in headers.items() if k.lower() not in _SENSITIVE_HEADERS}
+                    headers = {k: v for k, v in headers.items() if k.lower() not in self._secret_headers}
                 url = target
                 continue
             if 200 <= status < 300:
@@ -482,10 +503,12 @@ def _apply_env(name: str, section: dict[str, Any], environ: Mapping[str, str]) -
         merged["allow_hosts"] = _split_list(allow)
     if (retry_on := environ.get(prefix + "RETRY_ON")) is not None:
         merged["retry_on"] = _split_list(retry_on)
+    if (forward := environ.get(prefix + "FORWARD_ON_REDIRECT")) is not None:
+        merged["forward_on_redirect"] = _split_list(forward)
     return merged
 
 
-_WEBHOOK_KEYS = frozenset({"url", "method", "headers", "timeout", "allow_hosts", "retry_on"})
+_WEBHOOK_KEYS = frozenset({"url", "method", "headers", "timeout", "allow_hosts", "retry_on", "forward_on_redirect"})
 
 
 def webhook_from_options(name: str, options: Mapping[str, Any]) -> WebhookTransport:
@@ -498,6 +521,9 @@ def webhook_from_options(name: str, options: Mapping[str, Any]) -> WebhookTransp
     allow = options.get("allow_hosts") or []
     if isinstance(allow, str):
         allow = _split_list(allow)
+    forward = options.get("forward_on_redirect") or []
+    if isinstance(forward, str):
+        forward = _split_list(forward)
     return WebhookTransport(
         url=str(options["url"]),
         method=str(options.get("method", "POST")),
@@ -505,6 +531,7 @@ def webhook_from_options(name: str, options: Mapping[str, Any]) -> WebhookTransp
         timeout=float(options.get("timeout", 10.0)),
         allow_hosts=[str(h) for h in allow],
         retry_on=parse_retry_on(options["retry_on"]) if "retry_on" in options else DEFAULT_RETRY_ON,
+        forward_on_redirect=[str(h) for h in forward],
     )
 
 
