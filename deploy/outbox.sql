@@ -448,8 +448,15 @@ BEGIN
                   HINT = 'Enqueue it closer to its time, or an operator raises the limit: inbox.configure_security(max_effect_delay => ...).';
     END IF;
     -- Who may enqueue what: one probe of each binding table (and of the settings when anonymous).
+    -- The consumer check is inbox._may_act_as written out: that SQL function is not inlined (it
+    -- has a subquery) and would be planned again in every transaction; this statement's plan is
+    -- cached for the session. _authorize_enqueue (through inbox._authorize) has the last word.
     IF NOT (CASE WHEN who IS NULL THEN (SELECT s.anonymous_enqueue FROM inbox.security_settings s)
-                 ELSE inbox._may_act_as(who, NULL) END
+                 ELSE EXISTS (SELECT FROM inbox.consumer_binding b
+                               WHERE b.consumer = ANY (ARRAY[who, inbox._consumer_base(who)])
+                                 AND EXISTS (SELECT FROM pg_catalog.pg_roles r
+                                              WHERE r.oid = b.role AND pg_catalog.pg_has_role(session_user, r.oid, 'MEMBER')))
+            END
             AND EXISTS (SELECT FROM inbox.destination_binding d
                          WHERE d.destination = enqueue_effect.destination
                            AND d.consumer = ANY (ARRAY[who, inbox._consumer_base(who), '*']))) THEN
@@ -597,22 +604,15 @@ COMMENT ON FUNCTION inbox.unbind_destination(text, text, text) IS
 
 -- ------------------------------------------------------------------ dispatch
 
--- A fencing token nobody can guess: 63 random bits of a version 4 UUID (gen_random_uuid, a strong
--- random source): byte 7 and bytes 9 to 15, leaving out the version and variant bits. Positive.
+-- A fencing token nobody can guess: 63 random bits of two version 4 UUIDs (gen_random_uuid, a
+-- strong random source), from their random bytes 9 to 15 and 7 (never the version and variant
+-- bits); positive. One expression, so that the planner inlines it.
 CREATE OR REPLACE FUNCTION inbox._new_lease_token() RETURNS bigint
     LANGUAGE sql VOLATILE PARALLEL SAFE
-    RETURN (SELECT (('x' OPERATOR(pg_catalog.||) pg_catalog.substr(u.h, 15, 2)
-                     OPERATOR(pg_catalog.||) pg_catalog.substr(u.h, 19, 14))::bit(64)::bigint)
-                   OPERATOR(pg_catalog.&) 9223372036854775807
-              FROM (SELECT pg_catalog.encode(pg_catalog.uuid_send(pg_catalog.gen_random_uuid()), 'hex') AS h) u);
+    RETURN (('x' OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.encode(pg_catalog.uuid_send(pg_catalog.gen_random_uuid()), 'hex'), 19, 14)
+                 OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.encode(pg_catalog.uuid_send(pg_catalog.gen_random_uuid()), 'hex'), 15, 2)
+            )::bit(64)::bigint) OPERATOR(pg_catalog.&) 9223372036854775807;
 COMMENT ON FUNCTION inbox._new_lease_token() IS 'internal: a new fencing token, 63 random bits';
-
--- The role a lease belongs to and a report must come from: session_user (inside SECURITY DEFINER
--- current_user is the owner).
-CREATE OR REPLACE FUNCTION inbox._session_role() RETURNS oid
-    LANGUAGE sql STABLE PARALLEL SAFE
-    RETURN (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) session_user);
-COMMENT ON FUNCTION inbox._session_role() IS 'internal: OID of session_user';
 
 -- Claims up to max_effects due effects for one dispatcher, FOR UPDATE SKIP LOCKED: pending effects
 -- whose available_at has come, and leased ones whose lease expired (reclaimed). An effect with an
@@ -654,7 +654,7 @@ DECLARE
     behind text[];
     behind_consumers text[];
     scanned integer;
-    holder oid := inbox._session_role();
+    holder oid := (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = session_user);  -- the lease's role
 BEGIN
     PERFORM inbox._check_text('inbox.claim_effects', 'dispatcher', claim_effects.dispatcher, 128);
     IF claim_effects.max_effects IS NULL THEN
@@ -988,7 +988,7 @@ DECLARE
     outcomes text[];
     keys text[];
     seqs bigint[];
-    holder oid := inbox._session_role();
+    holder oid := (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = session_user);  -- the lease's role
 BEGIN
     -- The reports as ONE map from 'effect_id lease_token' (the token has no space: unambiguous) to
     -- [position, status_code, excerpt, duration]; for a repeated report the first position wins.
@@ -1045,7 +1045,7 @@ DECLARE
     decided jsonb;
     accepted integer[];
     outcomes text[];
-    holder oid := inbox._session_role();
+    holder oid := (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = session_user);  -- the lease's role
 BEGIN
     -- As in _complete_reports: one map 'effect_id lease_token' -> [position, error, retryable,
     -- status_code, excerpt, duration], first position first; then the new status and backoff of
@@ -1211,7 +1211,8 @@ BEGIN
     UPDATE inbox.outbox o
        SET lease_expires_at = now() + extend_lease.lease, available_at = now() + extend_lease.lease
      WHERE o.effect_id = extend_lease.effect_id AND o.status = 'leased' AND o.lease_token = extend_lease.lease_token
-       AND (o.lease_role = inbox._session_role() OR o.lease_role IS NULL)
+       AND (o.lease_role = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = session_user)
+            OR o.lease_role IS NULL)
     RETURNING o.lease_expires_at INTO expires;
     IF FOUND THEN
         RETURN expires;
@@ -1431,7 +1432,7 @@ REVOKE ALL ON FUNCTION inbox.enqueue_effect(text, text, jsonb, jsonb, text, time
     inbox.purge_delivered_effects(interval, integer),
     inbox._order_at_commit(), inbox._signal_at_commit(),
     inbox._authorize_enqueue(text, text, text), inbox._lock_dead_effect(text, text, text, text, text, text, text),
-    inbox._headers_ok(jsonb), inbox._new_lease_token(), inbox._session_role() FROM PUBLIC;
+    inbox._headers_ok(jsonb), inbox._new_lease_token() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz, text),
     inbox.effect_id(text, text, text, text, text),
     inbox._check_text(text, text, text, integer) TO inbox_consumer;

@@ -15,7 +15,6 @@ DROP FUNCTION inbox.discard_effect(text, text, text);
 DROP FUNCTION inbox.redrive_effect(text, text, text);
 DROP FUNCTION inbox._lock_dead_effect(text, text, text, text, text, text, text);
 DROP FUNCTION inbox.claim_effects(text, integer, interval);
-DROP FUNCTION inbox._session_role();
 DROP FUNCTION inbox._new_lease_token();
 DROP FUNCTION inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz, text);
 DROP FUNCTION inbox._authorize_enqueue(text, text, text);

@@ -18,8 +18,7 @@ SELECT 'inbox._check_text(text, text, text, integer)'::regprocedure,
        'inbox._backoff(inbox.outbox_destination, integer)'::regprocedure,
        'inbox._headers_ok(jsonb)'::regprocedure,
        'inbox._authorize_enqueue(text, text, text)'::regprocedure,
-       'inbox._new_lease_token()'::regprocedure,
-       'inbox._session_role()'::regprocedure;
+       'inbox._new_lease_token()'::regprocedure;
 
 DO $verify$
 DECLARE
