@@ -1,5 +1,5 @@
 -- Deploy pginbox:outbox_scope_tables. Generated from sql/061_outbox_scope_tables.sql by python/tools/sync_deploy.py: edit that file.
--- pginbox: the outbox's trust boundaries (docs/outbox.md#who-may-enqueue-what, docs/security.md).
+-- pginbox: the outbox's trust boundaries (docs/outbox.md#13-trust-boundaries, docs/security.md).
 --   * A destination is bound to the consumers allowed to enqueue effects to it (consumer '*': every
 --     consumer); nobody else can make the dispatcher send a body with the destination's credentials.
 --   * An effect belongs to the consumer that enqueued it, and effect ids are scoped per consumer: the

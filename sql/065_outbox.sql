@@ -1,6 +1,6 @@
 -- pginbox: the transactional outbox's functions (tables in 060_outbox_tables.sql and
 -- 061_outbox_scope_tables.sql).
--- Trust boundaries (0.2.0, docs/outbox.md#trust-boundaries):
+-- Trust boundaries (0.2.0, docs/outbox.md#13-trust-boundaries):
 --   * enqueue_effect acts under a consumer (its argument, else the one claimed in the transaction):
 --     session_user must be allowed to act as it (inbox._authorize) and the consumer must be bound
 --     to the destination (bind_destination); an enqueue without a consumer needs anonymous_enqueue.
