@@ -219,7 +219,11 @@ BEGIN
         prepared := inbox._begin_repair(repair.quarantine_id, repair.note);
         result := prepared.claim;
         handler_running := true;
+        -- The handler acts as the consumer (an effect it enqueues is the consumer's): see inbox._authorize.
+        PERFORM pg_catalog.set_config('inbox.consumer', (prepared.context).consumer, true);
+        PERFORM pg_catalog.set_config('inbox.operator_run', (prepared.context).consumer, true);
         PERFORM inbox._run_handler(prepared.handler, prepared.takes_context, prepared.payload, prepared.context);
+        PERFORM pg_catalog.set_config('inbox.operator_run', '', true);
         result.outcome := 'applied';
         RETURN result;
     EXCEPTION WHEN OTHERS OR assert_failure THEN

@@ -634,7 +634,12 @@ BEGIN
         BEGIN
             IF inbox._begin_replay_item(plan.plan_id, step.item_no) THEN
                 handler_running := true;
+                -- The handler acts as the consumer (an effect it enqueues is the consumer's): see
+                -- inbox._authorize.
+                PERFORM pg_catalog.set_config('inbox.consumer', (step.context).consumer, true);
+                PERFORM pg_catalog.set_config('inbox.operator_run', (step.context).consumer, true);
                 PERFORM inbox._run_handler(step.handler, step.takes_context, step.payload, step.context);
+                PERFORM pg_catalog.set_config('inbox.operator_run', '', true);
                 applied_now := applied_now OPERATOR(pg_catalog.+) 1;
             ELSE
                 skipped_now := skipped_now OPERATOR(pg_catalog.+) 1;

@@ -17,7 +17,7 @@ SELECT tables_are('inbox', ARRAY['consumer_config', 'handler', 'handler_registra
                                  'retention_policy', 'retention_policy_change', 'activity_gap', 'purge_state',
                                  'replay_plan', 'replay_item', 'replay_decision',
                                  'metric_config', 'metric_event', 'metric_total', 'metric_rollup_state',
-                                 'consumer_binding', 'binding_change', 'security_settings'],
+                                 'consumer_binding', 'binding_change', 'security_settings', 'destination_binding'],
                   'schema inbox has exactly the documented tables');
 SELECT has_composite('inbox', 'delivery_result', 'type inbox.delivery_result exists');
 SELECT has_composite('inbox', 'message_context', 'type inbox.message_context exists');

@@ -12,7 +12,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(376);
+SELECT plan(456);
 
 -- ------------------------------------------------------------------ fixtures
 \ir write_counter.psql
@@ -228,11 +228,11 @@ SELECT throws_ok(c.sql, c.state, c.msg, 'enqueue_effect: ' || c.what)
  ORDER BY c.ord;
 SELECT throws_ok(format($$SELECT inbox.enqueue_effect('e', 'd', %L::jsonb)$$, jsonb_build_object('k', repeat('x', 1048576))),
                  '54000', format('inbox.enqueue_effect: payload is %s bytes, the limit is 1048576 bytes',
-                                 pg_column_size(jsonb_build_object('k', repeat('x', 1048576)))),
+                                 octet_length(jsonb_build_object('k', repeat('x', 1048576))::text)),
                  'enqueue_effect: a payload over 1 MiB is 54000');
 SELECT throws_ok(format($$SELECT inbox.enqueue_effect('e', 'd', '{}', %L::jsonb)$$, jsonb_build_object('X-Big', repeat('x', 65536))),
                  '54000', format('inbox.enqueue_effect: headers are %s bytes, the limit is 65536 bytes',
-                                 pg_column_size(jsonb_build_object('X-Big', repeat('x', 65536)))),
+                                 octet_length(jsonb_build_object('X-Big', repeat('x', 65536))::text)),
                  'enqueue_effect: headers over 64 KiB are 54000');
 SELECT is(public.tap_writes(), :w0::bigint, 'enqueue_effect: invalid input wrote nothing');
 
@@ -339,7 +339,7 @@ SELECT is((SELECT (effect_id, lease_token, report, reported_by, reported_at IS N
 -- The lease expires and another dispatcher reclaims the effect under a new token.
 SELECT pg_temp.make_due('f1');
 SELECT lease_token AS t2 FROM inbox.claim_effects('tap-new', 1) \gset
-SELECT cmp_ok(:t2::bigint, '>', :t1::bigint, 'fencing: an expired lease is reclaimed with a new, higher token');
+SELECT isnt(:t2::bigint, :t1::bigint, 'fencing: an expired lease is reclaimed with a new token');
 SELECT is((SELECT (leased_by, attempts)::text FROM inbox.outbox WHERE effect_id = 'f1'), '(tap-new,2)',
           'fencing: the reclaimed effect belongs to the new dispatcher, attempt 2');
 SELECT public.tap_writes('outbox_fenced_report') AS f0 \gset
@@ -766,7 +766,7 @@ RESET ROLE;
 -- The consumer enqueues (a keyed effect too: the commit-time trigger runs as the owner).
 SET ROLE tap_ob_consumer;
 INSERT INTO ob_res VALUES ('consumer-enqueue', inbox.enqueue_effect(inbox.effect_id('tap-ob', 'p', 'c1', 'email'), 'hook',
-                                                                    '{"secret": "s"}', '{"Authorization": "Bearer t"}', 'K-c')::text);
+                                                                    '{"secret": "s"}', '{"X-Api-Key": "t"}', 'K-c')::text);
 SELECT lives_ok($$SET CONSTRAINTS inbox.outbox_order_at_commit IMMEDIATE$$,
                 'consumer: the commit-time numbering runs for a consumer (the trigger function is SECURITY DEFINER)');
 INSERT INTO ob_res VALUES ('consumer-keyless', inbox.enqueue_effect('tap-k1', 'hook', '{}')::text);
@@ -836,8 +836,8 @@ SELECT lives_ok($$SELECT effect_id, destination, ordering_key, order_seq, status
                          created_at, created_xid, lease_token, leased_by, lease_expires_at, last_attempt_at,
                          last_status_code, last_duration_ms, delivered_at, dead_reason FROM inbox.outbox$$,
                 'reader: can read the state columns of inbox.outbox');
-SELECT lives_ok($$SELECT * FROM inbox.outbox_destination; SELECT * FROM inbox.outbox_redrive;
-                  SELECT * FROM inbox.outbox_discard; SELECT * FROM inbox.outbox_fenced_report;
+SELECT lives_ok($$SELECT * FROM inbox.outbox_destination; SELECT effect_id, note FROM inbox.outbox_redrive;
+                  SELECT effect_id, note FROM inbox.outbox_discard; SELECT * FROM inbox.outbox_fenced_report;
                   SELECT * FROM inbox.outbox_waiter$$,
                 'reader: can read destinations, redrives, discards, fenced reports and waiters');
 SELECT throws_ok(format('SELECT %I FROM inbox.outbox', c), '42501', 'permission denied for table outbox',
@@ -850,7 +850,7 @@ RESET ROLE;
 
 -- The operator reads everything, decides through the API, and cannot write behind it.
 SET ROLE tap_ob_operator;
-SELECT is((SELECT headers ->> 'Authorization' FROM inbox.outbox WHERE ordering_key = 'K-c'), 'Bearer t',
+SELECT is((SELECT headers ->> 'X-Api-Key' FROM inbox.outbox WHERE ordering_key = 'K-c'), 't',
           'operator: can read payloads and headers');
 SELECT lives_ok($$SELECT inbox.configure_destination('tap-op', 2)$$, 'operator: can configure_destination');
 SELECT lives_ok($$SELECT inbox.purge_delivered_effects('1 day')$$, 'operator: can purge');
@@ -1020,6 +1020,266 @@ SELECT throws_ok(c.sql, c.state, c.msg, c.description)
        ) AS c(ord, sql, state, msg, description)
  ORDER BY c.ord;
 SELECT is(public.tap_writes() - :wb0, 0::bigint, 'complete_effects, fail_effects: bad input writes nothing (not even a fenced report)');
+
+
+-- ================================================================== trust boundaries (0.2.0)
+-- The caller is session_user (SET ROLE keeps it): SET SESSION AUTHORIZATION makes these roles the
+-- session's, as a login of theirs would be.
+DELETE FROM inbox.outbox;
+SELECT is((SELECT pg_catalog.pg_get_constraintdef(c.oid) FROM pg_catalog.pg_constraint c
+            WHERE c.conrelid = 'inbox.outbox'::regclass AND c.conname = 'outbox_pkey'),
+          'PRIMARY KEY (effect_id, consumer)', 'effect ids are unique per consumer: primary key (effect_id, consumer)');
+SELECT is((SELECT pg_catalog.pg_get_indexdef('inbox.outbox_consumer_undelivered_idx'::regclass)),
+          'CREATE INDEX outbox_consumer_undelivered_idx ON inbox.outbox USING btree (consumer, created_at) WHERE (status = ANY (ARRAY[''pending''::inbox.effect_status, ''leased''::inbox.effect_status, ''dead''::inbox.effect_status]))',
+          'the per-consumer purge floor index: (consumer, created_at) of undelivered effects');
+-- The fast check stays inlined (a helper that is not would be planned again in every transaction).
+SET LOCAL plan_cache_mode = force_generic_plan;
+PREPARE tap_effect_ok(text, jsonb, timestamptz) AS SELECT inbox._effect_ok($1, 'd', 10, $2, NULL, $3);
+CREATE FUNCTION pg_temp.plan_of(statement text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    line text;
+    plan text := '';
+BEGIN
+    FOR line IN EXECUTE 'EXPLAIN (VERBOSE, COSTS OFF) ' || statement LOOP
+        plan := plan || line || E'\n';
+    END LOOP;
+    RETURN plan;
+END
+$$;
+SELECT unalike(pg_temp.plan_of($$EXECUTE tap_effect_ok('e', '{"X-A": "b"}', now())$$), '%\_effect\_ok%',
+              '_effect_ok is inlined by the planner');
+SELECT unalike(pg_temp.plan_of($$EXECUTE tap_effect_ok('e', '{"X-A": "b"}', now())$$), '%\_headers\_ok%',
+              '_headers_ok is inlined by the planner');
+DEALLOCATE tap_effect_ok;
+RESET plan_cache_mode;
+SELECT is((SELECT (count(DISTINCT t), min(t) > 0, max(t) > 4611686018427387904)::text
+             FROM (SELECT inbox._new_lease_token() AS t FROM generate_series(1, 2000)) x),
+          '(2000,t,t)', 'lease tokens: random, positive, spread over 63 bits');
+
+-- Headers: refused at enqueue with 22023, nothing written.
+SELECT public.tap_writes() AS wh0 \gset
+SELECT throws_ok(format('SELECT inbox.enqueue_effect(%L, %L, %L, %L::jsonb)', 'h-' || c.ord, 'd', '{}', c.headers),
+                 '22023', c.msg, 'headers: ' || c.what)
+  FROM (VALUES
+        (1, '{"Bad Name": "x"}', 'inbox.enqueue_effect: header name ''Bad Name'' is not an HTTP token', 'a name with a space'),
+        (2, '{"X-A:": "x"}', 'inbox.enqueue_effect: header name ''X-A:'' is not an HTTP token', 'a name with a colon'),
+        (3, '{"": "x"}', 'inbox.enqueue_effect: header name '''' is not an HTTP token', 'an empty name'),
+        (4, '{"X-\u00e9": "x"}', 'inbox.enqueue_effect: header name ''X-é'' is not an HTTP token', 'a non-ASCII name'),
+        (5, '{"X-A": "a\r\nX-Injected: 1"}', 'inbox.enqueue_effect: the value of header ''X-A'' contains a control character (CR, LF, ...)',
+            'a value with CR LF'),
+        (6, '{"X-A": "a\nb"}', 'inbox.enqueue_effect: the value of header ''X-A'' contains a control character (CR, LF, ...)',
+            'a value with LF'),
+        (7, '{"X-A": "a\rb"}', 'inbox.enqueue_effect: the value of header ''X-A'' contains a control character (CR, LF, ...)',
+            'a value with CR'),
+        (8, '{"X-A": "a\u0001b"}', 'inbox.enqueue_effect: the value of header ''X-A'' contains a control character (CR, LF, ...)',
+            'a value with another control character'),
+        (9, '{"X-A": {"b": "c"}}', 'inbox.enqueue_effect: header ''X-A'' must be a string', 'an object value'),
+        (10, '{"Host": "evil.example"}', 'inbox.enqueue_effect: header ''Host'' belongs to the dispatcher', 'Host'),
+        (11, '{"authorization": "Bearer x"}', 'inbox.enqueue_effect: header ''authorization'' belongs to the dispatcher',
+             'Authorization (any case)'),
+        (12, '{"Proxy-Authorization": "x"}', 'inbox.enqueue_effect: header ''Proxy-Authorization'' belongs to the dispatcher',
+             'Proxy-Authorization'),
+        (13, '{"COOKIE": "s=1"}', 'inbox.enqueue_effect: header ''COOKIE'' belongs to the dispatcher', 'Cookie'),
+        (14, '{"Content-Length": "0"}', 'inbox.enqueue_effect: header ''Content-Length'' belongs to the dispatcher',
+             'Content-Length'),
+        (15, '{"Transfer-Encoding": "chunked"}', 'inbox.enqueue_effect: header ''Transfer-Encoding'' belongs to the dispatcher',
+             'Transfer-Encoding'),
+        (16, '{"Connection": "close"}', 'inbox.enqueue_effect: header ''Connection'' belongs to the dispatcher', 'Connection'),
+        (17, '{"Keep-Alive": "1"}', 'inbox.enqueue_effect: header ''Keep-Alive'' belongs to the dispatcher', 'Keep-Alive'),
+        (18, '{"te": "trailers"}', 'inbox.enqueue_effect: header ''te'' belongs to the dispatcher', 'TE'),
+        (19, '{"Trailer": "X"}', 'inbox.enqueue_effect: header ''Trailer'' belongs to the dispatcher', 'Trailer'),
+        (20, '{"Upgrade": "h2c"}', 'inbox.enqueue_effect: header ''Upgrade'' belongs to the dispatcher', 'Upgrade'),
+        (21, '{"Idempotency-Key": "other"}', 'inbox.enqueue_effect: header ''Idempotency-Key'' belongs to the dispatcher',
+             'Idempotency-Key'),
+        (22, '{"Proxy-Connection": "x"}', 'inbox.enqueue_effect: header ''Proxy-Connection'' belongs to the dispatcher',
+             'Proxy-Connection')
+       ) AS c(ord, headers, msg, what)
+ ORDER BY c.ord;
+SELECT throws_ok($$SELECT inbox.enqueue_effect('h-nul', 'd', '{}', '{"X-A": "a\u0000b"}')$$, '22P05', NULL,
+                 'headers: a NUL cannot even be written as jsonb (22P05)');
+SELECT is(public.tap_writes(), :wh0::bigint, 'headers: refused headers wrote nothing');
+SELECT ok(inbox.enqueue_effect('h-ok', 'd', '{}', E'{"X-Request-Host": "a\\tb", "X-Name": "Zoë", "Content-Type": "text/plain"}'),
+          'headers: other names, a tab and non-ASCII text in values are accepted');
+
+-- available_at: at most max_effect_delay ahead (30 days by default).
+SELECT public.tap_writes() AS wa0 \gset
+SELECT throws_ok($$SELECT inbox.enqueue_effect('a-far', 'd', '{}', available_at => '9999-01-01')$$, '22023',
+                 format('inbox.enqueue_effect: available_at %s is further ahead than max_effect_delay (30 days)',
+                        '9999-01-01'::timestamptz),
+                 'available_at: year 9999 is refused (22023)');
+SELECT throws_ok($$SELECT inbox.enqueue_effect('a-far', 'd', '{}', available_at => now() + interval '30 days 1 second')$$,
+                 '22023', NULL, 'available_at: a second past max_effect_delay is refused');
+SELECT is(public.tap_writes(), :wa0::bigint, 'available_at: refused effects wrote nothing');
+SELECT ok(inbox.enqueue_effect('a-30d', 'd', '{}', available_at => now() + interval '30 days'),
+          'available_at: exactly max_effect_delay ahead is accepted');
+SELECT inbox.configure_security(max_effect_delay => '1 hour', note => 'tap') \g /dev/null
+SELECT throws_ok($$SELECT inbox.enqueue_effect('a-2h', 'd', '{}', available_at => now() + interval '2 hours')$$, '22023',
+                 NULL, 'available_at: the limit follows security_settings.max_effect_delay');
+SELECT inbox.configure_security(max_effect_delay => '30 days', note => 'tap') \g /dev/null
+
+-- Effect ids per consumer (the superuser passes every binding check unless strict_consumers).
+SELECT is(ARRAY[inbox.enqueue_effect('same', 'd', '{"v": 1}', consumer => 'tx-one'),
+                inbox.enqueue_effect('same', 'd', '{"v": 2}', consumer => 'tx-two'),
+                inbox.enqueue_effect('same', 'd', '{"v": 1}', consumer => 'tx-one')],
+          ARRAY[true, true, false], 'ids per consumer: two consumers enqueue one id; a repeat is a no-op');
+SELECT throws_ok($$SELECT inbox.enqueue_effect('same', 'd', '{"v": 2}', consumer => 'tx-one')$$, '23505', NULL,
+                 'ids per consumer: another payload under the same consumer is still effect_id_conflict');
+SELECT is((SELECT array_agg((consumer, payload ->> 'v')::text ORDER BY consumer) FROM inbox.outbox WHERE effect_id = 'same'),
+          ARRAY['(tx-one,1)', '(tx-two,2)'], 'ids per consumer: each consumer has its own effect');
+SELECT set_config('inbox.consumer', 'tx-claimed', true) \g /dev/null
+SELECT ok(inbox.enqueue_effect('from-claim', 'd', '{}'), 'consumer: the claimed consumer is the default');
+SELECT is((SELECT consumer FROM inbox.outbox WHERE effect_id = 'from-claim'), 'tx-claimed',
+          'consumer: the effect belongs to the consumer claimed in the transaction (setting inbox.consumer)');
+SELECT set_config('inbox.consumer', '', true) \g /dev/null
+SELECT ok(inbox.enqueue_effect('anon', 'd', '{}'), 'consumer: none claimed, none given: anonymous (the superuser may)');
+SELECT is((SELECT consumer FROM inbox.outbox WHERE effect_id = 'anon'), '', 'consumer: an anonymous effect has consumer ''''');
+SELECT throws_ok($$SELECT inbox.enqueue_effect('e', 'd', '{}', consumer => '')$$, '22023',
+                 'inbox.enqueue_effect: consumer must not be empty', 'consumer: an empty consumer is 22023');
+
+-- Who may enqueue what, as the service roles.
+CREATE ROLE tap_tx_billing NOLOGIN IN ROLE inbox_consumer;
+CREATE ROLE tap_tx_mallory NOLOGIN IN ROLE inbox_consumer;
+CREATE ROLE tap_tx_disp1 NOLOGIN IN ROLE inbox_dispatcher;
+CREATE ROLE tap_tx_disp2 NOLOGIN IN ROLE inbox_dispatcher;
+SELECT inbox.bind_consumer('tx-billing', 'tap_tx_billing', note => 'tap') \g /dev/null
+SELECT inbox.bind_consumer('tx-mallory', 'tap_tx_mallory', note => 'tap') \g /dev/null
+SELECT is((SELECT (destination, consumer, bound_by, note)::text FROM inbox.bind_destination('tx-pay', 'tx-billing', 'billing pays')),
+          format('(tx-pay,tx-billing,%s,"billing pays")', session_user), 'bind_destination: returns the binding');
+SELECT inbox.bind_destination('tx-mall', 'tx-mallory', 'tap') \g /dev/null
+SELECT inbox.bind_destination('tx-open', '*', 'tap') \g /dev/null
+SELECT is((SELECT (action, consumer, destination, changed_by, note)::text FROM inbox.binding_change
+            WHERE action = 'bind_destination' AND destination = 'tx-pay'),
+          format('(bind_destination,tx-billing,tx-pay,%s,"billing pays")', session_user), 'bind_destination: audited');
+SELECT is(inbox.unbind_destination('tx-pay', 'tx-nobody', 'tap'), false, 'unbind_destination: false when not bound');
+SELECT throws_ok($$SELECT inbox.bind_destination('tx-pay', 'tx-billing', ' ')$$, '22023', NULL,
+                 'bind_destination: a blank note is refused');
+
+SET SESSION AUTHORIZATION tap_tx_mallory;
+SELECT public.tap_writes() AS wz0 \gset
+SELECT throws_ok(c.sql, c.state, c.msg, 'mallory: ' || c.what)
+  FROM (VALUES
+        (1, $$SELECT inbox.enqueue_effect('x', 'tx-pay', '{}', consumer => 'tx-mallory')$$, '42501',
+            'inbox.enqueue_effect: consumer ''tx-mallory'' may not enqueue effects to destination ''tx-pay''',
+            'cannot enqueue to a destination bound to another consumer'),
+        (2, $$SELECT set_config('inbox.consumer', '', true), inbox.enqueue_effect('x', 'tx-open', '{}')$$, '22004',
+            'inbox.enqueue_effect: no consumer: the effect must belong to one', 'no consumer, anonymous enqueue off: 22004'),
+        (3, $$SELECT inbox.enqueue_effect('x', 'tx-nowhere', '{}', consumer => 'tx-mallory')$$, '42501',
+            'inbox.enqueue_effect: consumer ''tx-mallory'' may not enqueue effects to destination ''tx-nowhere''',
+            'cannot enqueue to a destination nobody is bound to'),
+        (4, $$SELECT inbox.bind_destination('tx-pay', 'tx-mallory', 'mine now')$$, '42501',
+            'permission denied for function bind_destination', 'cannot bind a destination')
+       ) AS c(ord, sql, state, msg, what)
+ ORDER BY c.ord;
+SELECT is(public.tap_writes(), :wz0::bigint, 'mallory: the refused enqueues wrote nothing');
+-- inbox._may_act_as (sql/027_security.sql) compares b.consumer with itself: in a SQL function a
+-- column shadows a parameter of the same name, so a role bound to any consumer may act as every
+-- consumer. Fixed there by qualifying the parameters (_may_act_as.consumer, _may_act_as.tenant).
+SELECT throws_ok(c.sql, c.state, c.msg, 'mallory: ' || c.what)
+  FROM (VALUES
+        (1, $$SELECT inbox.enqueue_effect('x', 'tx-pay', '{}', consumer => 'tx-billing')$$, '42501',
+            'inbox.enqueue_effect: role tap_tx_mallory may not act as consumer ''tx-billing''', 'cannot enqueue as billing'),
+        (2, $$SELECT set_config('inbox.consumer', 'tx-billing', true), inbox.enqueue_effect('x', 'tx-pay', '{}')$$, '42501',
+            'inbox.enqueue_effect: role tap_tx_mallory may not act as consumer ''tx-billing''',
+            'a forged inbox.consumer setting gets nothing')
+       ) AS c(ord, sql, state, msg, what)
+ ORDER BY c.ord;
+SELECT is(public.tap_writes(), :wz0::bigint, 'mallory: acting as billing wrote nothing');
+SELECT set_config('inbox.consumer', '', true) \g /dev/null
+SELECT ok(inbox.enqueue_effect(inbox.effect_id('tx-billing', 'p', 'm-1', 'pay'), 'tx-mall', '{"to": "mallory"}',
+                               consumer => 'tx-mallory'),
+          'mallory: squats billing''s next effect id in its own destination');
+SELECT ok(inbox.enqueue_effect('m-open', 'tx-open', '{}', consumer => 'tx-mallory'),
+          'mallory: a destination bound to ''*'' takes every consumer');
+RESET SESSION AUTHORIZATION;
+
+SET SESSION AUTHORIZATION tap_tx_billing;
+SELECT ok(inbox.enqueue_effect(inbox.effect_id('tx-billing', 'p', 'm-1', 'pay'), 'tx-pay', '{"to": "billing"}',
+                               consumer => 'tx-billing'),
+          'billing: its effect is enqueued although mallory holds the same id');
+SELECT ok(inbox.enqueue_effect('b-v2', 'tx-pay', '{}', consumer => 'tx-billing@v2'),
+          'billing: a destination bound to a consumer takes its versioned names');
+RESET SESSION AUTHORIZATION;
+SELECT is((SELECT array_agg((consumer, destination, payload ->> 'to')::text ORDER BY consumer) FROM inbox.outbox
+            WHERE effect_id = inbox.effect_id('tx-billing', 'p', 'm-1', 'pay')),
+          ARRAY['(tx-billing,tx-pay,billing)', '(tx-mallory,tx-mall,mallory)'],
+          'the squatted id: billing''s effect goes to its destination, mallory''s to mallory''s');
+SELECT inbox.configure_security(anonymous_enqueue => true, note => 'tap') \g /dev/null
+SET SESSION AUTHORIZATION tap_tx_mallory;
+SELECT ok(inbox.enqueue_effect('anon-open', 'tx-open', '{}'), 'anonymous_enqueue on: an enqueue without a consumer to a ''*'' destination');
+SELECT throws_ok($$SELECT inbox.enqueue_effect('anon-pay', 'tx-pay', '{}')$$, '42501',
+                 'inbox.enqueue_effect: an enqueue without a consumer may not enqueue effects to destination ''tx-pay''',
+                 'anonymous_enqueue on: only to destinations bound to ''*''');
+RESET SESSION AUTHORIZATION;
+SELECT inbox.configure_security(anonymous_enqueue => false, strict_consumers => true, note => 'tap') \g /dev/null
+SELECT throws_ok($$SELECT inbox.enqueue_effect('su', 'tx-nowhere', '{}', consumer => 'tx-billing')$$, '42501', NULL,
+                 'strict_consumers: a superuser too needs the destination bound');
+SELECT inbox.configure_security(strict_consumers => false, note => 'tap') \g /dev/null
+SELECT is(inbox.unbind_destination('tx-pay', 'tx-billing', 'tap'), true, 'unbind_destination: true when it was bound');
+SET SESSION AUTHORIZATION tap_tx_billing;
+SELECT throws_ok($$SELECT inbox.enqueue_effect('b-after', 'tx-pay', '{}', consumer => 'tx-billing')$$, '42501', NULL,
+                 'unbind_destination: the consumer can no longer enqueue to it');
+RESET SESSION AUTHORIZATION;
+
+-- Leases belong to the role that claimed them.
+DELETE FROM inbox.outbox;
+SELECT inbox.enqueue_effect('l1', 'd', '{}') \g /dev/null
+SELECT inbox.enqueue_effect('l1', 'd', '{}', consumer => 'tx-other') \g /dev/null
+SET SESSION AUTHORIZATION tap_tx_disp1;
+CREATE TEMP TABLE tx_lease AS SELECT effect_id, consumer, lease_token FROM inbox.claim_effects('disp1', 10);
+RESET SESSION AUTHORIZATION;
+SELECT is((SELECT array_agg(consumer ORDER BY consumer) FROM tx_lease), ARRAY['', 'tx-other'],
+          'claim_effects: returns each effect''s consumer');
+SELECT is((SELECT count(*)::integer FROM inbox.outbox WHERE lease_role = 'tap_tx_disp1'::regrole), 2,
+          'claim_effects: the lease belongs to the claiming role');
+SELECT lease_token AS lt FROM tx_lease WHERE consumer = '' \gset
+SELECT lease_token AS lt_other FROM tx_lease WHERE consumer = 'tx-other' \gset
+SELECT public.tap_writes('outbox') AS wl0 \gset
+SET SESSION AUTHORIZATION tap_tx_disp2;
+SELECT is(ARRAY[inbox.complete_effect('l1', :lt)::text, inbox.fail_effect('l1', :lt, 'x'),
+                coalesce(inbox.extend_lease('l1', :lt, '1 hour')::text, 'NULL'),
+                inbox.complete_effect('l1', :lt + 1)::text, inbox.complete_effect('l1', :lt - 1)::text],
+          ARRAY['false', 'fenced', 'NULL', 'false', 'false'],
+          'another dispatcher role cannot complete, fail or extend a lease, with its token or a neighbour');
+SELECT is((SELECT array_agg(r.fenced_reason ORDER BY r.ord) FROM inbox.complete_effects('{l1,l1}', ARRAY[:lt, :lt_other]::bigint[]) r),
+          ARRAY['not_lease_holder', 'not_lease_holder'], 'complete_effects: the reason is not_lease_holder');
+RESET SESSION AUTHORIZATION;
+SELECT is(public.tap_writes('outbox'), :wl0::bigint, 'the refused reports changed no effect');
+SELECT is((SELECT array_agg(DISTINCT reported_by) FROM inbox.outbox_fenced_report WHERE effect_id = 'l1'),
+          ARRAY['tap_tx_disp2'], 'the refused reports are recorded under the other role');
+SET SESSION AUTHORIZATION tap_tx_disp1;
+SELECT is(ARRAY[inbox.complete_effect('l1', :lt), inbox.complete_effect('l1', :lt_other)], ARRAY[true, true],
+          'the holder completes both effects of the id, each by its token');
+RESET SESSION AUTHORIZATION;
+-- A lease taken before 0.2.0 (no lease_role) is accepted from any dispatcher until it ends.
+SELECT inbox.enqueue_effect('l2', 'd', '{}') \g /dev/null
+SET SESSION AUTHORIZATION tap_tx_disp1;
+SELECT lease_token AS lt2 FROM inbox.claim_effects('disp1', 1) \gset
+RESET SESSION AUTHORIZATION;
+UPDATE inbox.outbox SET lease_role = NULL WHERE effect_id = 'l2';
+SET SESSION AUTHORIZATION tap_tx_disp2;
+SELECT is(inbox.complete_effect('l2', :lt2), true, 'a lease from before 0.2.0 (no lease_role) is accepted with its token');
+RESET SESSION AUTHORIZATION;
+
+-- Operators name the consumer when several hold an id; the purge deletes the right row.
+DELETE FROM inbox.outbox;
+SELECT inbox.enqueue_effect('dup', 'd', '{}', consumer => c) FROM unnest(ARRAY['tx-a', 'tx-b']) c \g /dev/null
+UPDATE inbox.outbox SET status = 'dead', dead_reason = 'permanent_failure' WHERE effect_id = 'dup';
+SELECT throws_ok($$SELECT inbox.redrive_effect('dup', 'n')$$, 'P0003', 'inbox.redrive_effect: effect ''dup'' is held by 2 consumers',
+                 'redrive_effect: an id several consumers hold needs the consumer (P0003)');
+SELECT throws_ok($$SELECT inbox.discard_effect('dup', 'n', consumer => 'tx-c')$$, 'P0002',
+                 'inbox.discard_effect: no effect ''dup'' of consumer ''tx-c''', 'discard_effect: no such effect of that consumer');
+SELECT is((SELECT (status, consumer)::text FROM inbox.redrive_effect('dup', 'again', consumer => 'tx-a')), '(pending,tx-a)',
+          'redrive_effect: with the consumer, that consumer''s effect');
+SELECT is((SELECT (status, consumer)::text FROM inbox.discard_effect('dup', 'drop', 'tx-b')), '(discarded,tx-b)',
+          'discard_effect: with the consumer, that consumer''s effect');
+SELECT is((SELECT array_agg(x ORDER BY x) FROM (SELECT 'redrive ' || consumer AS x FROM inbox.outbox_redrive WHERE effect_id = 'dup'
+                                                UNION ALL
+                                                SELECT 'discard ' || consumer FROM inbox.outbox_discard WHERE effect_id = 'dup') a),
+          ARRAY['discard tx-b', 'redrive tx-a'], 'the audit rows name the consumer');
+UPDATE inbox.outbox SET discarded_at = now() - interval '2 days' WHERE effect_id = 'dup' AND consumer = 'tx-b';
+SELECT is(inbox.purge_delivered_effects('1 day'), 1, 'purge: deletes the discarded effect');
+SELECT is((SELECT array_agg((consumer, status)::text) FROM inbox.outbox WHERE effect_id = 'dup'), ARRAY['(tx-a,pending)'],
+          'purge: another consumer''s effect under the same id stays');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -8,7 +8,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(290);
+SELECT plan(299);
 
 -- ================================================================== catalog meta-tests
 SELECT set_eq($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc p
@@ -23,7 +23,9 @@ SELECT set_eq($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc
                     'metrics', 'metrics_rollup', 'configure_metrics',
                     'create_replay_plan', 'add_replay_items', 'accept_replay_version', 'cancel_replay_plan',
                     '_replay_run_start', '_replay_next', '_begin_replay_item', '_replay_item_failed',
-                    '_replay_run_finish', 'bind_consumer', 'unbind_consumer', 'configure_security'],
+                    '_replay_run_finish',
+                    'bind_consumer', 'unbind_consumer', 'configure_security',
+                    'bind_destination', 'unbind_destination'],
               'exactly the expected functions in schema inbox are SECURITY DEFINER');
 SELECT is_empty($$SELECT p.oid::regprocedure::text, p.proconfig::text FROM pg_catalog.pg_proc p
                    WHERE p.pronamespace = 'inbox'::regnamespace AND p.prosecdef
@@ -86,7 +88,7 @@ SELECT function_privs_are('inbox', f.name, f.args, r.role,
         ('repair', ARRAY['bigint', 'text'], ARRAY['inbox_operator'], 9),
         ('discard', ARRAY['bigint', 'text'], ARRAY['inbox_operator'], 10),
         ('release', ARRAY['bigint', 'text'], ARRAY['inbox_operator'], 11),
-        ('enqueue_effect', ARRAY['text', 'text', 'jsonb', 'jsonb', 'text', 'timestamptz'], ARRAY['inbox_consumer'], 12),
+        ('enqueue_effect', ARRAY['text', 'text', 'jsonb', 'jsonb', 'text', 'timestamptz', 'text'], ARRAY['inbox_consumer'], 12),
         ('effect_id', ARRAY['text', 'text', 'text', 'text', 'text'], ARRAY['inbox_consumer'], 13),
         ('claim_effects', ARRAY['text', 'integer', 'interval'], ARRAY['inbox_dispatcher'], 14),
         ('complete_effect', ARRAY['text', 'bigint', 'integer', 'text', 'integer'], ARRAY['inbox_dispatcher'], 15),
@@ -95,13 +97,15 @@ SELECT function_privs_are('inbox', f.name, f.args, r.role,
         ('dispatcher_idle', ARRAY['text', 'boolean'], ARRAY['inbox_dispatcher'], 18),
         ('purge_delivered_effects', ARRAY['interval', 'integer'], ARRAY['inbox_dispatcher', 'inbox_operator'], 19),
         ('configure_destination', ARRAY['text', 'integer', 'interval', 'interval'], ARRAY['inbox_operator'], 20),
-        ('redrive_effect', ARRAY['text', 'text'], ARRAY['inbox_operator'], 21),
+        ('redrive_effect', ARRAY['text', 'text', 'text'], ARRAY['inbox_operator'], 21),
         ('_order_at_commit', ARRAY[]::text[], ARRAY[]::text[], 22),
         ('_signal_at_commit', ARRAY[]::text[], ARRAY[]::text[], 23),
-        ('discard_effect', ARRAY['text', 'text'], ARRAY['inbox_operator'], 24),
+        ('discard_effect', ARRAY['text', 'text', 'text'], ARRAY['inbox_operator'], 24),
         ('complete_effects', ARRAY['text[]', 'bigint[]', 'integer[]', 'text[]', 'integer[]'], ARRAY['inbox_dispatcher'], 25),
         ('fail_effects', ARRAY['text[]', 'bigint[]', 'text[]', 'boolean[]', 'integer[]', 'text[]', 'integer[]'],
-         ARRAY['inbox_dispatcher'], 26)
+         ARRAY['inbox_dispatcher'], 26),
+        ('bind_destination', ARRAY['text', 'text', 'text'], ARRAY['inbox_operator'], 27),
+        ('unbind_destination', ARRAY['text', 'text', 'text'], ARRAY['inbox_operator'], 28)
        ) AS f(name, args, roles, ord)
  CROSS JOIN (VALUES ('inbox_consumer', 1), ('inbox_operator', 2), ('inbox_reader', 3), ('inbox_dispatcher', 4)) AS r(role, ord)
  ORDER BY f.ord, r.ord;
@@ -130,7 +134,8 @@ SELECT set_eq(format($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.
                                  '_replay_item_failed', '_replay_run_finish', 'run_replay_plan',
                                  'versioned_consumer', 'replay_operation_id', '_is_transient', '_run_handler', '_blank',
                                  '_check_purge_call', '_announced', '_announced_detail', 'bind_consumer',
-                                 'unbind_consumer', 'configure_security'], 2),
+                                 'unbind_consumer', 'configure_security', 'bind_destination',
+                                 'unbind_destination'], 2),
         ('inbox_reader', ARRAY['schema_version', 'schema_release', 'retention_window', '_retention_window',
                                '_active_cutoff', 'metrics', 'versioned_consumer', 'replay_operation_id'], 3),
         ('inbox_dispatcher', ARRAY['claim_effects', 'complete_effect', 'fail_effect', 'extend_lease', 'dispatcher_idle',
@@ -160,7 +165,7 @@ SELECT table_privs_are('inbox', 'quarantine', 'inbox_reader', ARRAY[]::text[],
                        'inbox_reader has no table-wide privilege on inbox.quarantine (column grants only)');
 SELECT column_privs_are('inbox', 'quarantine', c, 'inbox_reader', ARRAY[]::text[],
                         'inbox_reader cannot read inbox.quarantine.' || c)
-  FROM unnest(ARRAY['payload', 'payload_bytes']) c;
+  FROM unnest(ARRAY['payload', 'payload_bytes', 'payload_sha256']) c;
 SELECT column_privs_are('inbox', 'quarantine', c, 'inbox_reader', ARRAY['SELECT'],
                         'inbox_reader can read inbox.quarantine.' || c)
   FROM unnest(ARRAY['quarantine_id', 'consumer', 'message_id', 'kind', 'payload_ref', 'reason_code',

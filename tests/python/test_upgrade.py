@@ -34,6 +34,7 @@ from helpers_schema import (
     build_from_sql_sources,
     dump_diff,
     last_tag,
+    plan_entries,
     schema_dump,
 )
 from psycopg import sql
@@ -194,6 +195,9 @@ def rework(project: Path, change: str, source: str, old: str, new: str) -> None:
 
 def rework_drill(dest: Path) -> Path:
     project = copy_project(dest)
+    if not plan_entries(project)[-1].startswith("@"):
+        # Changes were reworked since the release: a second rework needs a tag in between.
+        sqitch_in(project, "tag", "drill-base", "-n", "rework drill: what HEAD has since the release")
     first_delivery = "    -- The first delivery, inline: it is the path every message takes once.\n"
     rework(project, "claim", "030_claim.sql", first_delivery, "    PERFORM 1;  -- rework drill\n" + first_delivery)
     rework(project, "outbox", "065_outbox.sql",

@@ -6,7 +6,8 @@ Configuration (load_config)
       [destinations.billing]
       url = "https://billing.example.com/hooks/outbox"
       method = "POST"                         # default POST
-      headers = { Authorization = "Bearer s3cr3t" }
+      headers = { Authorization = "Bearer s3cr3t", X-Tenant = "acme" }
+      forward_on_redirect = ["X-Tenant"]      # configured headers kept on a cross-origin redirect
       timeout = 10.0                          # seconds, every phase (connect, write, read)
       allow_hosts = ["10.1.2.0/24", "hooks.internal"]   # SSRF allowlist: host names, IPs, CIDRs
       retry_on = [408, 429, "500-599"]        # statuses (or "lo-hi" ranges) that are retryable
@@ -17,7 +18,8 @@ Configuration (load_config)
   Environment (wins over the file), <NAME> = destination name upper-cased, non-alphanumerics -> _:
       PGINBOX_DEST_<NAME>_URL, _METHOD, _TIMEOUT,
       _HEADERS      (JSON object, merged over the file's headers)
-      _ALLOW_HOSTS  (comma-separated), _RETRY_ON (comma-separated, e.g. "429,500-599")
+      _ALLOW_HOSTS  (comma-separated), _RETRY_ON (comma-separated, e.g. "429,500-599"),
+      _FORWARD_ON_REDIRECT (comma-separated header names)
   A PGINBOX_DEST_<NAME>_URL without a section in the file defines the destination `<name>`
   (lower-cased).
 
@@ -77,10 +79,12 @@ def _apply_env(name: str, section: dict[str, Any], environ: Mapping[str, str]) -
         merged["allow_hosts"] = _split_list(allow)
     if (retry_on := environ.get(prefix + "RETRY_ON")) is not None:
         merged["retry_on"] = _split_list(retry_on)
+    if (forward := environ.get(prefix + "FORWARD_ON_REDIRECT")) is not None:
+        merged["forward_on_redirect"] = _split_list(forward)
     return merged
 
 
-_WEBHOOK_KEYS = frozenset({"url", "method", "headers", "timeout", "allow_hosts", "retry_on"})
+_WEBHOOK_KEYS = frozenset({"url", "method", "headers", "timeout", "allow_hosts", "retry_on", "forward_on_redirect"})
 
 
 def webhook_from_options(name: str, options: Mapping[str, Any]) -> WebhookTransport:
@@ -93,6 +97,9 @@ def webhook_from_options(name: str, options: Mapping[str, Any]) -> WebhookTransp
     allow = options.get("allow_hosts") or []
     if isinstance(allow, str):
         allow = _split_list(allow)
+    forward = options.get("forward_on_redirect") or []
+    if isinstance(forward, str):
+        forward = _split_list(forward)
     return WebhookTransport(
         url=str(options["url"]),
         method=str(options.get("method", "POST")),
@@ -100,6 +107,7 @@ def webhook_from_options(name: str, options: Mapping[str, Any]) -> WebhookTransp
         timeout=float(options.get("timeout", 10.0)),
         allow_hosts=[str(h) for h in allow],
         retry_on=parse_retry_on(options["retry_on"]) if "retry_on" in options else DEFAULT_RETRY_ON,
+        forward_on_redirect=[str(h) for h in forward],
     )
 
 

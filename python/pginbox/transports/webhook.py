@@ -1,13 +1,17 @@
 """`WebhookTransport`: POST (or `method`) the effect's payload as JSON to a URL.
 
-The payload goes with `Idempotency-Key: <effect id>` (never overridable), after the configured
-headers and the effect's own headers. 2xx is delivered (response excerpt <= 2000 characters); a
-status in `retry_on` (default 408, 425, 429, 500-599) is retryable; any other status is permanent.
-A connect failure (nothing was sent) is a retryable report; a failure after sending raises
-AmbiguousDelivery. Every connection goes through the SSRF guard (pginbox.transports.ssrf);
-redirects are followed by hand (at most 5), each hop checked again: 301/302/307/308 keep the method
-and the payload, 303 is followed with GET, and Authorization and Cookie headers are dropped when a
-redirect changes the origin.
+The payload goes with `Idempotency-Key: <effect id>` (never overridable). Headers: the effect's own,
+then the configured ones, which always win (names compared without case); an effect never sets
+Host, credentials (Authorization, Proxy-Authorization, Cookie), framing (Content-Length,
+Transfer-Encoding), hop-by-hop headers or the idempotency key: those are dropped from its headers
+(enqueue_effect refuses them since 0.2.0; older effects may still carry them). 2xx is delivered
+(response excerpt <= 2000 characters); a status in `retry_on` (default 408, 425, 429, 500-599) is
+retryable; any other status is permanent. A connect failure (nothing was sent) is a retryable
+report; a failure after sending raises AmbiguousDelivery. Every connection goes through the SSRF
+guard (pginbox.transports.ssrf); redirects are followed by hand (at most 5), each hop checked again:
+301/302/307/308 keep the method and the payload, 303 is followed with GET. When a redirect changes
+the origin, every configured header is treated as a secret and dropped, unless the destination
+lists it in `forward_on_redirect`; Authorization, Proxy-Authorization and Cookie are dropped always.
 """
 
 from __future__ import annotations
@@ -30,6 +34,12 @@ MAX_REDIRECTS = 5
 DEFAULT_RETRY_ON: tuple[int | range, ...] = (408, 425, 429, range(500, 600))
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 _SENSITIVE_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
+# What an effect's headers never set (the dispatcher's: target, credentials, framing, hop-by-hop,
+# the idempotency key); the same list inbox._headers_ok refuses at enqueue.
+_DISPATCHER_HEADERS = frozenset({
+    "host", "authorization", "proxy-authorization", "cookie", "content-length", "transfer-encoding", "connection",
+    "keep-alive", "proxy-connection", "proxy-authenticate", "te", "trailer", "upgrade", "idempotency-key",
+})
 
 
 def _status_matches(status: int, retry_on: Iterable[int | range]) -> bool:
@@ -63,6 +73,7 @@ class WebhookTransport:
         timeout: float = 10.0,
         allow_hosts: Iterable[str] = (),
         retry_on: Iterable[int | range] = DEFAULT_RETRY_ON,
+        forward_on_redirect: Iterable[str] = (),
     ) -> None:
         parsed = httpx.URL(url)
         if parsed.scheme not in ("http", "https") or not parsed.host:
@@ -73,6 +84,10 @@ class WebhookTransport:
         self.timeout = float(timeout)
         self.allow_hosts = tuple(allow_hosts)
         self.retry_on = tuple(retry_on)
+        self.forward_on_redirect = frozenset(name.lower() for name in forward_on_redirect)
+        # Dropped when a redirect changes the origin: every configured header not marked to follow.
+        self._secret_headers = (frozenset(name.lower() for name in self.headers) - self.forward_on_redirect) \
+            | _SENSITIVE_HEADERS
         self._client = httpx.Client(
             transport=GuardedHTTPTransport(AddressPolicy(self.allow_hosts)),
             timeout=httpx.Timeout(self.timeout),
@@ -93,14 +108,16 @@ class WebhookTransport:
         return f"WebhookTransport({self.method} {self.url})"
 
     def _request_headers(self, effect: EffectLike) -> dict[str, str]:
-        merged: dict[str, str] = {"Content-Type": "application/json"}
-        for source in (self.headers, effect.headers):
-            for name, value in source.items():
-                if name.lower() == "idempotency-key":
-                    continue
-                merged[name] = str(value)
-        merged["Idempotency-Key"] = effect.effect_id
-        return merged
+        # By lower-case name, so that "x-a" from the effect cannot ride along with a configured "X-A".
+        merged: dict[str, tuple[str, str]] = {"content-type": ("Content-Type", "application/json")}
+        for name, value in effect.headers.items():
+            if name.lower() not in _DISPATCHER_HEADERS:
+                merged[name.lower()] = (name, str(value))
+        for name, value in self.headers.items():  # configured headers win
+            if name.lower() != "idempotency-key":
+                merged[name.lower()] = (name, str(value))
+        merged["idempotency-key"] = ("Idempotency-Key", effect.effect_id)
+        return dict(merged.values())
 
     def deliver(self, effect: EffectLike) -> DeliveryReport:
         body = json.dumps(effect.payload, separators=(",", ":"), ensure_ascii=False).encode()
@@ -135,7 +152,7 @@ class WebhookTransport:
                     method, content = "GET", None
                     headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
                 if (target.scheme, target.host, target.port) != (url.scheme, url.host, url.port):
-                    headers = {k: v for k, v in headers.items() if k.lower() not in _SENSITIVE_HEADERS}
+                    headers = {k: v for k, v in headers.items() if k.lower() not in self._secret_headers}
                 url = target
                 continue
             if 200 <= status < 300:
