@@ -487,8 +487,8 @@ COMMENT ON FUNCTION inbox._running_transactions() IS 'internal: virtual transact
 --   uncommitted  the announcement is not committed yet
 --   no_policy, busy  as for announce_purge
 -- Kept whatever their age: rows that are not 'processed', rows with a retention_hold, identities
--- with an open quarantine entry, rows processed at or after the creation of the oldest outbox
--- effect not delivered yet.
+-- with an open quarantine entry, rows processed at or after the creation of the consumer's oldest
+-- outbox effect not delivered yet.
 CREATE OR REPLACE FUNCTION inbox.purge_batch(consumer text, producer text DEFAULT NULL, batch_size integer DEFAULT 5000)
     RETURNS TABLE (policy_producer text, status text, rows_deleted bigint, purged_before timestamptz,
                    watermark timestamptz, detail text)
@@ -520,7 +520,14 @@ BEGIN
                             'no retention policy: its rows are never purged (set one with inbox.set_retention_policy)'::text;
         RETURN;
     END IF;
-    SELECT min(o.created_at) INTO outbox_floor FROM inbox.outbox o WHERE o.status IN ('pending', 'leased', 'dead');
+    -- The consumer's own undelivered effects, and those enqueued before 0.2.0 or anonymously
+    -- (consumer ''): nobody else's (an effect waiting for 9999 held back every consumer in 0.1.0).
+    -- Two probes of outbox_consumer_undelivered_idx.
+    outbox_floor := least(
+        (SELECT min(o.created_at) FROM inbox.outbox o
+          WHERE o.consumer = purge_batch.consumer AND o.status IN ('pending', 'leased', 'dead')),
+        (SELECT min(o.created_at) FROM inbox.outbox o
+          WHERE o.consumer = '' AND o.status IN ('pending', 'leased', 'dead')));
     -- Per-row probes only when there is something to find (the OR skips them otherwise).
     any_hold := EXISTS (SELECT 1 FROM inbox.retention_hold h WHERE h.consumer = purge_batch.consumer);
     any_open_entry := EXISTS (SELECT 1 FROM inbox.quarantine q WHERE q.consumer = purge_batch.consumer AND q.status = 'open');

@@ -15,6 +15,7 @@ pick it up, which the catalog comparison catches.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -203,8 +204,11 @@ def rework_drill(dest: Path) -> Path:
     rework(project, "outbox", "065_outbox.sql",
            "CREATE OR REPLACE FUNCTION inbox.enqueue_effect(\n",
            "-- (rework drill)\nCREATE OR REPLACE FUNCTION inbox.enqueue_effect(\n")
-    rework(project, "version", "999_version.sql", "    RETURN 1;\n", "    RETURN 2;\n")
-    edit(project / "sql" / "999_version.sql", "'0.1.0'::text", "'0.2.0-drill'::text")
+    version_source = (project / "sql" / "999_version.sql").read_text()
+    current = int(re.search(r"    RETURN (\d+);\n", version_source).group(1))  # type: ignore[union-attr]
+    rework(project, "version", "999_version.sql", f"    RETURN {current};\n", f"    RETURN {current + 1};\n")
+    release = re.search(r"'(\d+\.\d+\.\d+)'::text", version_source).group(1)  # type: ignore[union-attr]
+    edit(project / "sql" / "999_version.sql", f"'{release}'::text", f"'{release}-drill'::text")
     assert run_tool(SYNC_DEPLOY, "--root", project).returncode == 0
     check = run_tool(SYNC_DEPLOY, "--check", "--root", project)
     assert check.returncode == 0, f"the drill is not a valid release:\n{check.stderr}"

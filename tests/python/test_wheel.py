@@ -33,7 +33,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, 
     env = {k: v for k, v in os.environ.items()
            if k not in ("PGINBOX_SQITCH_DIR", "VIRTUAL_ENV", "PYTHONPATH", "DATABASE_URL", "PGINBOX_DSN")}
     build = root / "dist"
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(build),
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(build),
          str(REPO_ROOT / "python")], cwd=root, env=env)
     wheels = list(build.glob("pginbox-*.whl"))
     assert len(wheels) == 1, wheels
@@ -101,7 +101,7 @@ def test_the_installed_package_deploys_upgrades_and_guards_the_schema(
 
     # The plain SQL script of the whole deploy, applied with psql, is what Sqitch deploys.
     script = run([str(pginbox), "schema", "sql"], cwd=elsewhere, env=env).stdout
-    assert "sqitch.changes" in script and "inbox.schema_release" in script
+    assert "\"sqitch\".\"changes\"" in script and "inbox.schema_release" in script and "version.sql" in script
     applied = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", empty_db], input=script,
                              capture_output=True, text=True, check=False)
     assert applied.returncode == 0, applied.stderr
