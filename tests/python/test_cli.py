@@ -350,14 +350,14 @@ def test_status_counts(entries: Entries) -> None:
     out = result.stdout
     assert "schema inbox: release 0.2.0 (version 2)" in out
     assert "inbox.message by status:\n  processed    1\n  quarantined  2\n  discarded    0" in out
-    assert "  open         3  (conflict 1, failure 2)" in out
+    assert "  open         3  (conflict 1, failure 2, expired 0)" in out
     assert "open quarantine entries: 3" in out and CONSUMER in out
 
     status = ok_json("status", dsn=entries.dsn)
     assert status["deployed"] is True and status["schema_version"] == 2 and status["release"] == "0.2.0"
     assert status["messages"] == {"processed": 1, "quarantined": 2, "discarded": 0}
-    assert status["quarantine"]["open"] == {"conflict": 1, "failure": 2}
-    assert status["quarantine"]["discarded"] == {"conflict": 0, "failure": 0}
+    assert status["quarantine"]["open"] == {"conflict": 1, "failure": 2, "expired": 0}
+    assert status["quarantine"]["discarded"] == {"conflict": 0, "failure": 0, "expired": 0}
     assert status["open_entries"] == 3
     assert [(c["consumer"], c["open"], c["conflicts"], c["failures"]) for c in status["open_by_consumer"]] == [
         (CONSUMER, 3, 1, 2)

@@ -12,7 +12,7 @@ from psycopg.rows import dict_row
 
 from pginbox.errors import OperatorError, SchemaVersionError
 from pginbox.ops.json_values import jsonable
-from pginbox.ops.quarantine import QUARANTINE_STATUSES, refused
+from pginbox.ops.quarantine import QUARANTINE_KINDS, QUARANTINE_STATUSES, refused
 from pginbox.schema.compat import KNOWN_SCHEMA_VERSION, SCHEMA_RELEASE, check_release
 
 __all__ = ["MESSAGE_STATUSES", "InboxStatus", "check_schema", "inbox_status", "parse_sqitch_status"]
@@ -133,8 +133,8 @@ def inbox_status(conn: psycopg.Connection[Any]) -> InboxStatus:
     result.messages = dict.fromkeys(MESSAGE_STATUSES, 0)
     for message_row in messages:
         result.messages[message_row["status"]] = int(message_row["n"])
-    # Conflict and failure counts always (scripts read them); expired ones when there are any.
-    result.quarantine = {status: {"conflict": 0, "failure": 0} for status in QUARANTINE_STATUSES}
+    # Every kind, zeros included (scripts read them).
+    result.quarantine = {status: dict.fromkeys(QUARANTINE_KINDS, 0) for status in QUARANTINE_STATUSES}
     for q_row in quarantine:
         result.quarantine.setdefault(q_row["status"], {})[q_row["kind"]] = int(q_row["n"])
     for consumer_row in result.open_by_consumer:
