@@ -243,9 +243,8 @@ COMMENT ON FUNCTION inbox._wake_dispatchers() IS 'internal: notifies channel inb
 -- registration sent no signal); then wait for a notification, and claim again after each wait,
 -- the waits growing from a few milliseconds (say 20 ms, doubling) up to the poll timeout.
 -- dispatcher_idle(name, false) when it stops. The early claims cover the one race left: an
--- enqueuing transaction that looked at the waiter table (at its commit, see _signal_at_commit)
--- just before the registration and became visible (its commit record flushed) just after the
--- catch-up claim. An effect whose signal was missed waits for the next claim, at worst the poll
+-- enqueuing transaction that looked at the waiter table (inbox.enqueue_effect) before the
+-- registration and committed after the catch-up claim. An effect whose signal was missed waits for the next claim, at worst the poll
 -- timeout, never longer. Stale registrations of dead dispatchers cost one NOTIFY: the first
 -- enqueue deletes them.
 -- Neither direction waits for the row lock of a transaction that is waking the dispatcher.
@@ -325,32 +324,10 @@ CREATE CONSTRAINT TRIGGER outbox_order_at_commit
     FOR EACH ROW WHEN (NEW.ordering_key IS NOT NULL)
     EXECUTE FUNCTION inbox._order_at_commit();
 
--- The wake-up signal, decided at commit: an enqueue notifies (through _wake_dispatchers) only when
--- a dispatcher is registered idle at the moment its transaction commits, not when it enqueued
--- (which may be long before): a dispatcher that registered meanwhile is woken too. One cheap look
--- at the (nearly always empty) waiter table per effect due now; effects due later wake nobody
--- (the dispatcher's poll finds them). Under SET CONSTRAINTS ... IMMEDIATE the look happens at
--- the end of the enqueuing statement instead; at REPEATABLE READ and above it sees the waiters of
--- the transaction's snapshot: a missed signal, which the dispatcher's settle claim or poll covers.
-CREATE OR REPLACE FUNCTION inbox._signal_at_commit() RETURNS trigger
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-    SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF EXISTS (SELECT FROM inbox.outbox_waiter) THEN
-        PERFORM inbox._wake_dispatchers();
-    END IF;
-    RETURN NULL;
-END
-$$;
-COMMENT ON FUNCTION inbox._signal_at_commit() IS 'internal (trigger): wakes idle dispatchers when an enqueuing transaction commits';
-
+-- The wake-up signal was a deferred trigger per inserted effect in 0.1.0 (~20 us each); since 0.2.0
+-- inbox.enqueue_effect checks for idle dispatchers itself (~6 us).
 DROP TRIGGER IF EXISTS outbox_signal_at_commit ON inbox.outbox;
-CREATE CONSTRAINT TRIGGER outbox_signal_at_commit
-    AFTER INSERT ON inbox.outbox
-    DEFERRABLE INITIALLY DEFERRED
-    FOR EACH ROW WHEN (NEW.available_at <= now())
-    EXECUTE FUNCTION inbox._signal_at_commit();
+DROP FUNCTION IF EXISTS inbox._signal_at_commit();
 
 -- The slow path of enqueue_effect's authorization, run only when the fast checks said no: names
 -- what is wrong, or lets a superuser through (unless strict_consumers), as inbox._authorize does.
@@ -426,8 +403,7 @@ AS $$
 DECLARE
     who text := coalesce(enqueue_effect.consumer, NULLIF(current_setting('inbox.consumer', true), ''));
     payload_text text := enqueue_effect.payload::text;
-    hash bytea;
-    stored_hash bytea;
+    stored_payload jsonb;
     stored_destination text;
 BEGIN
     IF inbox._effect_ok(enqueue_effect.effect_id, enqueue_effect.destination, octet_length(payload_text),
@@ -458,35 +434,41 @@ BEGIN
                            AND d.consumer = ANY (ARRAY[who, inbox._consumer_base(who), '*']))) THEN
         PERFORM inbox._authorize_enqueue('inbox.enqueue_effect', enqueue_effect.destination, who);
     END IF;
-    -- sha256 of the payload's text: what inbox.payload_hash(payload) computed when 0.1.0 stored the
-    -- hashes of existing rows (a repeat enqueue compares with them).
-    hash := sha256(convert_to(payload_text, 'UTF8'));
     who := coalesce(who, '');
     -- A purge may delete the existing row between our INSERT and our SELECT: then try again.
     FOR round IN 1..3 LOOP
-        INSERT INTO inbox.outbox (effect_id, destination, payload, payload_sha256, headers, ordering_key, available_at,
-                                  consumer)
-        VALUES (enqueue_effect.effect_id, enqueue_effect.destination, enqueue_effect.payload, hash,
-                enqueue_effect.headers, enqueue_effect.ordering_key, enqueue_effect.available_at, who)
+        INSERT INTO inbox.outbox (effect_id, destination, payload, headers, ordering_key, available_at, consumer)
+        VALUES (enqueue_effect.effect_id, enqueue_effect.destination, enqueue_effect.payload, enqueue_effect.headers,
+                enqueue_effect.ordering_key, enqueue_effect.available_at, who)
         ON CONFLICT ON CONSTRAINT outbox_pkey DO NOTHING;
         IF FOUND THEN
-            RETURN true;  -- the wake-up signal, if any, is sent at commit (_signal_at_commit)
+            -- Wake the idle dispatchers: their registrations go and a notification is queued, both
+            -- with this transaction's commit (nothing if it rolls back). A dispatcher registering
+            -- idle after this check and before the commit is not notified: its early claims after
+            -- registering (20 ms, then doubling up to its poll interval) find the effect
+            -- (tests/python/test_outbox_signal.py). One probe of an empty table under load.
+            IF enqueue_effect.available_at <= now() AND EXISTS (SELECT FROM inbox.outbox_waiter) THEN
+                PERFORM inbox._wake_dispatchers();
+            END IF;
+            RETURN true;
         END IF;
-        SELECT o.payload_sha256, o.destination INTO stored_hash, stored_destination
+        SELECT o.payload, o.destination INTO stored_payload, stored_destination
           FROM inbox.outbox o WHERE o.effect_id = enqueue_effect.effect_id AND o.consumer = who;
         EXIT WHEN FOUND;
     END LOOP;
-    IF stored_hash IS NULL THEN
+    IF stored_destination IS NULL THEN
         RAISE EXCEPTION 'inbox.enqueue_effect: effect % kept disappearing under a concurrent purge', enqueue_effect.effect_id
             USING ERRCODE = 'serialization_failure', HINT = 'Retry the transaction.';
     END IF;
-    IF stored_hash = hash AND stored_destination = enqueue_effect.destination THEN
+    -- A repeat of the id (a handler run again): the same destination and payload (jsonb equality:
+    -- key order and whitespace do not matter) is a no-op; anything else is a bug.
+    IF stored_payload = enqueue_effect.payload AND stored_destination = enqueue_effect.destination THEN
         RETURN false;
     END IF;
     RAISE EXCEPTION 'inbox.enqueue_effect: effect % was enqueued for destination % with payload hash %; this call has destination % and payload hash %',
         pg_catalog.quote_literal(enqueue_effect.effect_id), pg_catalog.quote_literal(stored_destination),
-        pg_catalog.encode(stored_hash, 'hex'), pg_catalog.quote_literal(enqueue_effect.destination),
-        pg_catalog.encode(hash, 'hex')
+        pg_catalog.encode(sha256(convert_to(stored_payload::text, 'UTF8')), 'hex'),
+        pg_catalog.quote_literal(enqueue_effect.destination), pg_catalog.encode(sha256(convert_to(payload_text, 'UTF8')), 'hex')
         USING ERRCODE = 'unique_violation', CONSTRAINT = 'effect_id_conflict',
               HINT = 'One effect id per intended effect: derive ids with inbox.effect_id(consumer, producer, message_id, effect_name).';
 END
@@ -1369,8 +1351,9 @@ BEGIN
     -- and pick the next ones, past batch_size.
     WITH doomed AS MATERIALIZED (
         SELECT x.effect_id, x.consumer FROM inbox.outbox x
-         WHERE x.status = 'delivered' AND x.delivered_at < now() - purge_delivered_effects.older_than
-         ORDER BY x.delivered_at
+         WHERE x.status IN ('delivered', 'discarded')
+           AND coalesce(x.delivered_at, x.discarded_at) < now() - purge_delivered_effects.older_than
+         ORDER BY coalesce(x.delivered_at, x.discarded_at)
          LIMIT purge_delivered_effects.batch_size
            FOR UPDATE SKIP LOCKED
     )
@@ -1378,20 +1361,6 @@ BEGIN
      WHERE o.effect_id = d.effect_id AND o.consumer = d.consumer;
     GET DIAGNOSTICS purged = ROW_COUNT;
     left_over := purge_delivered_effects.batch_size - purged;
-    IF left_over > 0 THEN
-        WITH doomed AS MATERIALIZED (
-            SELECT x.effect_id, x.consumer FROM inbox.outbox x
-             WHERE x.status = 'discarded' AND x.discarded_at < now() - purge_delivered_effects.older_than
-             ORDER BY x.discarded_at
-             LIMIT left_over
-               FOR UPDATE SKIP LOCKED
-        )
-        DELETE FROM inbox.outbox o USING doomed d
-         WHERE o.effect_id = d.effect_id AND o.consumer = d.consumer;
-        GET DIAGNOSTICS deleted = ROW_COUNT;
-        purged := purged + deleted;
-        left_over := left_over - deleted;
-    END IF;
     IF left_over > 0 THEN
         WITH doomed AS MATERIALIZED (
             SELECT f.report_id FROM inbox.outbox_fenced_report f
@@ -1426,7 +1395,7 @@ REVOKE ALL ON FUNCTION inbox.enqueue_effect(text, text, jsonb, jsonb, text, time
     inbox.redrive_effect(text, text, text),
     inbox.discard_effect(text, text, text),
     inbox.purge_delivered_effects(interval, integer),
-    inbox._order_at_commit(), inbox._signal_at_commit(),
+    inbox._order_at_commit(),
     inbox._authorize_enqueue(text, text, text), inbox._lock_dead_effect(text, text, text, text, text, text, text),
     inbox._headers_ok(jsonb), inbox._new_lease_token() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz, text),

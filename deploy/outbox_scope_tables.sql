@@ -41,6 +41,17 @@ ALTER TABLE inbox.outbox DROP CONSTRAINT outbox_pkey,
 CREATE INDEX outbox_consumer_undelivered_idx ON inbox.outbox (consumer, created_at)
     WHERE status IN ('pending', 'leased', 'dead');
 
+-- Cheaper enqueues (0.2.0). An enqueue no longer hashes the payload (a repeat of an effect id is
+-- compared with the stored payload itself), so new rows carry no hash. And one partial index for
+-- the closed effects instead of three: each partial index's predicate is evaluated at every insert,
+-- even when it never matches there. Dead effects are found through outbox_consumer_undelivered_idx.
+ALTER TABLE inbox.outbox ALTER COLUMN payload_sha256 DROP NOT NULL;
+COMMENT ON COLUMN inbox.outbox.payload_sha256 IS
+    'SHA-256 of the payload''s text for effects enqueued before 0.2.0; NULL since (a repeat is compared with the payload)';
+DROP INDEX inbox.outbox_delivered_idx, inbox.outbox_discarded_idx, inbox.outbox_dead_idx;
+CREATE INDEX outbox_closed_idx ON inbox.outbox ((coalesce(delivered_at, discarded_at)))
+    WHERE status IN ('delivered', 'discarded');
+
 -- Which consumer's effect an operator redrove or discarded ('' before 0.2.0, as for the effects).
 ALTER TABLE inbox.outbox_redrive ADD COLUMN consumer text NOT NULL DEFAULT '';
 ALTER TABLE inbox.outbox_discard ADD COLUMN consumer text NOT NULL DEFAULT '';

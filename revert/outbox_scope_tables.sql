@@ -19,6 +19,15 @@ BEGIN
 END
 $revert$;
 
+-- 0.1.0 hashes every payload (what inbox.payload_hash(payload) computes), and has three indexes
+-- for the closed effects.
+UPDATE inbox.outbox SET payload_sha256 = sha256(convert_to(payload::text, 'UTF8')) WHERE payload_sha256 IS NULL;
+ALTER TABLE inbox.outbox ALTER COLUMN payload_sha256 SET NOT NULL;
+COMMENT ON COLUMN inbox.outbox.payload_sha256 IS 'inbox.payload_hash(payload): a second enqueue of the id must match it';
+DROP INDEX inbox.outbox_closed_idx;
+CREATE INDEX outbox_delivered_idx ON inbox.outbox (delivered_at) WHERE status = 'delivered';
+CREATE INDEX outbox_dead_idx ON inbox.outbox (created_at) WHERE status = 'dead';
+CREATE INDEX outbox_discarded_idx ON inbox.outbox (discarded_at) WHERE status = 'discarded';
 ALTER TABLE inbox.outbox DROP CONSTRAINT outbox_pkey, ADD CONSTRAINT outbox_pkey PRIMARY KEY (effect_id);
 DROP INDEX inbox.outbox_consumer_undelivered_idx;
 ALTER TABLE inbox.outbox DROP COLUMN lease_role, DROP COLUMN consumer;

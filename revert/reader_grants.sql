@@ -6,6 +6,8 @@ SET LOCAL ROLE inbox_owner;
 -- Both roles again, in 0.1.0's order, so that the privileges read back exactly as 0.1.0 made them.
 REVOKE SELECT ON inbox.message, inbox.attempt, inbox.quarantine_decision FROM inbox_reader, inbox_operator;
 GRANT SELECT ON inbox.message, inbox.attempt, inbox.quarantine_decision TO inbox_reader, inbox_operator;
+REVOKE SELECT ON inbox.outbox_redrive, inbox.outbox_discard FROM inbox_reader;
+GRANT SELECT ON inbox.outbox_redrive, inbox.outbox_discard TO inbox_reader;
 REVOKE SELECT ON inbox.quarantine, inbox.outbox, inbox.replay_item FROM inbox_reader;
 GRANT SELECT (quarantine_id, consumer, tenant, producer, message_id, kind, message_type, payload_sha256,
     stored_sha256, payload_ref, reason_code, error_message, attempts, crashes, deliveries, first_failure_at,

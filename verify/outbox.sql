@@ -37,10 +37,10 @@ BEGIN
                       AND tgfoid = 'inbox._order_at_commit()'::regprocedure AND tgdeferrable AND tginitdeferred) THEN
         RAISE EXCEPTION 'the deferred trigger outbox_order_at_commit on inbox.outbox is missing';
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger
-                    WHERE tgrelid = 'inbox.outbox'::regclass AND tgname = 'outbox_signal_at_commit'
-                      AND tgfoid = 'inbox._signal_at_commit()'::regprocedure AND tgdeferrable AND tginitdeferred) THEN
-        RAISE EXCEPTION 'the deferred trigger outbox_signal_at_commit on inbox.outbox is missing';
+    -- Since 0.2.0 enqueue_effect wakes idle dispatchers itself: no trigger per inserted effect.
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_trigger
+                WHERE tgrelid = 'inbox.outbox'::regclass AND tgname = 'outbox_signal_at_commit') THEN
+        RAISE EXCEPTION 'the per-row trigger outbox_signal_at_commit is still on inbox.outbox';
     END IF;
     FOR fn, role_name IN
         VALUES ('inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz, text)', 'inbox_consumer'),
@@ -59,8 +59,7 @@ BEGIN
                ('inbox.discard_effect(text, text, text)', 'inbox_operator'),
                ('inbox.bind_destination(text, text, text)', 'inbox_operator'),
                ('inbox.unbind_destination(text, text, text)', 'inbox_operator'),
-               ('inbox._order_at_commit()', NULL),
-               ('inbox._signal_at_commit()', NULL)
+               ('inbox._order_at_commit()', NULL)
     LOOP
         IF pg_catalog.has_function_privilege('public', fn, 'EXECUTE') THEN
             RAISE EXCEPTION 'PUBLIC can execute %', fn;

@@ -7,7 +7,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(123);
+SELECT plan(128);
 
 -- ------------------------------------------------------------------ fixtures
 \ir write_counter.psql
@@ -530,6 +530,23 @@ SELECT throws_ok(format($$SELECT * FROM inbox.claim_and_apply_batch('tap-small',
                  '54000', format('inbox.claim_and_apply: payload is %s bytes, the consumer''s limit is 100 bytes',
                                  octet_length((jsonb_build_object('k', repeat('x', 200)))::text)),
                  'batch: an element over the consumer''s payload limit is 54000');
+
+-- ------------------------------------------------------------------ static dispatch
+-- register_handler writes inbox._run_handler with a static, schema-qualified call per registered
+-- handler (plan cached per session); an unregistered handler still runs, through EXECUTE.
+SELECT ok((SELECT prosrc FROM pg_proc WHERE oid = 'inbox._run_handler(regprocedure, boolean, jsonb, inbox.message_context)'::regprocedure)
+          LIKE '%PERFORM tapdom.credit(payload);%', 'static dispatch: a call to tapdom.credit(jsonb)');
+SELECT ok((SELECT prosrc FROM pg_proc WHERE oid = 'inbox._run_handler(regprocedure, boolean, jsonb, inbox.message_context)'::regprocedure)
+          LIKE '%PERFORM tapdom.with_ctx(payload, context);%', 'static dispatch: a handler with context gets it');
+SELECT is((SELECT count(*)::integer FROM regexp_matches(
+              (SELECT prosrc FROM pg_proc WHERE oid = 'inbox._run_handler(regprocedure, boolean, jsonb, inbox.message_context)'::regprocedure),
+              'PERFORM tapdom\.credit\(payload\)', 'g')), 1,
+          'static dispatch: one branch per handler, however many consumers registered it');
+CREATE FUNCTION tapdom.unregistered(p jsonb) RETURNS void LANGUAGE sql
+    AS $$ INSERT INTO tapdom.ctx_log (payload) VALUES ('{"unregistered": true}') $$;
+SELECT lives_ok($$SELECT inbox._run_handler('tapdom.unregistered(jsonb)', false, '{}', NULL)$$,
+                'static dispatch: a handler nobody registered falls back to EXECUTE');
+SELECT is((SELECT count(*)::integer FROM tapdom.ctx_log WHERE payload ? 'unregistered'), 1, 'and it ran once');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -12,7 +12,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(456);
+SELECT plan(455);
 
 -- ------------------------------------------------------------------ fixtures
 \ir write_counter.psql
@@ -49,11 +49,9 @@ SELECT is((SELECT (t.tgdeferrable, t.tginitdeferred, t.tgfoid::regprocedure::tex
             WHERE t.tgrelid = 'inbox.outbox'::regclass AND t.tgname = 'outbox_order_at_commit'),
           '(t,t,"inbox._order_at_commit()",t)',
           'outbox_order_at_commit is a constraint trigger, DEFERRABLE INITIALLY DEFERRED');
-SELECT is((SELECT (t.tgdeferrable, t.tginitdeferred, t.tgfoid::regprocedure::text, c.contype)::text
-             FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_constraint c ON c.oid = t.tgconstraint
-            WHERE t.tgrelid = 'inbox.outbox'::regclass AND t.tgname = 'outbox_signal_at_commit'),
-          '(t,t,"inbox._signal_at_commit()",t)',
-          'outbox_signal_at_commit (the wake-up signal) is a constraint trigger, DEFERRABLE INITIALLY DEFERRED');
+SELECT is((SELECT count(*)::integer FROM pg_catalog.pg_trigger t
+            WHERE t.tgrelid = 'inbox.outbox'::regclass AND t.tgname = 'outbox_signal_at_commit'), 0,
+          'no wake-up trigger per inserted effect (0.2.0): enqueue_effect checks for idle dispatchers itself');
 SELECT is((SELECT pg_catalog.pg_get_indexdef(i.indexrelid) FROM pg_catalog.pg_index i
             WHERE i.indexrelid = 'inbox.outbox_due_idx'::regclass),
           'CREATE INDEX outbox_due_idx ON inbox.outbox USING btree (available_at) WHERE ((status = ANY (ARRAY[''pending''::inbox.effect_status, ''leased''::inbox.effect_status])) AND (NOT blocked))',
@@ -62,7 +60,10 @@ SELECT is((SELECT pg_catalog.pg_get_indexdef(i.indexrelid) FROM pg_catalog.pg_in
             WHERE i.indexrelid = 'inbox.outbox_order_idx'::regclass),
           'CREATE INDEX outbox_order_idx ON inbox.outbox USING btree (ordering_key, order_seq) WHERE ((ordering_key IS NOT NULL) AND (status = ANY (ARRAY[''pending''::inbox.effect_status, ''leased''::inbox.effect_status, ''dead''::inbox.effect_status])))',
           'the head-of-key index: (ordering_key, order_seq) of undelivered effects');
-SELECT has_index('inbox', 'outbox', 'outbox_delivered_idx', ARRAY['delivered_at'], 'the purge index: delivered_at');
+SELECT is((SELECT pg_catalog.pg_get_indexdef(i.indexrelid) FROM pg_catalog.pg_index i
+            WHERE i.indexrelid = 'inbox.outbox_closed_idx'::regclass),
+          'CREATE INDEX outbox_closed_idx ON inbox.outbox USING btree (COALESCE(delivered_at, discarded_at)) WHERE (status = ANY (ARRAY[''delivered''::inbox.effect_status, ''discarded''::inbox.effect_status]))',
+          'the purge index: one partial index for delivered and discarded effects (0.2.0)');
 SELECT is((SELECT (d.destination, d.max_attempts, d.base_backoff, d.max_backoff, d.updated_at, d.updated_by)::text
              FROM inbox._default_destination('x') d), '(x,10,00:00:01,01:00:00,,)',
           '_default_destination: 10 attempts, backoff from 1 second up to 1 hour');
@@ -120,13 +121,13 @@ SELECT throws_ok($$SELECT inbox.effect_id('c', 'p', 'm', repeat('é', 65))$$, '2
 -- ================================================================== enqueue_effect
 SELECT is(inbox.enqueue_effect('fx-1', 'hook', '{"b": 2, "a": 1}', '{"X-Trace": "t1"}'), true,
           'enqueue_effect: a new effect is enqueued (true)');
-SELECT is((SELECT (destination, payload, payload_sha256 = inbox.payload_hash('{"a": 1, "b": 2}'), headers, ordering_key,
+SELECT is((SELECT (destination, payload, payload_sha256 IS NULL, headers, ordering_key,
                    order_seq, status, attempts, available_at = now(), created_at = now(),
                    created_xid = pg_current_xact_id(), lease_token, leased_by, lease_expires_at, delivered_at,
                    dead_reason)::text
              FROM inbox.outbox WHERE effect_id = 'fx-1'),
           '(hook,"{""a"": 1, ""b"": 2}",t,"{""X-Trace"": ""t1""}",,,pending,0,t,t,t,,,,,)',
-          'enqueue_effect: the row: canonical payload hash, headers, pending, 0 attempts, due now, this transaction''s xid');
+          'enqueue_effect: the row: payload, no hash (0.2.0), headers, pending, 0 attempts, due now, this transaction''s xid');
 SELECT public.tap_writes('outbox') AS w0 \gset
 SELECT is(inbox.enqueue_effect('fx-1', 'hook', '{"a":1,  "b":2}', '{"X-Trace": "t2"}', 'late-key', now() + interval '1 day'),
           false, 'enqueue_effect: the same id, destination and payload (other spelling) again is a no-op (false)');
@@ -657,13 +658,11 @@ SELECT throws_ok(c.sql, c.state, c.msg, 'purge: ' || c.what)
 SELECT is(public.tap_writes(), :w0::bigint, 'purge: invalid input wrote nothing');
 
 -- ================================================================== wake-up signal (waiter table)
--- An enqueue's transaction looks at the waiter table when it commits (deferred trigger
--- outbox_signal_at_commit); here SET CONSTRAINTS ... IMMEDIATE fires the pending events instead.
--- It calls pg_notify('inbox_outbox', '') exactly when it deletes waiter rows; the NOTIFY itself
--- is only delivered at commit (tests/python/test_outbox_signal.py).
+-- An enqueue looks at the waiter table itself (0.2.0; a deferred trigger per effect in 0.1.0): it
+-- deletes the idle dispatchers' registrations and calls pg_notify('inbox_outbox', ''), both taking
+-- effect with its transaction's commit (tests/python/test_outbox_signal.py: the NOTIFY, the race
+-- of a dispatcher registering after the enqueue and before its commit).
 DELETE FROM inbox.outbox;
-SET CONSTRAINTS inbox.outbox_signal_at_commit IMMEDIATE;   -- the earlier enqueues' events, with nobody idle
-SET CONSTRAINTS inbox.outbox_signal_at_commit DEFERRED;
 SELECT lives_ok($$SELECT inbox.dispatcher_idle('tap-w1', true)$$, 'dispatcher_idle: registers an idle dispatcher');
 SELECT is((SELECT (dispatcher, since = now())::text FROM inbox.outbox_waiter), '(tap-w1,t)', 'dispatcher_idle: one waiter row, since now');
 SELECT public.tap_writes('outbox_waiter') AS w0 \gset
@@ -675,24 +674,19 @@ SELECT lives_ok($$SELECT inbox.dispatcher_idle('tap-w1', false)$$, 'dispatcher_i
 
 SELECT public.tap_writes('outbox_waiter') AS w0 \gset
 SELECT inbox.enqueue_effect('s1', 'hook', '{}', available_at => now() - interval '3 minutes') \g /dev/null
-SET CONSTRAINTS inbox.outbox_signal_at_commit IMMEDIATE;
-SET CONSTRAINTS inbox.outbox_signal_at_commit DEFERRED;
 SELECT is(public.tap_writes('outbox_waiter') - :w0, 0::bigint,
-          'signal: with no dispatcher idle, committing an enqueue touches no waiter row (no NOTIFY)');
+          'signal: with no dispatcher idle, an enqueue touches no waiter row (no NOTIFY)');
 SELECT inbox.dispatcher_idle('tap-w1', true) \g /dev/null
 SELECT inbox.dispatcher_idle('tap-w2', true) \g /dev/null
-SELECT inbox.enqueue_effect('s2', 'hook', '{}', available_at => now() - interval '2 minutes') \g /dev/null
-SELECT is((SELECT count(*)::integer FROM inbox.outbox_waiter), 2, 'signal: nothing happens when the effect is enqueued ...');
-SELECT inbox.dispatcher_idle('tap-w3', true) \g /dev/null
 SELECT public.tap_writes('outbox_waiter') AS w0 \gset
-SET CONSTRAINTS inbox.outbox_signal_at_commit IMMEDIATE;
+SELECT inbox.enqueue_effect('s2', 'hook', '{}', available_at => now() - interval '2 minutes') \g /dev/null
 SELECT is((SELECT count(*)::integer FROM inbox.outbox_waiter), 0,
-          'signal: ... at commit, every dispatcher idle then is woken (rows deleted), one that registered after the enqueue too');
-SELECT is(public.tap_writes('outbox_waiter') - :w0, 3::bigint, 'signal: three registrations deleted, by one transaction');
+          'signal: the enqueue wakes every dispatcher idle then (their rows go with its commit)');
+SELECT is(public.tap_writes('outbox_waiter') - :w0, 2::bigint, 'signal: two registrations deleted, by one statement');
 SELECT public.tap_writes('outbox_waiter') AS w0 \gset
 SELECT inbox.enqueue_effect('s3', 'hook', '{}', available_at => now() - interval '1 minute') \g /dev/null
 SELECT is(public.tap_writes('outbox_waiter') - :w0, 0::bigint,
-          'signal: the next enqueue finds nobody idle: one notifying transaction per idle period');
+          'signal: the next enqueue finds nobody idle: one notifying enqueue per idle period');
 SELECT inbox.dispatcher_idle('tap-w6', true) \g /dev/null
 SELECT inbox.enqueue_effect('s1', 'hook', '{}', available_at => now() - interval '3 minutes') \g /dev/null
 SELECT inbox.enqueue_effect('s-later', 'hook', '{}', available_at => now() + interval '1 hour') \g /dev/null

@@ -8,7 +8,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(299);
+SELECT plan(295);
 
 -- ================================================================== catalog meta-tests
 SELECT set_eq($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc p
@@ -18,14 +18,14 @@ SELECT set_eq($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc
                     'enqueue_effect', 'claim_effects', 'complete_effect', 'fail_effect', 'extend_lease', 'dispatcher_idle',
                     'complete_effects', 'fail_effects',
                     'configure_destination', 'redrive_effect', 'discard_effect', 'purge_delivered_effects', '_order_at_commit',
-                    '_signal_at_commit', 'retention_window', 'set_retention_policy', 'purge_lock', 'purge_unlock',
+                    'retention_window', 'set_retention_policy', 'purge_lock', 'purge_unlock',
                     'announce_purge', 'purge_batch',
                     'metrics', 'metrics_rollup', 'configure_metrics',
                     'create_replay_plan', 'add_replay_items', 'accept_replay_version', 'cancel_replay_plan',
                     '_replay_run_start', '_replay_next', '_begin_replay_item', '_replay_item_failed',
                     '_replay_run_finish',
                     'bind_consumer', 'unbind_consumer', 'configure_security',
-                    'bind_destination', 'unbind_destination'],
+                    'bind_destination', 'unbind_destination', '_generate_dispatcher'],
               'exactly the expected functions in schema inbox are SECURITY DEFINER');
 SELECT is_empty($$SELECT p.oid::regprocedure::text, p.proconfig::text FROM pg_catalog.pg_proc p
                    WHERE p.pronamespace = 'inbox'::regnamespace AND p.prosecdef
@@ -99,7 +99,6 @@ SELECT function_privs_are('inbox', f.name, f.args, r.role,
         ('configure_destination', ARRAY['text', 'integer', 'interval', 'interval'], ARRAY['inbox_operator'], 20),
         ('redrive_effect', ARRAY['text', 'text', 'text'], ARRAY['inbox_operator'], 21),
         ('_order_at_commit', ARRAY[]::text[], ARRAY[]::text[], 22),
-        ('_signal_at_commit', ARRAY[]::text[], ARRAY[]::text[], 23),
         ('discard_effect', ARRAY['text', 'text', 'text'], ARRAY['inbox_operator'], 24),
         ('complete_effects', ARRAY['text[]', 'bigint[]', 'integer[]', 'text[]', 'integer[]'], ARRAY['inbox_dispatcher'], 25),
         ('fail_effects', ARRAY['text[]', 'bigint[]', 'text[]', 'boolean[]', 'integer[]', 'text[]', 'integer[]'],
@@ -152,7 +151,7 @@ SELECT table_privs_are('inbox', t, r, ARRAY[]::text[], r || ' has no privilege o
  CROSS JOIN unnest(ARRAY['inbox_consumer', 'inbox_dispatcher']) r;
 SELECT table_privs_are('inbox', t, 'inbox_reader', ARRAY['SELECT'], 'inbox_reader may only SELECT inbox.' || t)
   FROM unnest(ARRAY['consumer_config', 'handler', 'handler_registration',
-                    'outbox_destination', 'outbox_redrive', 'outbox_fenced_report', 'outbox_waiter', 'outbox_discard']) t;
+                    'outbox_destination', 'outbox_fenced_report', 'outbox_waiter']) t;
 SELECT table_privs_are('inbox', t, 'inbox_operator', ARRAY['SELECT'], 'inbox_operator may only SELECT inbox.' || t)
   FROM unnest(ARRAY['message', 'attempt', 'quarantine', 'quarantine_decision', 'consumer_config', 'handler',
                     'handler_registration', 'outbox', 'outbox_destination', 'outbox_redrive', 'outbox_fenced_report',
@@ -178,7 +177,7 @@ SELECT column_privs_are('inbox', x.t, x.c, 'inbox_reader', ARRAY[]::text[],
                ('quarantine_decision', 'error_message')) AS x(t, c);
 SELECT table_privs_are('inbox', t, 'inbox_reader', ARRAY[]::text[],
                        'inbox_reader has no table-wide privilege on inbox.' || t || ' (column grants only)')
-  FROM unnest(ARRAY['message', 'attempt', 'quarantine_decision']) t;
+  FROM unnest(ARRAY['message', 'attempt', 'quarantine_decision', 'outbox_redrive', 'outbox_discard']) t;
 SELECT is_empty($$SELECT c.oid::regclass::text FROM pg_catalog.pg_class c
                    WHERE c.relnamespace = 'inbox'::regnamespace AND c.relkind = 'S'
                      AND (pg_catalog.has_sequence_privilege('inbox_consumer', c.oid, 'USAGE, UPDATE, SELECT')
