@@ -25,7 +25,7 @@ SELECT set_eq($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc
                     '_replay_run_start', '_replay_next', '_begin_replay_item', '_replay_item_failed',
                     '_replay_run_finish',
                     'bind_consumer', 'unbind_consumer', 'configure_security',
-                    'bind_destination', 'unbind_destination', '_generate_dispatcher'],
+                    'bind_destination', 'unbind_destination', '_generate_dispatcher', '_begin_apply_batch', '_unclaim'],
               'exactly the expected functions in schema inbox are SECURITY DEFINER');
 SELECT is_empty($$SELECT p.oid::regprocedure::text, p.proconfig::text FROM pg_catalog.pg_proc p
                    WHERE p.pronamespace = 'inbox'::regnamespace AND p.prosecdef
@@ -120,7 +120,7 @@ SELECT set_eq(format($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.
                                  '_reason_code', 'payload_hash', 'schema_version', 'schema_release', 'enqueue_effect',
                                  'effect_id',
                                  '_check_text', 'versioned_consumer', '_batch_messages', '_is_transient',
-                                 '_run_handler', '_blank'], 1),
+                                 '_run_handler', '_blank', '_begin_apply_batch', '_unclaim'], 1),
         ('inbox_operator', ARRAY['register_handler', 'configure_consumer', 'repair', 'discard', 'release',
                                  '_begin_repair', '_repair_failed', '_reason_code', 'payload_hash',
                                  'schema_version', 'schema_release', 'configure_destination', 'redrive_effect',

@@ -372,3 +372,22 @@ def test_a_handler_made_security_definer_after_registration_is_refused(
     with connect(billing) as svc, pytest.raises(errors.InsufficientPrivilege, match="SECURITY DEFINER"):
         apply(svc, "sd-1", {"account": 5, "amount": 1})
     assert counts(conn) == (0, 0, 0, 0)
+
+
+def test_unclaim_takes_back_only_what_the_same_transaction_claimed(conn: Conn, login_role: Callable[..., str]) -> None:
+    """The batch's helper that takes back a failed message's claim cannot be used to make another
+    delivery forget: a committed claim (anyone's) stays, and the redelivery stays a duplicate."""
+    billing, attacker, _, _ = setup_billing(conn, login_role)
+    with connect(billing) as svc:
+        assert apply(svc, "kept-1", {"account": 6, "amount": 1}) == "applied"
+    for who in (attacker, billing):
+        with connect(who) as session:
+            assert scalar(session, "SELECT inbox._unclaim('billing', '', 'shop', 'kept-1')") is False
+    with connect(billing) as svc:
+        assert apply(svc, "kept-1", {"account": 6, "amount": 1}) == "duplicate"
+        # Within one transaction, its own fresh claim is what it may take back.
+        svc.execute("BEGIN")
+        assert scalar(svc, "SELECT outcome FROM inbox.claim('billing', 'shop', 'fresh-1', '{}')") == "claimed"
+        assert scalar(svc, "SELECT inbox._unclaim('billing', '', 'shop', 'fresh-1')") is True
+        svc.execute("ROLLBACK")
+    assert scalar(conn, "SELECT count(*) FROM app.ledger WHERE message_id = 'kept-1'") == 1
