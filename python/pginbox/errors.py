@@ -13,6 +13,8 @@ its subclasses, pass through unchanged where the docs say so).
       ClaimError                the dispatcher's claims kept failing (also a RuntimeError)
       AmbiguousDelivery         a transport cannot tell whether the destination acted
       DestinationRefused        the SSRF guard refused a destination address
+      BrokerError               a message broker (RabbitMQ, NATS JetStream) could not be used
+      ConsumerConfigError       the configuration of `pginbox consume` is incomplete or wrong
       SqitchError               sqitch could not be run or failed
       ClusterError              the private development cluster could not be used
       DemoError                 `pginbox demo` could not run, or found its invariant broken
@@ -35,9 +37,11 @@ import psycopg
 __all__ = [
     "SQLSTATE_NAMES",
     "AmbiguousDelivery",
+    "BrokerError",
     "ClaimError",
     "ClusterError",
     "CommitOutcomeUnknown",
+    "ConsumerConfigError",
     "DemoError",
     "DestinationRefused",
     "HandlerProtocolError",
@@ -200,6 +204,19 @@ class AmbiguousDelivery(PginboxError):
 
 class DestinationRefused(PginboxError):
     """The SSRF guard refused a destination address."""
+
+
+# ----------------------------------------------------------------------------- brokers
+
+
+class BrokerError(PginboxError):
+    """A message broker (RabbitMQ, NATS JetStream) could not be reached or refused an operation
+    (the message says which broker and what to check)."""
+
+
+class ConsumerConfigError(PginboxError, ValueError):
+    """The configuration of `pginbox consume` (TOML [consume] table, PGINBOX_CONSUME_* variables,
+    options) is incomplete or wrong: the message names the setting to fix."""
 
 
 # ----------------------------------------------------------------------------- tooling
