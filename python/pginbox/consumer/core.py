@@ -262,6 +262,7 @@ class Consumer:
         fetch_timeout: float = 0.5,
         max_pause: float = 10.0,
         stall_after: float = 30.0,
+        database_timeout: float = 5.0,
     ) -> None:
         self.config = config
         self.dsn = dsn
@@ -274,6 +275,7 @@ class Consumer:
         self.fetch_timeout = fetch_timeout
         self.max_pause = max_pause
         self.stall_after = stall_after
+        self.database_timeout = database_timeout
         self.stats = ConsumerStats()
         self.registry = CollectorRegistry(auto_describe=True)
         self.metrics = _Metrics(self.registry)
@@ -325,7 +327,7 @@ class Consumer:
         self._loop = asyncio.get_running_loop()
         if self._stop_requested:
             self._stop.set()
-        pool = AsyncConnectionPool(self.dsn, min_size=1, max_size=1, open=False, timeout=5.0,
+        pool = AsyncConnectionPool(self.dsn, min_size=1, max_size=1, open=False, timeout=self.database_timeout,
                                    kwargs={"application_name": f"pginbox-consume:{self.config.consumer}"},
                                    name=f"pginbox-consume-{self.config.consumer}")
         await pool.open(wait=False)
