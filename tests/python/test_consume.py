@@ -38,12 +38,6 @@ def make_consumer(ch: Channel, dsn: str, **settings: Any) -> Consumer:
     return Consumer(config, dsn, broker=broker, fetch_timeout=0.2, max_pause=0.5, database_timeout=1.0)
 
 
-def outcome_rows(conn: psycopg.Connection[Any]) -> dict[str, int]:
-    rows = conn.execute("SELECT count(*) FROM inbox.inbox WHERE consumer = 'billing'").fetchone()
-    assert rows is not None
-    return {"inbox": int(rows[0])}
-
-
 @pytest.mark.parametrize("broker", BROKERS)
 def test_outcomes_dead_letters_and_delays(broker: str, conn: psycopg.Connection[Any], db_dsn: str) -> None:
     setup_domain(conn)

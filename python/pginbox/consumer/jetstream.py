@@ -32,7 +32,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 
 __all__ = ["JetStreamBroker", "connect_nats"]
 
-_ERRORS = (nats.errors.Error, ConnectionError, OSError, asyncio.TimeoutError)
+_ERRORS = (nats.errors.Error, ConnectionError, OSError, asyncio.TimeoutError, asyncio.InvalidStateError, RuntimeError)
 
 
 async def connect_nats(url: str, timeout: float = 5.0) -> Client:

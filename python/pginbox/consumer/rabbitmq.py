@@ -32,8 +32,10 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 
 __all__ = ["RabbitMQBroker", "retry_queue_name"]
 
+# Any failure of a broker operation means the connection or channel is gone (aiormq raises
+# ChannelInvalidStateError, an asyncio.InvalidStateError, on a closed channel): reconnect.
 _BROKER_ERRORS = (aio_pika.exceptions.AMQPError, aiormq.exceptions.AMQPError, ConnectionError, OSError,
-                  asyncio.TimeoutError)
+                  asyncio.TimeoutError, asyncio.InvalidStateError, RuntimeError)
 
 
 def retry_queue_name(queue: str, delay: float) -> str:
