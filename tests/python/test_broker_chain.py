@@ -5,8 +5,10 @@ back); `pginbox dispatch` publishes the effects to the broker (RabbitMQ queue / 
 service B runs `pginbox consume` into a second database, whose SQL handler records the order and
 enqueues a follow-up effect. Every client reaches the broker through a TCP proxy. While it runs:
 SIGKILL of the dispatcher, SIGKILL of the consumer mid-batch, connections cut at the proxy, and
-for NATS a broker restart (a private `nats-server -js` with its own store directory, SIGKILLed
-and started again). RabbitMQ: connection cuts only (a private RabbitMQ node is not started here).
+a broker restart: a private `nats-server -js` with its own store directory, or a private RabbitMQ
+node on other ports with its own Mnesia directory (started as the rabbitmq user, ~7 s), SIGKILLed
+and started again. When a private RabbitMQ node cannot be started (not root, no rabbitmq user, too
+slow), the RabbitMQ run uses the shared broker with connection cuts only, and says so.
 
 Then: every effect committed at A is applied exactly once at B with exactly one follow-up
 effect, nothing committed is lost, no rolled-back effect was ever published; the redeliveries and
@@ -16,6 +18,7 @@ republishes that at-least-once produced are counted and shown absorbed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -84,6 +87,82 @@ class NatsServer:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
+
+
+class RabbitNode:
+    """A private RabbitMQ node (own node name, ports, Mnesia and log directories), run as the
+    rabbitmq user in a process group of its own, so that SIGKILL reaches its beam.smp."""
+
+    def __init__(self) -> None:
+        import pwd
+        import tempfile
+
+        self.port = free_port()
+        self.dist_port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="pginbox-rmq-"))
+        self.dir.chmod(0o755)
+        (self.dir / "enabled_plugins").write_text("[].\n")
+        (self.dir / "rabbitmq.conf").write_text(f"listeners.tcp.1 = 127.0.0.1:{self.port}\n")
+        user = pwd.getpwnam("rabbitmq")
+        for path in [self.dir, *self.dir.iterdir()]:
+            os.chown(path, user.pw_uid, user.pw_gid)
+        self.home = user.pw_dir
+        self.node = f"pginbox_{uuid.uuid4().hex[:8]}@localhost"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/"
+
+    def start(self, timeout: float = 25.0) -> None:
+        env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), "HOME": self.home,
+               "RABBITMQ_NODENAME": self.node, "RABBITMQ_DIST_PORT": str(self.dist_port),
+               "RABBITMQ_MNESIA_BASE": str(self.dir / "mnesia"), "RABBITMQ_LOG_BASE": str(self.dir / "log"),
+               "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.dir / "enabled_plugins"),
+               "RABBITMQ_CONFIG_FILE": str(self.dir / "rabbitmq.conf")}
+        self.proc = subprocess.Popen(["runuser", "-u", "rabbitmq", "--", "env", *(f"{k}={v}" for k, v in env.items()),
+                                      "rabbitmq-server"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)
+        wait_for(self._up, "the private RabbitMQ node", timeout=timeout, interval=0.2)
+
+    def _up(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                pass
+        except OSError:
+            return False
+        try:  # the listener may come up before the node accepts logins
+            asyncio.run(rabbit_ping(self.url))
+            return True
+        except Exception:
+            return False
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def destroy(self) -> None:
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    @classmethod
+    def try_start(cls) -> RabbitNode | None:
+        if os.geteuid() != 0 or shutil.which("rabbitmq-server") is None or shutil.which("runuser") is None:
+            return None
+        try:
+            node = cls()
+        except (KeyError, OSError):
+            return None
+        try:
+            node.start()
+        except AssertionError:
+            node.destroy()
+            return None
+        return node
+
+
+async def rabbit_ping(url: str) -> None:
+    conn = await aio_pika.connect(url, timeout=2)
+    await conn.close()
 
 
 class Service:
@@ -164,8 +243,8 @@ async def nats_delete(url: str, stream: str) -> None:
         await nc.close()
 
 
-async def rabbit_queue(queue: str, delete: bool = False) -> None:
-    conn = await aio_pika.connect(RABBIT_URL)
+async def rabbit_queue(url: str, queue: str, delete: bool = False) -> None:
+    conn = await aio_pika.connect(url)
     try:
         ch = await conn.channel()
         if delete:
@@ -187,8 +266,9 @@ def test_chain_under_crashes(broker: str, conn: psycopg.Connection[Any], db_dsn:
     b_db = f"t_{uuid.uuid4().hex}"
     create_database(pg_base, b_db, template=template_db)
     b_dsn = dsn_for(pg_base, b_db)
-    server: NatsServer | None = None
+    server: NatsServer | RabbitNode | None = None
     services: list[Service] = []
+    closing = "broker restarted"
     try:
         with psycopg.connect(b_dsn, autocommit=True) as b:
             b.execute(B_SETUP)
@@ -201,8 +281,11 @@ def test_chain_under_crashes(broker: str, conn: psycopg.Connection[Any], db_dsn:
             stream, subject = name.upper(), f"{name}.orders"
             asyncio.run(nats_setup(target, stream, subject, name))
         else:
-            target = RABBIT_URL
-            asyncio.run(rabbit_queue(name))
+            server = RabbitNode.try_start()
+            if server is None:
+                closing = "no private RabbitMQ node could be started: connection cuts only, no broker restart"
+            target = RABBIT_URL if server is None else server.url
+            asyncio.run(rabbit_queue(target, name))
         host_port = target.split("@")[-1].split("://")[-1].rstrip("/")
         host, _, port = host_port.rpartition(":")
         with TcpProxy(host, int(port)) as proxy:
@@ -268,6 +351,8 @@ def test_chain_under_crashes(broker: str, conn: psycopg.Connection[Any], db_dsn:
                 time.sleep(0.5)
                 server.start()                       # ... and comes back with its store
                 proxy.cut()
+            else:
+                proxy.cut()
             wait_for(lambda: len(received()) >= 320, "progress after the broker restart", timeout=60)
             proxy.cut()
             writer.join(60)
@@ -312,15 +397,18 @@ def test_chain_under_crashes(broker: str, conn: psycopg.Connection[Any], db_dsn:
                        f"stream_messages={stream_count} dispatcher_kills={dispatcher.kills} "
                        f"consumer_kills={consumer.kills} cuts={proxy.cuts} "
                        f"last consumer run: duplicates absorbed={last.get('duplicate', 0)} "
-                       f"redeliveries={last.get('redeliveries', 0)}; applied once each at B")
+                       f"redeliveries={last.get('redeliveries', 0)}; applied once each at B; {closing}")
             print(summary)
             if stream_count is not None:  # the stream's duplicate window dropped the republishes
                 assert stream_count == len(committed)
     finally:
         for s in services:
             s.ensure_dead()
-        if server is not None:
+        if isinstance(server, RabbitNode):
+            server.destroy()
+        elif server is not None:
             server.kill()
         else:
-            asyncio.run(rabbit_queue(name, delete=True))
+            with contextlib.suppress(Exception):
+                asyncio.run(rabbit_queue(RABBIT_URL, name, delete=True))
         drop_database(pg_base, b_db)
