@@ -17,6 +17,8 @@ DEB_PACKAGES=(
     libdbd-pg-perl
     libtap-parser-sourcehandler-pgtap-perl
     python3-venv
+    rabbitmq-server   # the broker tests' RabbitMQ (127.0.0.1:5672) and private nodes
+    nats-server       # the broker tests' NATS JetStream (127.0.0.1:4222) and private servers
 )
 VENV="$ROOT/.venv"
 STAMP="$VENV/.pginbox-setup-stamp"
