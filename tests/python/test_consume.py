@@ -195,3 +195,56 @@ def test_sigterm_finishes_the_batch_and_health(broker: str, conn: psycopg.Connec
             wait_for(lambda: sum(ledger_counts(conn).values()) == total, "the rest applied")
             wait_for(lambda: ch.pending() == 0, "every message acked")
         assert ledger_counts(conn) == {f"s{i}": 1 for i in range(total)}
+
+
+async def python_credit(cur: psycopg.AsyncCursor[Any], message: Message) -> None:
+    """A Python handler (handler = "test_consume:python_credit"): the domain change in the claim's
+    transaction; a negative amount is refused (FAILED)."""
+    if message.payload["amount"] < 0:
+        raise ValueError("negative amount")
+    await cur.execute("SELECT apply_credit(1, %s, %s)", (message.payload["id"], message.payload["amount"]))
+
+
+@pytest.mark.parametrize("broker", BROKERS)
+def test_python_handler_batches(broker: str, conn: psycopg.Connection[Any], db_dsn: str) -> None:
+    setup_domain(conn)
+    conn.execute("SELECT inbox.configure_consumer('billing', max_attempts => 2)")
+    with channel(broker) as ch:
+        ch.publish([Out(f"p{i}", credit(f"p{i}")) for i in range(40)] + [Out("bad", credit("bad", -1))])
+        consumer = make_consumer(ch, db_dsn, handler="test_consume:python_credit", prefetch=20, retry_delay=0.1,
+                                 max_retry_delay=0.2)
+        with ConsumerThread(consumer):
+            wait_for(lambda: consumer.stats.outcomes.get("quarantined", 0) == 1, "the refused message quarantined")
+            wait_for(lambda: ch.pending() == 0, "every message acked")
+        assert ledger_counts(conn) == {f"p{i}": 1 for i in range(40)}
+        assert consumer.stats.outcomes == {"applied": 40, "failed": 1, "quarantined": 1}, consumer.stats.outcomes
+        assert consumer.stats.transactions < 41
+
+
+def test_bad_configuration_is_refused_before_connecting(tmp_path: Any) -> None:
+    from pginbox.errors import ConsumerConfigError
+
+    with pytest.raises(ConsumerConfigError, match="no broker url"):
+        load_consume_config(None, {"consumer": "billing"})
+    with pytest.raises(ConsumerConfigError, match="needs a queue"):
+        load_consume_config(None, {"url": "amqp://h/", "consumer": "billing"})
+    with pytest.raises(ConsumerConfigError, match="needs a stream"):
+        load_consume_config(None, {"url": "nats://h:4222", "consumer": "billing"})
+    with pytest.raises(ConsumerConfigError, match="expected amqp"):
+        load_consume_config(None, {"url": "kafka://h", "consumer": "billing"})
+    with pytest.raises(ConsumerConfigError, match="header:NAME"):
+        load_consume_config(None, {"url": "amqp://h/", "consumer": "b", "queue": "q", "producer": "app"})
+    with pytest.raises(ConsumerConfigError, match="prefetch"):
+        load_consume_config(None, {"url": "amqp://h/", "consumer": "b", "queue": "q", "prefetch": 65})
+    toml = tmp_path / "c.toml"
+    toml.write_text('[consume]\nurl = "amqp://h/"\nconsumer = "b"\nqueue = "q"\nqeue = "typo"\n')
+    with pytest.raises(ConsumerConfigError, match="unknown"):
+        load_consume_config(toml)
+    toml.write_text('[consume]\nurl = "amqp://h/"\nconsumer = "b"\nqueue = "q"\nprefetch = 5\n')
+    config = load_consume_config(toml, {"prefetch": 7, "queue": None})
+    assert (config.prefetch, config.queue, config.dead_letter_target) == (7, "q", "q.dead")
+    # the CLI: an option's environment variable wins over the file, the option over both
+    env = {**os.environ, "PGINBOX_DSN": "host=127.0.0.1 port=1", "PGINBOX_CONSUME_PREFETCH": "99"}
+    done = subprocess.run([sys.executable, "-m", "pginbox", "consume", "--config", str(toml)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "prefetch" in done.stderr
