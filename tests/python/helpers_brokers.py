@@ -43,7 +43,7 @@ def reachable(url: str) -> bool:
 
 
 def require(broker: str) -> None:
-    url = RABBIT_URL if broker == "rabbitmq" else NATS_URL
+    url = NATS_URL if broker == "nats" else RABBIT_URL
     if not reachable(url):
         pytest.skip(f"{broker} is not reachable at {url}")
 
@@ -75,6 +75,9 @@ class Channel:
     """One queue or stream of a test: publish, count, read the dead letters, delete."""
 
     def __init__(self, broker: str) -> None:
+        # "rabbitmq-quorum": a quorum queue (its redeliveries carry x-delivery-count)
+        self.quorum = broker == "rabbitmq-quorum"
+        broker = "rabbitmq" if self.quorum else broker
         self.broker = broker
         self.name = f"t_{uuid.uuid4().hex[:10]}"
         self.url = RABBIT_URL if broker == "rabbitmq" else NATS_URL
@@ -109,7 +112,8 @@ class Channel:
             conn = await aio_pika.connect(self.url)
             try:
                 ch = await conn.channel(publisher_confirms=True)
-                await ch.declare_queue(self.name, durable=True)
+                await ch.declare_queue(self.name, durable=True,
+                                       arguments={"x-queue-type": "quorum"} if self.quorum else None)
                 for m in messages:
                     ts = None if m.produced_at is None else datetime.datetime.fromisoformat(m.produced_at)
                     await ch.default_exchange.publish(

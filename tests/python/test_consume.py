@@ -116,7 +116,7 @@ async def crashing_handler(cur: psycopg.AsyncCursor[Any], message: Message) -> N
     raise Crash(message.message_id)
 
 
-@pytest.mark.parametrize("broker", BROKERS)
+@pytest.mark.parametrize("broker", [*BROKERS, "rabbitmq-quorum"])
 def test_crash_loop_ends_in_quarantine(broker: str, conn: psycopg.Connection[Any], db_dsn: str) -> None:
     setup_domain(conn)
     conn.execute("SELECT inbox.configure_consumer('billing', max_attempts => 3)")

@@ -65,15 +65,38 @@ class RabbitMQBroker:
         self._dead_declared = False
         try:
             self._connection = await aio_pika.connect(self.config.url, timeout=self.connect_timeout)
-            self._channel = await self._connection.channel(publisher_confirms=True)
+            self._queue = await self._ensure_queue(self.queue_name, create=self.config.declare)
+            assert self._channel is not None
             await self._channel.set_qos(prefetch_count=2 * self.config.prefetch)
-            self._queue = await self._channel.declare_queue(self.queue_name, durable=True,
-                                                            passive=not self.config.declare)
             self._consumer_tag = await self._queue.consume(self._on_message, no_ack=False)
         except _BROKER_ERRORS as exc:
             await self.close()
             raise BrokerError(f"RabbitMQ {_safe_url(self.config.url)} queue {self.queue_name!r}: "
                               f"{type(exc).__name__}: {exc}") from exc
+
+    async def _ensure_queue(self, name: str, *, create: bool = True,
+                            arguments: dict[str, Any] | None = None) -> AbstractQueue:
+        """The queue `name`: an existing one as it is (a quorum queue, with its own arguments, is
+        not declared again: RabbitMQ would refuse arguments that differ), else declared durable.
+        The existence check runs on a channel of its own: a passive declare of a missing queue
+        closes its channel, and the deliveries in hand belong to the main one."""
+        assert self._connection is not None
+        if self._channel is None:
+            self._channel = await self._connection.channel(publisher_confirms=True)
+        probe = await self._connection.channel()
+        try:
+            await probe.declare_queue(name, passive=True)
+            exists = True
+        except aio_pika.exceptions.ChannelClosed:
+            exists = False
+        finally:
+            if not probe.is_closed:
+                await probe.close()
+        if exists:
+            return await self._channel.declare_queue(name, passive=True)
+        if not create:
+            raise BrokerError(f"RabbitMQ queue {name!r} does not exist (declare = false: create it first)")
+        return await self._channel.declare_queue(name, durable=True, arguments=arguments)
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         await self._buffer.put(message)
@@ -134,7 +157,7 @@ class RabbitMQBroker:
         try:
             assert self._channel is not None
             if name not in self._retry_queues:
-                await self._channel.declare_queue(name, durable=True, arguments={
+                await self._ensure_queue(name, arguments={
                     "x-message-ttl": max(1, round(delay * 1000)),
                     "x-dead-letter-exchange": "",
                     "x-dead-letter-routing-key": self.queue_name,
@@ -150,7 +173,7 @@ class RabbitMQBroker:
         try:
             assert self._channel is not None
             if not self._dead_declared:
-                await self._channel.declare_queue(name, durable=True)
+                await self._ensure_queue(name)
                 self._dead_declared = True
             copy = self._copy(delivery.raw, {SQLSTATE_HEADER: sqlstate, REASON_HEADER: reason})
             await self._channel.default_exchange.publish(copy, routing_key=name, mandatory=True)
