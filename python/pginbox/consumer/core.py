@@ -445,6 +445,9 @@ class Consumer:
 
     async def _verdict(self, d: Delivery, result: Result) -> None:
         outcome = result.outcome.value
+        if result.outcome is not Outcome.APPLIED and log.isEnabledFor(logging.DEBUG):
+            log.debug(kv("message_outcome", consumer=self.config.consumer, outcome=outcome,
+                         message_id=d.message and d.message.message_id, redelivered=d.redelivered))
         self.stats.outcomes[outcome] = self.stats.outcomes.get(outcome, 0) + 1
         self.metrics.consumed.labels(outcome).inc()
         if result.ack:
