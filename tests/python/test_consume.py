@@ -73,8 +73,8 @@ def test_outcomes_dead_letters_and_delays(broker: str, conn: psycopg.Connection[
         # seen to deliver an applied message once more (num_delivered 1, under load): an extra
         # duplicate, absorbed (the ledger below still has one row per message)
         outcomes = dict(stats.outcomes)
-        extra = outcomes.get("duplicate", 0) - 1
-        assert extra == 0 or (broker == "nats" and 0 < extra <= 2), stats.outcomes
+        surplus = outcomes.get("duplicate", 0) - 1
+        assert surplus == 0 or (broker == "nats" and 0 < surplus <= 2), stats.outcomes
         outcomes["duplicate"] = 1
         assert outcomes == {"applied": 2, "duplicate": 1, "conflict": 1, "failed": 4, "quarantined": 1,
                             "dead_letter": 4}, stats.outcomes
