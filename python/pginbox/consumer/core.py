@@ -29,10 +29,11 @@ import datetime
 import importlib
 import inspect
 import json
+import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -48,8 +49,6 @@ from pginbox.dispatcher.log import kv
 from pginbox.errors import BrokerError, CommitOutcomeUnknown, ConsumerConfigError, RetriesExhausted
 
 __all__ = ["BadInput", "Broker", "Consumer", "ConsumerStats", "Delivery", "load_handler", "retry_delay"]
-
-import logging
 
 log = logging.getLogger("pginbox.consumer")
 
@@ -234,7 +233,6 @@ class _Metrics:
                          registry=registry)
 
 
-BrokerFactory = Callable[[ConsumeConfig], Broker]
 
 
 def make_broker(config: ConsumeConfig) -> Broker:
@@ -497,5 +495,3 @@ def _one_line(exc: BaseException) -> str:
     state = getattr(exc, "sqlstate", None)
     return f"{text} [SQLSTATE {state}]" if state else text
 
-
-AwaitableFactory = Callable[[], Awaitable[None]]
