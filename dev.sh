@@ -17,6 +17,7 @@ DEB_PACKAGES=(
     libdbd-pg-perl
     libtap-parser-sourcehandler-pgtap-perl
     python3-venv
+    pgbouncer
 )
 VENV="$ROOT/.venv"
 STAMP="$VENV/.pginbox-setup-stamp"

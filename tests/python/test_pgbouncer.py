@@ -1,0 +1,203 @@
+"""pginbox behind PgBouncer in transaction mode (a real PgBouncer: helpers_pgbouncer).
+
+The cases a pooler brings that the library and dispatcher tests (which run a second time through
+PgBouncer, marker `pgbouncer`) do not show by themselves: statements another client prepared on the
+shared server session, detection of the pooler, pooler errors that are never message failures, and
+the work that needs a direct connection.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, LiteralString
+
+import psycopg
+import pytest
+from helpers_inbox import assert_applied_exactly, failed_attempts, inbox_rows, setup_domain
+from helpers_library import CREDIT_SQL, credit_args, message
+from helpers_pgbouncer import PgBouncer
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from pginbox import AsyncInbox, Inbox, Message, Outcome, RetryPolicy, TransientKind, pooler
+from pginbox.client.retry import classify
+
+Conn = psycopg.Connection[Any]
+FAST_RETRY = RetryPolicy(max_attempts=5, base_delay=0.005, max_delay=0.05)
+#: What psycopg names the statements it prepares on a connection: _pg3_0, _pg3_1, ...
+PSYCOPG_NAMES = [f"_pg3_{i}" for i in range(8)]
+
+
+def uid() -> str:
+    return f"m-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def domain(conn: Conn) -> Conn:
+    setup_domain(conn)
+    return conn
+
+
+@pytest.fixture
+def one_server(pg_base: str, tmp_path: Path) -> Iterator[PgBouncer]:
+    """A PgBouncer with one server connection per database and user: every client shares it."""
+    with PgBouncer(pg_base, tmp_path / "pgbouncer", pool_size=1) as bouncer:
+        yield bouncer
+
+
+def pollute(dsn: str, names: list[str]) -> None:
+    """Another client of the pooler prepares statements under psycopg's names on the shared server
+    session (they stay there: the server connection outlives the client's transaction)."""
+    with psycopg.connect(dsn, autocommit=True) as other:
+        for name in names:
+            other.execute(sql.SQL("PREPARE {} AS SELECT 1").format(sql.Identifier(name)))
+
+
+def prepared_credit(cur: psycopg.Cursor[Any], m: Message) -> None:
+    """A handler whose statement psycopg prepares on the server session (prepare=True), as it does
+    by itself for a statement run prepare_threshold (5) times."""
+    cur.execute(CREDIT_SQL, credit_args(m), prepare=True)
+
+
+def test_pgbouncer_is_detected(db_dsn: str, domain: Conn, pgbouncer: PgBouncer) -> None:
+    with psycopg.connect(pgbouncer.route(db_dsn)) as pooled, psycopg.connect(db_dsn) as direct:
+        assert pooler.behind_pooler(pooled) is True
+        assert pooler.behind_pooler(direct) is False
+        assert pooled.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        behind = Inbox(pooled, consumer="billing")
+        beside = Inbox(direct, consumer="billing")
+        assert not behind.behind_pooler and not beside.behind_pooler
+        assert behind.check_schema() == beside.check_schema()
+        assert (behind.behind_pooler, pooled.prepare_threshold) == (True, None)
+        assert (beside.behind_pooler, direct.prepare_threshold) == (False, 5)
+
+
+@pytest.mark.parametrize("pipeline", [True, False], ids=["pipeline", "no-pipeline"])
+def test_statement_prepared_by_another_client_is_not_a_failure(
+    db_dsn: str, domain: Conn, one_server: PgBouncer, pipeline: bool
+) -> None:
+    """Before detection, the claim was prepared as _pg3_0 and the handler's statement as _pg3_1,
+    which another client had prepared on the shared server session: 42P05 in the handler, recorded
+    in inbox.attempt as a failure of a healthy message."""
+    dsn = one_server.route(db_dsn)
+    pollute(dsn, PSYCOPG_NAMES[1:2])
+    m = message(uid(), 10)
+    with psycopg.connect(dsn) as c:
+        inbox = Inbox(c, consumer="billing", retry=FAST_RETRY, pipeline=pipeline)
+        result = inbox.handle(m, prepared_credit)
+        assert inbox.behind_pooler
+    assert result.outcome is Outcome.APPLIED, (result.reason_code, result.error_message)
+    assert failed_attempts(domain, m.message_id) == 0
+    assert_applied_exactly(domain, {m.message_id: 10})
+
+
+def test_every_call_works_on_a_polluted_shared_session(db_dsn: str, domain: Conn, one_server: PgBouncer) -> None:
+    dsn = one_server.route(db_dsn)
+    pollute(dsn, PSYCOPG_NAMES)
+    a, b, c_, d = (message(uid(), n) for n in (1, 2, 3, 4))
+    with psycopg.connect(dsn) as c:
+        inbox = Inbox(c, consumer="billing", retry=FAST_RETRY)
+        assert inbox.handle(a, prepared_credit).outcome is Outcome.APPLIED
+        assert inbox.handle(a, prepared_credit).outcome is Outcome.DUPLICATE
+        assert [r.outcome for r in inbox.handle_batch([b, a], prepared_credit)] == [Outcome.APPLIED, Outcome.DUPLICATE]
+        assert inbox.apply(c_).outcome is Outcome.APPLIED
+        assert [r.outcome for r in inbox.apply_batch([d, c_])] == [Outcome.APPLIED, Outcome.DUPLICATE]
+        assert inbox.stats.transient_errors == {} and inbox.stats.retries == 0
+    assert_applied_exactly(domain, {a.message_id: 1, b.message_id: 2, c_.message_id: 3, d.message_id: 4})
+    assert sum(failed_attempts(domain, m.message_id) for m in (a, b, c_, d)) == 0
+
+
+def test_every_pool_connection_is_configured(db_dsn: str, domain: Conn, one_server: PgBouncer) -> None:
+    """A pool behind the pooler: detection on the first connection applies to all of them, and
+    workers racing on the same messages apply each exactly once."""
+    dsn = one_server.route(db_dsn)
+    pollute(dsn, PSYCOPG_NAMES)
+    messages = [message(uid(), n) for n in range(1, 11)]
+    seen: set[int] = set()
+    lock = threading.Lock()
+
+    def handler(cur: psycopg.Cursor[Any], m: Message) -> None:
+        assert cur.connection.prepare_threshold is None
+        with lock:
+            seen.add(id(cur.connection))
+        prepared_credit(cur, m)
+
+    with ConnectionPool(dsn, min_size=4, max_size=4, open=True) as pool:
+        inbox = Inbox(pool, consumer="billing", retry=FAST_RETRY)
+        with ThreadPoolExecutor(4) as ex:
+            results = list(ex.map(lambda m: inbox.handle(m, handler), messages * 3))
+        assert inbox.behind_pooler
+    outcomes = [r.outcome for r in results]
+    assert outcomes.count(Outcome.APPLIED) == 10 and outcomes.count(Outcome.DUPLICATE) == 20
+    assert len(seen) > 1
+    assert_applied_exactly(domain, {m.message_id: m.payload["amount"] for m in messages})
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_async_inbox_behind_pgbouncer(db_dsn: str, domain: Conn, one_server: PgBouncer) -> None:
+    dsn = one_server.route(db_dsn)
+    pollute(dsn, PSYCOPG_NAMES)
+    messages = [message(uid(), n) for n in range(1, 6)]
+
+    async def handler(cur: psycopg.AsyncCursor[Any], m: Message) -> None:
+        await cur.execute(CREDIT_SQL, credit_args(m), prepare=True)
+
+    async with AsyncConnectionPool(dsn, min_size=2, max_size=2, open=False) as pool:
+        inbox = AsyncInbox(pool, consumer="billing", retry=FAST_RETRY)
+        first = [await inbox.handle(m, handler) for m in messages]
+        again = await inbox.handle_batch(messages, handler)
+        assert inbox.behind_pooler
+    assert {r.outcome for r in first} == {Outcome.APPLIED}
+    assert {r.outcome for r in again} == {Outcome.DUPLICATE}
+    assert_applied_exactly(domain, {m.message_id: m.payload["amount"] for m in messages})
+
+
+#: A statement that fails the way a server session that is not the client's makes it fail.
+POOLER_FAILURES: dict[str, LiteralString] = {
+    "42P05": "PREPARE pginbox_taken AS SELECT 1",  # prepared on this session already
+    "26000": "EXECUTE pginbox_missing",  # never prepared on this session
+}
+
+
+@pytest.mark.parametrize("sqlstate", sorted(POOLER_FAILURES))
+def test_pooler_errors_are_retried_never_recorded(db_dsn: str, domain: Conn, sqlstate: str) -> None:
+    """An undetectable pooler (here: a direct connection whose session disagrees with the handler
+    once): the whole transaction is retried, nothing is recorded against the message, and the
+    client stops preparing statements."""
+    m = message(uid(), 10)
+    calls = 0
+
+    def handler(cur: psycopg.Cursor[Any], msg: Message) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            cur.execute(POOLER_FAILURES[sqlstate])
+        cur.execute(CREDIT_SQL, credit_args(msg))
+
+    with psycopg.connect(db_dsn) as c:
+        c.execute("PREPARE pginbox_taken AS SELECT 1")
+        c.commit()
+        inbox = Inbox(c, consumer="billing", retry=FAST_RETRY)
+        result = inbox.handle(m, handler)
+        assert inbox.behind_pooler and c.prepare_threshold is None
+        assert inbox.stats.transient_errors == {sqlstate: 1}
+    assert result.outcome is Outcome.APPLIED and result.retries == 1 and calls == 2
+    assert failed_attempts(domain, m.message_id) == 0 and len(inbox_rows(domain, m.message_id)) == 1
+    assert_applied_exactly(domain, {m.message_id: 10})
+
+
+def test_pooler_sqlstates_are_transient() -> None:
+    assert classify(psycopg.errors.DuplicatePreparedStatement()) is TransientKind.POOLER
+    assert classify(psycopg.errors.InvalidSqlStatementName()) is TransientKind.POOLER
+    assert classify(psycopg.errors.DuplicateCursor()) is None
+
+
+def test_refuse_pooled_says_what_to_do() -> None:
+    pooler.refuse_pooled(False, "purge")
+    with pytest.raises(pooler.PoolerError, match=r"purge needs one server session.*connect to PostgreSQL directly"):
+        pooler.refuse_pooled(True, "purge")
