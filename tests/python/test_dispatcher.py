@@ -68,11 +68,18 @@ def fast_retries(conn: Conn) -> None:
 
 
 @pytest.fixture
-def make_dispatcher(db_dsn: str) -> Iterator[Callable[..., Dispatcher]]:
+def make_dispatcher(db_dsn: str, route: Callable[[str], str]) -> Iterator[Callable[..., Dispatcher]]:
+    """Dispatchers whose claims go directly to the database, or through PgBouncer with a direct
+    --listen-dsn (`route`: the tests that take this fixture run both ways)."""
     made: list[Dispatcher] = []
+    claims_dsn = route(db_dsn)
+    if claims_dsn != db_dsn:
+        made_options: dict[str, Any] = {"listen_dsn": db_dsn}
+    else:
+        made_options = {}
 
     def make(name: str, recorder: Recorder, **options: Any) -> Dispatcher:
-        dispatcher = Dispatcher(db_dsn, name, {"sink": CallableTransport(recorder)}, **options)
+        dispatcher = Dispatcher(claims_dsn, name, {"sink": CallableTransport(recorder)}, **made_options, **options)
         made.append(dispatcher)
         return dispatcher
 

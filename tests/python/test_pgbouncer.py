@@ -8,9 +8,15 @@ the work that needs a direct connection.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import subprocess
+import sys
 import threading
+import time
+import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, LiteralString
@@ -23,8 +29,10 @@ from helpers_pgbouncer import PgBouncer
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from pginbox import AsyncInbox, Inbox, Message, Outcome, RetryPolicy, TransientKind, pooler
+from pginbox import AsyncInbox, Inbox, Message, Outcome, PoolerError, RetryPolicy, TransientKind, pooler
 from pginbox.client.retry import classify
+from pginbox.dispatcher import CallableTransport, Dispatcher, Effect, HealthServer
+from pginbox.ops.retention import purge, purge_consumer
 
 Conn = psycopg.Connection[Any]
 FAST_RETRY = RetryPolicy(max_attempts=5, base_delay=0.005, max_delay=0.05)
@@ -201,3 +209,99 @@ def test_refuse_pooled_says_what_to_do() -> None:
     pooler.refuse_pooled(False, "purge")
     with pytest.raises(pooler.PoolerError, match=r"purge needs one server session.*connect to PostgreSQL directly"):
         pooler.refuse_pooled(True, "purge")
+
+
+# ----------------------------------------------------------------------------- dispatcher and purge
+
+
+def enqueue(conn: Conn, effect_id: str) -> None:
+    with conn.transaction():
+        conn.execute("SELECT inbox.enqueue_effect(%s, 'sink', '{}'::jsonb)", (effect_id,))
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+
+    def __call__(self, effect: Effect) -> None:
+        self.ids.append(effect.effect_id)
+
+
+@contextlib.contextmanager
+def running(dispatcher: Dispatcher) -> Iterator[Dispatcher]:
+    runner = threading.Thread(target=dispatcher.run)
+    runner.start()
+    try:
+        yield dispatcher
+    finally:
+        dispatcher.stop()
+        runner.join(10)
+        dispatcher.close()
+    assert not runner.is_alive()
+
+
+def test_dispatcher_behind_pgbouncer_without_a_listen_dsn_polls_and_says_so(
+    conn: Conn, db_dsn: str, pgbouncer: PgBouncer
+) -> None:
+    """LISTEN through a transaction pooler would listen on a server session the notifications never
+    reach: the dispatcher does not LISTEN, polls, and /healthz says so (healthy: it works)."""
+    sink = Sink()
+    dispatcher = Dispatcher(pgbouncer.route(db_dsn), "pooled", {"sink": CallableTransport(sink)}, poll_interval=0.2)
+    with running(dispatcher), HealthServer(dispatcher) as server:
+        assert wait_for(lambda: dispatcher.wakeup == "polling", timeout=10)
+        enqueue(conn, "polled")
+        assert wait_for(lambda: sink.ids == ["polled"], timeout=10)
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=5) as response:
+            status, health = response.status, json.loads(response.read())
+    assert status == 200 and health["healthy"] is True
+    assert (health["listening"], health["wakeup"], health["behind_pooler"]) == (False, "polling", True)
+    assert "connection pooler" in health["wakeup_reason"] and "--listen-dsn" in health["wakeup_reason"]
+    assert dispatcher.listen_backend_pid is None
+
+
+def test_dispatcher_listens_on_the_listen_dsn_and_claims_through_pgbouncer(
+    conn: Conn, db_dsn: str, pgbouncer: PgBouncer
+) -> None:
+    sink = Sink()
+    # A poll interval far longer than the wait below: a delivery within it came through NOTIFY.
+    dispatcher = Dispatcher(pgbouncer.route(db_dsn), "split", {"sink": CallableTransport(sink)},
+                            poll_interval=60.0, listen_dsn=db_dsn)
+    with running(dispatcher):
+        assert wait_for(lambda: dispatcher.listen_backend_pid is not None, timeout=10)
+        time.sleep(0.3)  # idle, waiting on the LISTEN session
+        enqueue(conn, "signalled")
+        assert wait_for(lambda: sink.ids == ["signalled"], timeout=5)
+        healthy, health = dispatcher.health()
+        pid = dispatcher.listen_backend_pid
+        listener = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND query = 'LISTEN inbox_outbox'", (pid,)
+        ).fetchone()
+    assert healthy and (health["listening"], health["wakeup"], health["wakeup_reason"]) == (True, "listen", None)
+    assert health["behind_pooler"] is True
+    assert listener == (1,), "the LISTEN session is a direct one: its pid is a real backend's"
+
+
+def test_purge_refuses_a_pooled_connection(conn: Conn, db_dsn: str, pgbouncer: PgBouncer) -> None:
+    with psycopg.connect(pgbouncer.route(db_dsn), autocommit=True) as pooled:
+        with pytest.raises(PoolerError, match=r"session-level advisory lock.*connect to PostgreSQL directly"):
+            purge_consumer(pooled, "billing")
+        with pytest.raises(PoolerError):
+            purge(pooled)
+    held = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()
+    assert held == (0,)
+
+
+def test_cli_purge_through_pgbouncer_says_what_to_do(db_dsn: str, pgbouncer: PgBouncer) -> None:
+    done = subprocess.run([sys.executable, "-m", "pginbox", "purge", "--dsn", pgbouncer.route(db_dsn)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode != 0
+    assert "connection pooler" in done.stderr and "directly" in done.stderr

@@ -21,6 +21,8 @@ from typing import Any, Final
 import psycopg
 from psycopg.rows import dict_row
 
+from pginbox import pooler
+
 __all__ = [
     "SCENARIOS",
     "PeriodicPurger",
@@ -133,6 +135,9 @@ def purge_consumer(
     `pause`: seconds to sleep after each batch, to leave the claims their share of a busy machine."""
     if not conn.autocommit:
         raise ValueError("purge_consumer needs an autocommit connection: it commits after every batch")
+    # The purger's session advisory lock spans the batches' transactions: behind a transaction pooler
+    # it would stay on a server session that other clients get (PoolerError, before anything runs).
+    pooler.refuse_pooled(pooler.behind_pooler(conn), "purge (its session-level advisory lock)")
     started = time.monotonic()
     report = PurgeReport(consumer, "done")
     try:
@@ -187,6 +192,7 @@ def purge(
     stop: threading.Event | None = None,
 ) -> list[PurgeReport]:
     """Purge the named consumer, or every consumer that has a retention policy."""
+    pooler.refuse_pooled(pooler.behind_pooler(conn), "purge (its session-level advisory lock)")
     consumers: Sequence[str]
     if consumer is not None:
         consumers = [consumer]
