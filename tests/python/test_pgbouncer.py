@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -25,8 +27,9 @@ import psycopg
 import pytest
 from helpers_inbox import assert_applied_exactly, failed_attempts, inbox_rows, setup_domain
 from helpers_library import CREDIT_SQL, credit_args, message
-from helpers_pgbouncer import PgBouncer
+from helpers_pgbouncer import PgBouncer, free_port
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from pginbox import AsyncInbox, Inbox, Message, Outcome, PoolerError, RetryPolicy, TransientKind, pooler
@@ -305,3 +308,74 @@ def test_cli_purge_through_pgbouncer_says_what_to_do(db_dsn: str, pgbouncer: PgB
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode != 0
     assert "connection pooler" in done.stderr and "directly" in done.stderr
+
+
+@pytest.mark.parametrize("listen_dsn", [True, False], ids=["listen-dsn-from-env", "no-listen-dsn"])
+def test_cli_dispatch_reads_the_listen_dsn_from_the_environment(
+    conn: Conn, db_dsn: str, pgbouncer: PgBouncer, tmp_path: Path, listen_dsn: bool
+) -> None:
+    """`pginbox dispatch` through PgBouncer: PGINBOX_DISPATCH_LISTEN_DSN gives LISTEN its direct
+    connection (/healthz: wakeup listen); without it, wakeup polling with the reason."""
+    port = free_port()
+    env = {**os.environ, "PGINBOX_TEST_SINK": str(tmp_path / "sink.txt"),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    if listen_dsn:
+        env["PGINBOX_DISPATCH_LISTEN_DSN"] = db_dsn
+    else:
+        env.pop("PGINBOX_DISPATCH_LISTEN_DSN", None)
+    command = [sys.executable, "-m", "pginbox", "--dsn", pgbouncer.route(db_dsn), "dispatch", "--name", "cli-pooled",
+               "--callable", "sink=_dispatch_sink:record", "--health-port", str(port), "--poll-interval", "0.2"]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    health: dict[str, Any] = {}
+
+    def wakeup_known() -> bool:
+        nonlocal health
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+                health = json.loads(response.read())
+        except OSError:
+            return False
+        return bool(health.get("listening")) or health.get("wakeup") == "polling"
+
+    try:
+        assert wait_for(wakeup_known, timeout=20), health
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(20)
+    if listen_dsn:
+        assert (health["listening"], health["wakeup"], health["wakeup_reason"]) == (True, "listen", None)
+    else:
+        assert (health["listening"], health["wakeup"]) == (False, "polling")
+        assert "PGINBOX_DISPATCH_LISTEN_DSN" in health["wakeup_reason"]
+    assert process.returncode == 0
+
+
+def test_sqlalchemy_inbox_behind_pgbouncer(db_dsn: str, domain: Conn, one_server: PgBouncer) -> None:
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import URL
+    from sqlalchemy.orm import Session
+
+    from pginbox.integrations.sqlalchemy import SQLAlchemyInbox
+
+    dsn = one_server.route(db_dsn)
+    pollute(dsn, PSYCOPG_NAMES)
+    params = conninfo_to_dict(dsn)
+    engine = create_engine(URL.create("postgresql+psycopg", username=str(params["user"]), host="127.0.0.1",
+                                      port=one_server.port, database=str(params["dbname"])))
+    inbox = SQLAlchemyInbox(consumer="billing", retry=FAST_RETRY)
+    messages = [message(uid(), n) for n in range(1, 8)]
+
+    def handler(session: Session, m: Message) -> None:
+        session.execute(text("SELECT apply_credit(:a, :m, :n)"),
+                        {"a": m.payload["account"], "m": m.message_id, "n": m.payload["amount"]})
+
+    try:
+        with Session(engine) as s:
+            first = [inbox.handle(s, m, handler) for m in messages]
+            again = [inbox.handle(s, m, handler) for m in messages]
+        assert inbox.behind_pooler
+    finally:
+        engine.dispose()
+    assert {r.outcome for r in first} == {Outcome.APPLIED} and {r.outcome for r in again} == {Outcome.DUPLICATE}
+    assert_applied_exactly(domain, {m.message_id: m.payload["amount"] for m in messages})
+    assert sum(failed_attempts(domain, m.message_id) for m in messages) == 0
