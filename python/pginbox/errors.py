@@ -22,8 +22,8 @@ its subclasses, pass through unchanged where the docs say so).
         OutboxDemoRefused
 
 Not here, on purpose: the retry loop's internal signals (pginbox.client.shared.Transient and
-CommitUnknown, never raised to a caller) and the exceptions the demo's own handlers raise (they
-play the part of an application's errors).
+CommitUnknown, pginbox.integrations.sqlalchemy._Failed, never raised to a caller) and the
+exceptions the demo's own handlers raise (they play the part of an application's errors).
 """
 
 from __future__ import annotations

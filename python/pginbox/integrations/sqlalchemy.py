@@ -36,6 +36,7 @@ from pginbox import pooler
 from pginbox.client import shared as _core
 from pginbox.client.outcomes import Message, Outcome, Result
 from pginbox.client.retry import RetryPolicy, TransientKind, classify
+from pginbox.client.shared import Transient
 from pginbox.errors import CommitOutcomeUnknown, HandlerProtocolError, PginboxError, RetriesExhausted
 from pginbox.sql_limits import MAX_BATCH
 
@@ -121,13 +122,6 @@ class _Failed(Exception):
 
     def __init__(self, error: BaseException) -> None:
         super().__init__(str(error))
-        self.error = error
-
-
-class _Transient(Exception):
-    def __init__(self, kind: TransientKind, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.kind = kind
         self.error = error
 
 
@@ -307,7 +301,7 @@ class SQLAlchemyInbox:
                     with suppress(DBAPIError):  # the connection may be gone: nothing to roll back then
                         tx.rollback()
                     if kind is not None:
-                        raise _Transient(kind, exc) from exc
+                        raise Transient(kind, exc) from exc
                     raise _Failed(exc) from exc
                 if not tx.is_active:
                     raise HandlerProtocolError(
@@ -324,7 +318,7 @@ class SQLAlchemyInbox:
                         reason_code="25P02", sqlstate="25P02",
                     ))
                 claim = Result(Outcome.APPLIED, claim.payload_sha256, None, claim.handler_version, claim.processed_at)
-        except (_Failed, _Transient, HandlerProtocolError):
+        except (_Failed, Transient, HandlerProtocolError):
             raise
         except BaseException:
             if tx.is_active:
@@ -336,7 +330,7 @@ class SQLAlchemyInbox:
             if _lost(exc) and xid is not None:
                 if self._resolve(target, xid):
                     return claim
-                raise _Transient(TransientKind.CONNECTION, exc) from exc
+                raise Transient(TransientKind.CONNECTION, exc) from exc
             raise
         return claim
 
@@ -376,7 +370,7 @@ class SQLAlchemyInbox:
             number += 1
             try:
                 return attempt(), retries
-            except _Transient as transient:
+            except Transient as transient:
                 error, kind = transient.error, transient.kind
             except DBAPIError as exc:
                 found = classify(exc) or (TransientKind.CONNECTION if _lost(exc) else None)
