@@ -379,3 +379,18 @@ def test_sqlalchemy_inbox_behind_pgbouncer(db_dsn: str, domain: Conn, one_server
     assert {r.outcome for r in first} == {Outcome.APPLIED} and {r.outcome for r in again} == {Outcome.DUPLICATE}
     assert_applied_exactly(domain, {m.message_id: m.payload["amount"] for m in messages})
     assert sum(failed_attempts(domain, m.message_id) for m in messages) == 0
+
+
+def test_operator_commands_prepare_nothing(db_dsn: str, domain: Conn, one_server: PgBouncer) -> None:
+    """The operator commands' connection prepares no statements (a replay or a quarantine sweep
+    runs the same statement many times: psycopg would prepare it on the shared server session)."""
+    import click
+
+    from pginbox.cli.context import State, connect
+
+    dsn = one_server.route(db_dsn)
+    pollute(dsn, PSYCOPG_NAMES)
+    with click.Context(click.Command("t"), obj=State()) as ctx, connect(ctx, dsn) as c:
+        assert c.prepare_threshold is None
+        for _ in range(10):  # past psycopg's default prepare_threshold (5)
+            assert c.execute("SELECT count(*) FROM inbox.attempt").fetchone() == (0,)
