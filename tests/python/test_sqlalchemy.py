@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -322,3 +323,33 @@ def test_only_a_role_bound_to_the_consumer_may_act_as_it(
     assert getattr(caught.value.orig, "sqlstate", None) == "42501"
     assert entries(engine) == {m.message_id: 1, "": 5}
     assert domain.execute("SELECT count(*) FROM inbox.attempt").fetchone() == (0,)
+
+
+def test_a_crash_loop_of_redeliveries_ends_in_quarantine(engine: Engine, domain: Conn) -> None:
+    """A handler interrupted like a crash (KeyboardInterrupt): nothing commits, nothing is recorded;
+    redeliveries announce themselves, and at max_attempts the message is quarantined unrun."""
+    domain.execute("SELECT inbox.configure_consumer('billing', max_attempts => 3)")
+    inbox = SQLAlchemyInbox(consumer="billing")
+    m = message(uid(), 5)
+    calls = 0
+
+    def crashes(session: Session, msg: Message) -> None:
+        nonlocal calls
+        calls += 1
+        credit(session, msg)
+        session.flush()
+        raise KeyboardInterrupt
+
+    with Session(engine) as s:
+        for redelivered in (False, True, True):
+            with pytest.raises(KeyboardInterrupt):
+                inbox.handle(s, replace(m, redelivered=redelivered), crashes)
+            assert not s.in_transaction() and entries(engine) == {"": 0}
+            assert failed_attempts(domain, m.message_id) == 0
+        held = inbox.handle(s, replace(m, redelivered=True), crashes)
+        fresh = message(uid(), 2)
+        below = inbox.handle(s, replace(fresh, redelivered=True), credit)
+    assert held.outcome is Outcome.QUARANTINED and held.reason_code == "crash_loop"
+    assert calls == 3
+    assert below.outcome is Outcome.APPLIED
+    assert entries(engine) == {fresh.message_id: 1, "": 2}
