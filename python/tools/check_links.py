@@ -55,6 +55,10 @@ def anchors(path: Path) -> set[str]:
     return result
 
 
+def _shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def broken_links(path: Path) -> Iterator[str]:
     cache: dict[Path, set[str]] = {}
     for number, line in _lines_outside_fences(path.read_text(encoding="utf-8")):
@@ -63,7 +67,7 @@ def broken_links(path: Path) -> Iterator[str]:
             if re.match(r"^[a-z][a-z0-9+.-]*:", target):
                 continue  # http:, https:, mailto:
             file_part, _, anchor = target.partition("#")
-            where = f"{path.relative_to(ROOT)}:{number}: {target}"
+            where = f"{_shown(path)}:{number}: {target}"
             linked = (path.parent / file_part).resolve() if file_part else path
             if not linked.exists():
                 yield f"{where}: no such file"
@@ -76,7 +80,7 @@ def broken_links(path: Path) -> Iterator[str]:
             if linked not in cache:
                 cache[linked] = anchors(linked)
             if anchor not in cache[linked]:
-                yield f"{where}: no heading with that anchor in {linked.relative_to(ROOT)}"
+                yield f"{where}: no heading with that anchor in {_shown(linked)}"
 
 
 def main(argv: list[str]) -> int:
