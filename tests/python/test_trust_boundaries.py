@@ -374,6 +374,29 @@ def test_a_handler_made_security_definer_after_registration_is_refused(
     assert counts(conn) == (0, 0, 0, 0)
 
 
+def test_a_replay_plan_checks_its_handler_at_every_run(conn: Conn, login_role: Callable[..., str]) -> None:
+    """A consumer bound only by the upgrade from 0.1.0 (legacy): its handler runs with the operator's
+    rights, so a handler altered into a SECURITY DEFINER function owned by a privileged role after
+    the plan was made must be refused at the run, as claim_and_apply and repair refuse it."""
+    billing, _, operator, _ = setup_billing(conn, login_role)
+    conn.execute("UPDATE inbox.consumer_binding SET legacy = true WHERE consumer = 'billing'")
+    with connect(billing) as svc:
+        assert apply(svc, "rp-1", {"account": 3, "amount": 5}) == "applied"
+    with connect(operator) as op:
+        plan = scalar(op, "SELECT plan_id FROM inbox.create_replay_plan('rp', 'billing', 'credit',"
+                          " 'app.credit(jsonb, inbox.message_context)', 'v1', 'trust test')")
+        op.execute("SELECT inbox.add_replay_items(%s, %s)",
+                   (plan, json.dumps([{"producer": "shop", "message_id": "rp-1",
+                                       "payload": {"account": 3, "amount": 5}}])))
+    conn.execute("ALTER FUNCTION app.credit(jsonb, inbox.message_context) SECURITY DEFINER;"
+                 " ALTER FUNCTION app.credit(jsonb, inbox.message_context) OWNER TO postgres")
+    with connect(operator) as op, pytest.raises(errors.InsufficientPrivilege, match="SECURITY DEFINER"):
+        op.execute("SELECT inbox.run_replay_plan(%s, 10)", (plan,))
+    assert scalar(conn, "SELECT count(*) FROM app.ledger WHERE message_id = 'rp-1'") == 1
+    assert scalar(conn, "SELECT amount FROM app.balance WHERE account = 3") == 5
+    assert scalar(conn, "SELECT status FROM inbox.replay_item WHERE plan_id = %s", (plan,)) == "pending"
+
+
 def test_unclaim_takes_back_only_what_the_same_transaction_claimed(conn: Conn, login_role: Callable[..., str]) -> None:
     """The batch's helper that takes back a failed message's claim cannot be used to make another
     delivery forget: a committed claim (anyone's) stays, and the redelivery stays a duplicate."""
