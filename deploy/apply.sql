@@ -452,7 +452,7 @@ CREATE OR REPLACE FUNCTION inbox._begin_apply_batch(consumer text, messages json
     SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    fn constant text := 'inbox.claim_and_apply';
+    fn constant text := 'inbox.claim_and_apply_batch';
     settings inbox.consumer_config;
     n integer;
     tenants text[];
@@ -483,6 +483,10 @@ BEGIN
               FROM inbox._batch_messages(_begin_apply_batch.consumer, _begin_apply_batch.messages) b) m
       LEFT JOIN inbox.handler h ON h.consumer = _begin_apply_batch.consumer AND h.message_type = m.message_type;
     IF n = 0 THEN
+        -- An empty batch writes nothing, but answers an unbound role as any call does.
+        IF NOT inbox._may_act_as(_begin_apply_batch.consumer, NULL) THEN
+            PERFORM inbox._authorize(fn, _begin_apply_batch.consumer, NULL);
+        END IF;
         RETURN;
     END IF;
     -- Who may act, for which tenants; the handlers as claim_and_apply checks them; the producer

@@ -14,6 +14,7 @@ its subclasses, pass through unchanged where the docs say so).
       AmbiguousDelivery         a transport cannot tell whether the destination acted
       DestinationRefused        the SSRF guard refused a destination address
       SqitchError               sqitch could not be run or failed
+      SqitchScriptError         `pginbox schema sql` could not render the Sqitch project as one script
       ClusterError              the private development cluster could not be used
       DemoError                 `pginbox demo` could not run, or found its invariant broken
         InvariantBroken

@@ -354,6 +354,8 @@ def test_a_compressed_payload_is_held_to_its_real_size(conn: Conn, login_role: C
         "SELECT inbox.claim('billing', 'shop', 'm', '{}', handler_version => '   ')",
         "SELECT inbox.claim('billing', 'shop', 'm', '{}', tenant => '  ')",
         "SELECT inbox.claim_and_apply('billing', 'shop', 'm', ' ', '{}')",
+        "SELECT inbox.record_failure('billing', 'shop', 'm', '{}', 'boom', message_type => ' ')",
+        "SELECT inbox.record_start('billing', 'shop', 'm', message_type => E'\\t')",
     ],
 )
 def test_whitespace_only_names_are_refused(conn: Conn, login_role: Callable[..., str], statement: str) -> None:
@@ -361,6 +363,18 @@ def test_whitespace_only_names_are_refused(conn: Conn, login_role: Callable[...,
     with connect(billing) as svc, pytest.raises(errors.InvalidParameterValue, match="whitespace"):
         svc.execute(statement)
     assert counts(conn)[0] == 0
+
+
+def test_an_empty_batch_answers_an_unbound_role_like_any_call(conn: Conn, login_role: Callable[..., str]) -> None:
+    """An empty batch writes nothing, but must not tell an unbound role "0 rows, all fine": it gets
+    the same 42501 / 42704 as a batch with messages, naming the batch function."""
+    _, attacker, _, _ = setup_billing(conn, login_role)
+    with connect(attacker) as svc:
+        with pytest.raises(errors.InsufficientPrivilege, match=r"inbox\.claim_and_apply_batch: role"):
+            svc.execute("SELECT * FROM inbox.claim_and_apply_batch('billing', '[]')")
+        with pytest.raises(errors.UndefinedObject, match=r"inbox\.claim_and_apply_batch: consumer 'nobody'"):
+            svc.execute("SELECT * FROM inbox.claim_and_apply_batch('nobody', '[]')")
+    assert counts(conn) == (0, 0, 0, 0)
 
 
 def test_a_handler_made_security_definer_after_registration_is_refused(
