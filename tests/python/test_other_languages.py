@@ -56,7 +56,7 @@ def setup_block() -> str:
     blocks = re.findall(r"```sql\n(.*?)```", DOC.read_text(), re.S)
     setup = [b for b in blocks if b.startswith(SETUP_MARK)]
     assert len(setup) == 1, f"{DOC}: one ```sql block must start with {SETUP_MARK!r}"
-    return setup[0]
+    return str(setup[0])
 
 
 def require(program: str, package: str) -> str:
