@@ -174,9 +174,9 @@ def region(path: Path, name: str) -> str:
     begin, end = (rf"^[ \t]*// doc:{edge} {re.escape(name)}\n" for edge in ("begin", "end"))
     match = re.search(f"{begin}(.*?){end}", text, re.S | re.M)
     assert match, f"{path}: no region {name!r} (// doc:begin {name} ... // doc:end {name})"
-    lines = match.group(1).split("\n")
+    lines = match.group(1).rstrip().split("\n")
     indent = min((len(line) - len(line.lstrip()) for line in lines if line.strip()), default=0)
-    return "\n".join(line[indent:] for line in lines)
+    return "\n".join(line[indent:] for line in lines) + "\n"
 
 
 def test_doc_excerpts_are_the_example_files() -> None:
