@@ -102,6 +102,10 @@ def build_go(out: Path) -> list[str]:
     go = require("go", "golang-go")
     if not Path(GO_PATH, "src", "github.com", "jackc", "pgx", "v4").is_dir():
         pytest.fail("pgx v4 is missing: run ./dev.sh setup (Debian package golang-github-jackc-pgx-v4-dev)")
+    gofmt = subprocess.run(
+        [str(Path(go).resolve().parent / "gofmt"), "-l", str(EXAMPLES / "go")], capture_output=True, text=True
+    )
+    assert gofmt.returncode == 0 and gofmt.stdout == "", f"gofmt -l examples/go: {gofmt.stdout}{gofmt.stderr}"
     binary = out / "scenario"
     subprocess.run(
         [go, "build", "-o", str(binary), str(EXAMPLES / "go" / "scenario.go")],
