@@ -4,13 +4,20 @@ Exit codes of `pginbox purge` (for cron): 0 purged, nothing to purge, or another
 running (busy); 1 an error (one line on stderr); 2 bad usage; 3 a named consumer has no retention
 policy; 75 (EX_TEMPFAIL) transactions from before the announcement outlived --wait-timeout
 (nothing more was deleted: run it again later).
+
+Progress (rows deleted, rate, time left against an estimate counted before the purge starts) is
+drawn in place on stderr when stderr is a terminal, never under cron; --progress forces it (one
+line per batch when stderr is not a terminal), --no-progress and --quiet turn it off.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import click
 
@@ -30,6 +37,92 @@ def _text(value: object) -> object:
     return str(value)
 
 
+def _duration(seconds: float) -> str:
+    whole = max(round(seconds), 0)
+    if whole >= 3600:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    if whole >= 60:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole}s"
+
+
+def progress_line(p: retention.PurgeProgress) -> str:
+    """`billing: 12,000 of ~40,000 rows (30%), 5,230 rows/s, about 5s left` (what is known)."""
+    if p.estimate is not None and p.estimate > 0:
+        done = f"{p.rows_deleted:,} of ~{p.estimate:,} rows ({min(100 * p.rows_deleted // p.estimate, 100)}%)"
+    else:
+        done = f"{p.rows_deleted:,} rows"
+    if p.batches:
+        stage = f"batch {p.batches}"
+    else:
+        stage = "starting" if p.seconds < 1 else "waiting for transactions from before the announcement"
+    parts = [f"{p.consumer}: {done}", stage]
+    if p.rate is not None:
+        parts.append(f"{p.rate:,.0f} rows/s")
+    if p.seconds_left is not None:
+        parts.append(f"about {_duration(p.seconds_left)} left")
+    parts.append(f"{_duration(p.seconds)} elapsed")
+    return ", ".join(parts)
+
+
+class _Progress:
+    """Draws the purge's progress on `stream`: in place on a terminal (redrawn every second too,
+    so a purge waiting for old transactions is seen waiting), else one line per batch."""
+
+    def __init__(self, stream: TextIO, in_place: bool) -> None:
+        self.stream = stream
+        self.in_place = in_place
+        self.lock = threading.Lock()
+        self.last: retention.PurgeProgress | None = None
+        self.started = time.monotonic()
+        self.stop = threading.Event()
+        self.ticker = threading.Thread(target=self._tick, name="pginbox-purge-progress", daemon=True)
+
+    def start(self, consumer: str, estimate: int | None) -> None:
+        with self.lock:
+            self.started = time.monotonic()
+            self.last = retention.PurgeProgress(consumer, 0, 0, 0.0, estimate)
+            if self.in_place:
+                self._draw(self.last)
+        if self.in_place and not self.ticker.is_alive():
+            self.ticker.start()
+
+    def update(self, p: retention.PurgeProgress) -> None:
+        with self.lock:
+            self.last = p
+            self._draw(p)
+
+    def clear(self) -> None:
+        """Before a summary line: the progress line goes."""
+        with self.lock:
+            self.last = None
+            if self.in_place:
+                self.stream.write("\r\x1b[K")
+                self.stream.flush()
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.ticker.is_alive():
+            self.ticker.join(2)
+        self.clear()
+
+    def _draw(self, p: retention.PurgeProgress) -> None:
+        if self.in_place:
+            self.stream.write("\r\x1b[K" + progress_line(p))
+        else:
+            self.stream.write(progress_line(p) + "\n")
+        self.stream.flush()
+
+    def _tick(self) -> None:
+        while not self.stop.wait(1.0):
+            with self.lock:
+                if self.last is not None:
+                    p = self.last
+                    p = retention.PurgeProgress(p.consumer, p.batches, p.rows_deleted,
+                                                time.monotonic() - self.started, p.estimate)
+                    self._draw(p)
+
+
 @click.command(name="purge")
 @dsn_option
 @click.option("--consumer", metavar="NAME", default=None,
@@ -42,17 +135,29 @@ def _text(value: object) -> object:
               help="Longest wait for transactions from before the announcement, seconds.")
 @click.option("--pause", type=click.FloatRange(0, 60), default=0.0, show_default=True,
               help="Sleep this long after each batch (leaves CPU to the claims on a busy machine), seconds.")
+@click.option("--progress/--no-progress", "show_progress", default=None,
+              help="Show rows deleted, rate and time left on stderr [default: when stderr is a terminal].")
+@click.option("--quiet", is_flag=True, help="No progress and no summary unless something went wrong (cron).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.pass_context
 def purge_command(ctx: click.Context, command_dsn: str | None, consumer: str | None, batch_size: int,
-                  max_batches: int, wait_timeout: float, pause: float, as_json: bool) -> None:
-    """Delete processed inbox rows older than each consumer's retention window (for cron)."""
-    with connect(ctx, command_dsn) as conn:
-        reports = retention.purge(conn, consumer, batch_size=batch_size, max_batches=max_batches,
-                                  wait_timeout=wait_timeout, pause=pause)
+                  max_batches: int, wait_timeout: float, pause: float, show_progress: bool | None, quiet: bool,
+                  as_json: bool) -> None:
+    """Delete processed inbox rows older than each consumer's retention window (for cron). On a
+    terminal it shows its progress; under cron it prints one summary line per consumer."""
+    terminal = sys.stderr.isatty()
+    drawing = not quiet and (terminal if show_progress is None else show_progress)
+    progress = _Progress(sys.stderr, in_place=terminal) if drawing else None
+    try:
+        with connect(ctx, command_dsn) as conn:
+            reports = _purge_all(conn, consumer, progress, batch_size=batch_size, max_batches=max_batches,
+                                 wait_timeout=wait_timeout, pause=pause)
+    finally:
+        if progress is not None:
+            progress.close()
     if as_json:
         echo_json({"consumers": [r.as_dict() for r in reports]})
-    elif not reports:
+    elif not reports and not quiet:
         click.echo("no consumer has a retention policy: nothing is ever purged (pginbox retention set ...)")
     for report in reports if not as_json else []:
         line = {
@@ -65,11 +170,29 @@ def purge_command(ctx: click.Context, command_dsn: str | None, consumer: str | N
             "timeout": f"gave up after {wait_timeout}s waiting for transactions from before the announcement; "
                        f"deleted {report.rows_deleted} rows; run it again later",
         }[report.status]
+        if quiet and report.status != "timeout":
+            continue
         click.echo(f"{report.consumer}: {line}", err=report.status == "timeout")
     if any(r.status == "timeout" for r in reports):
         ctx.exit(EXIT_TIMEOUT)
     if consumer is not None and any(r.status == "no_policy" for r in reports):
         ctx.exit(EXIT_NO_POLICY)
+
+
+def _purge_all(conn: Any, consumer: str | None, progress: _Progress | None, **options: Any) -> list[
+        retention.PurgeReport]:
+    """retention.purge, one consumer after the other, with the progress drawn (and the rows to go
+    counted first) when it is shown."""
+    if progress is None:
+        return retention.purge(conn, consumer, **options)
+    names = [consumer] if consumer is not None else [r[0] for r in conn.execute(retention.POLICY_CONSUMERS)]
+    reports = []
+    for name in names:
+        estimate = retention.estimate_rows_to_go(conn, name)
+        progress.start(name, estimate)
+        reports.append(retention.purge_consumer(conn, name, progress=progress.update, estimate=estimate, **options))
+        progress.clear()
+    return reports
 
 
 @click.group(name="retention")
