@@ -12,17 +12,16 @@ line per batch when stderr is not a terminal), --no-progress and --quiet turn it
 
 from __future__ import annotations
 
-import sys
-import threading
-import time
+import dataclasses
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, TextIO, TypeVar
+from typing import Any, TypeVar
 
 import click
 
 from pginbox.cli.context import connect, dsn_option
 from pginbox.cli.output import echo_json, table
+from pginbox.cli.progress import Progress, Render, duration, progress_for_stderr
 from pginbox.ops import retention
 
 EXIT_NO_POLICY = 3
@@ -37,17 +36,8 @@ def _text(value: object) -> object:
     return str(value)
 
 
-def _duration(seconds: float) -> str:
-    whole = max(round(seconds), 0)
-    if whole >= 3600:
-        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
-    if whole >= 60:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    return f"{whole}s"
-
-
 def progress_line(p: retention.PurgeProgress) -> str:
-    """`billing: 12,000 of ~40,000 rows (30%), 5,230 rows/s, about 5s left` (what is known)."""
+    """`billing: 12,000 of ~40,000 rows (30%), batch 120, 5,230 rows/s, about 5s left, 2s elapsed`."""
     if p.estimate is not None and p.estimate > 0:
         done = f"{p.rows_deleted:,} of ~{p.estimate:,} rows ({min(100 * p.rows_deleted // p.estimate, 100)}%)"
     else:
@@ -60,67 +50,14 @@ def progress_line(p: retention.PurgeProgress) -> str:
     if p.rate is not None:
         parts.append(f"{p.rate:,.0f} rows/s")
     if p.seconds_left is not None:
-        parts.append(f"about {_duration(p.seconds_left)} left")
-    parts.append(f"{_duration(p.seconds)} elapsed")
+        parts.append(f"about {duration(p.seconds_left)} left")
+    parts.append(f"{duration(p.seconds)} elapsed")
     return ", ".join(parts)
 
 
-class _Progress:
-    """Draws the purge's progress on `stream`: in place on a terminal (redrawn every second too,
-    so a purge waiting for old transactions is seen waiting), else one line per batch."""
-
-    def __init__(self, stream: TextIO, in_place: bool) -> None:
-        self.stream = stream
-        self.in_place = in_place
-        self.lock = threading.Lock()
-        self.last: retention.PurgeProgress | None = None
-        self.started = time.monotonic()
-        self.stop = threading.Event()
-        self.ticker = threading.Thread(target=self._tick, name="pginbox-purge-progress", daemon=True)
-
-    def start(self, consumer: str, estimate: int | None) -> None:
-        with self.lock:
-            self.started = time.monotonic()
-            self.last = retention.PurgeProgress(consumer, 0, 0, 0.0, estimate)
-            if self.in_place:
-                self._draw(self.last)
-        if self.in_place and not self.ticker.is_alive():
-            self.ticker.start()
-
-    def update(self, p: retention.PurgeProgress) -> None:
-        with self.lock:
-            self.last = p
-            self._draw(p)
-
-    def clear(self) -> None:
-        """Before a summary line: the progress line goes."""
-        with self.lock:
-            self.last = None
-            if self.in_place:
-                self.stream.write("\r\x1b[K")
-                self.stream.flush()
-
-    def close(self) -> None:
-        self.stop.set()
-        if self.ticker.is_alive():
-            self.ticker.join(2)
-        self.clear()
-
-    def _draw(self, p: retention.PurgeProgress) -> None:
-        if self.in_place:
-            self.stream.write("\r\x1b[K" + progress_line(p))
-        else:
-            self.stream.write(progress_line(p) + "\n")
-        self.stream.flush()
-
-    def _tick(self) -> None:
-        while not self.stop.wait(1.0):
-            with self.lock:
-                if self.last is not None:
-                    p = self.last
-                    p = retention.PurgeProgress(p.consumer, p.batches, p.rows_deleted,
-                                                time.monotonic() - self.started, p.estimate)
-                    self._draw(p)
+def _render(p: retention.PurgeProgress) -> Render:
+    """The line of `p`, its clock moved on to the time it is drawn (the ticker redraws it)."""
+    return lambda elapsed: progress_line(dataclasses.replace(p, seconds=elapsed))
 
 
 @click.command(name="purge")
@@ -145,9 +82,7 @@ def purge_command(ctx: click.Context, command_dsn: str | None, consumer: str | N
                   as_json: bool) -> None:
     """Delete processed inbox rows older than each consumer's retention window (for cron). On a
     terminal it shows its progress; under cron it prints one summary line per consumer."""
-    terminal = sys.stderr.isatty()
-    drawing = not quiet and (terminal if show_progress is None else show_progress)
-    progress = _Progress(sys.stderr, in_place=terminal) if drawing else None
+    progress = progress_for_stderr(show_progress, quiet)
     try:
         with connect(ctx, command_dsn) as conn:
             reports = _purge_all(conn, consumer, progress, batch_size=batch_size, max_batches=max_batches,
@@ -179,7 +114,7 @@ def purge_command(ctx: click.Context, command_dsn: str | None, consumer: str | N
         ctx.exit(EXIT_NO_POLICY)
 
 
-def _purge_all(conn: Any, consumer: str | None, progress: _Progress | None, **options: Any) -> list[
+def _purge_all(conn: Any, consumer: str | None, progress: Progress | None, **options: Any) -> list[
         retention.PurgeReport]:
     """retention.purge, one consumer after the other, with the progress drawn (and the rows to go
     counted first) when it is shown."""
@@ -189,8 +124,9 @@ def _purge_all(conn: Any, consumer: str | None, progress: _Progress | None, **op
     reports = []
     for name in names:
         estimate = retention.estimate_rows_to_go(conn, name)
-        progress.start(name, estimate)
-        reports.append(retention.purge_consumer(conn, name, progress=progress.update, estimate=estimate, **options))
+        progress.begin(_render(retention.PurgeProgress(name, 0, 0, 0.0, estimate)))
+        reports.append(retention.purge_consumer(conn, name, progress=lambda p: progress.show(_render(p)),
+                                                estimate=estimate, **options))
         progress.clear()
     return reports
 
