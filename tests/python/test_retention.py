@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import signal
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner
+from helpers_terminal import run_on_a_terminal
 
 from pginbox.cli import main
 from pginbox.ops import retention
@@ -489,26 +489,6 @@ def messages_left(conn: psycopg.Connection[Any]) -> int:
     row = conn.execute("SELECT count(*) FROM inbox.message").fetchone()
     assert row is not None
     return int(row[0])
-
-
-def run_on_a_terminal(argv: list[str], timeout: float = 60) -> tuple[int, str]:
-    """Runs argv with stdin, stdout and stderr on a pseudo-terminal; its exit status and output."""
-    master, slave = pty.openpty()
-    with subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave) as proc:
-        os.close(slave)
-        chunks: list[bytes] = []
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-        os.close(master)
-        status = proc.wait(timeout=10)
-    return status, b"".join(chunks).decode("utf-8", errors="replace")
 
 
 def test_purge_shows_progress_on_a_terminal_only(db: psycopg.Connection[Any], db_dsn: str) -> None:
