@@ -17,6 +17,7 @@ DEB_PACKAGES=(
     libdbd-pg-perl
     libtap-parser-sourcehandler-pgtap-perl
     python3-venv
+    pgbouncer
     # the other-language examples (examples/, tests/python/test_other_languages.py)
     nodejs
     golang-go

@@ -12,6 +12,7 @@ its subclasses, pass through unchanged where the docs say so).
         ReplayError             a replay command was refused
           ReplayStopped         the replay plan is stopped (SQLSTATE IR001)
       ClaimError                the dispatcher's claims kept failing (also a RuntimeError)
+      PoolerError               the work needs a direct connection, not one through a pooler
       AmbiguousDelivery         a transport cannot tell whether the destination acted
       DestinationRefused        the SSRF guard refused a destination address
       SqitchError               sqitch could not be run or failed
@@ -48,6 +49,7 @@ __all__ = [
     "OperatorError",
     "OutboxDemoRefused",
     "PginboxError",
+    "PoolerError",
     "ReplayError",
     "ReplayStopped",
     "RetriesExhausted",
@@ -204,6 +206,11 @@ class ClaimError(PginboxError, RuntimeError):
     """Dispatcher.run_once() gave up: claims kept failing with a database error (the message says
     which; `sqlstate` is the last one's). Still a RuntimeError, as it was before it joined this
     hierarchy."""
+
+
+class PoolerError(PginboxError):
+    """The work needs one server session across transactions (a session-level advisory lock, LISTEN),
+    and the connection goes through a transaction pooler such as PgBouncer."""
 
 
 class AmbiguousDelivery(PginboxError):

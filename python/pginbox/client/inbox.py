@@ -32,6 +32,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import TupleRow, tuple_row
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTimeout
 
+from pginbox import pooler
 from pginbox.client import queries
 from pginbox.client import shared as _core
 from pginbox.client.outcomes import InboxStats, Message, Outcome, Result
@@ -131,6 +132,10 @@ class Inbox:
     raise_on_failure  default of `handle(..., raise_on_failure=)`: False returns a FAILED or
                       QUARANTINED Result; True re-raises the handler's exception after recording it.
     batch_size        chunk size of apply_batch / handle_batch (at most 64).
+
+    Behind a transaction pooler (PgBouncer), detected on first use (see `behind_pooler`), every
+    connection Inbox uses is switched to `prepare_threshold = None`: no prepared statements, the
+    handler's included (docs/pgbouncer.md).
     """
 
     def __init__(
@@ -154,6 +159,7 @@ class Inbox:
         self._stats = _core.StatsCounter()
         self._rng = random.Random()
         self._schema_version: int | None = None
+        self._behind_pooler = False
         self._pool: ConnectionPool[Any] | None = None
         self._conn: Conn | None = None
         self._own_conn = False
@@ -185,6 +191,13 @@ class Inbox:
         the given connection broke, this is the replacement Inbox opened (and closes in
         `close()`)."""
         return self._conn
+
+    @property
+    def behind_pooler(self) -> bool:
+        """True once Inbox found a connection pooler between it and PostgreSQL (on first use, or
+        in `check_schema()`; or when the server rejected a prepared statement, 42P05 / 26000): from
+        then on it prepares no statements on the connections it uses (pginbox.pooler)."""
+        return self._behind_pooler
 
     def close(self) -> None:
         """Close the replacement connection Inbox opened, if any (never the caller's own)."""
@@ -554,6 +567,8 @@ class Inbox:
                 if found is None:
                     raise
                 error, kind = exc, found
+            if kind is TransientKind.POOLER:
+                self._behind_pooler = True  # the next attempt's connection prepares nothing
             if kind is TransientKind.CONFLICT and started is not None:
                 cost.lock_wait += time.monotonic() - started
             self._stats.transient_error(error)
@@ -615,15 +630,19 @@ class Inbox:
     def _acquire(self) -> Conn:
         """A connection for one attempt: from the pool, or the given one under the lock."""
         if self._pool is not None:
-            return cast(Conn, self._pool.getconn())
-        self._lock.acquire()
-        try:
-            conn = self._conn
-            assert conn is not None
-            return self._reconnect() if conn.closed else conn
-        except BaseException:
-            self._lock.release()
-            raise
+            conn = cast(Conn, self._pool.getconn())
+        else:
+            self._lock.acquire()
+            try:
+                given = self._conn
+                assert given is not None
+                conn = self._reconnect() if given.closed else given
+            except BaseException:
+                self._lock.release()
+                raise
+        if self._behind_pooler and conn.prepare_threshold is not None:
+            pooler.configure(conn)
+        return conn
 
     def _release(self, conn: Conn) -> None:
         if self._pool is not None:
@@ -665,13 +684,16 @@ class Inbox:
         where = _core.describe(conn.info)
         try:
             with _autocommit(conn):
-                cur = conn.execute(queries.SCHEMA_VERSION)
+                cur = conn.execute(queries.SCHEMA_CHECK, prepare=False)
                 row = cur.fetchone()
         except psycopg.Error as exc:
             translated = _core.schema_error(exc, where)
             if translated is not None:
                 raise translated from exc
             raise
-        version = _core.check_schema_version(row, where)
+        version = _core.check_schema_version(row[:3] if row else row, where)
+        if row is not None and pooler.differs(conn.info.backend_pid, row[3]):
+            self._behind_pooler = True
+            pooler.configure(conn)
         self._schema_version = version
         return version

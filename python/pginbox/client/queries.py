@@ -20,6 +20,12 @@ from pginbox.schema.compat import SCHEMA_RELEASE
 
 SCHEMA_VERSION: Final = SCHEMA_RELEASE
 
+# The schema check Inbox and AsyncInbox run on first use: SCHEMA_RELEASE's columns, then the server
+# session's process id (a pooler's differs from the one the client got at login: pginbox.pooler).
+SCHEMA_CHECK: Final = (
+    "SELECT r.version, r.release, r.breaking_since, pg_catalog.pg_backend_pid() FROM inbox.schema_release() r"
+)
+
 # BEGIN honouring the connection's isolation_level (None: the server's default).
 BEGIN: Final[Mapping[IsolationLevel | None, LiteralString]] = {
     None: "BEGIN",
