@@ -8,6 +8,7 @@ its subclasses, pass through unchanged where the docs say so).
       CommitOutcomeUnknown      the connection was lost during COMMIT and the outcome stayed unknown
       HandlerProtocolError      the handler broke the rules of Inbox.handle
       OperatorError             an operator command was refused (quarantine, status, ...)
+        AmbiguousEffect         an effect id (or prefix) names several effects: pass --consumer or more of it
         ReplayError             a replay command was refused
           ReplayStopped         the replay plan is stopped (SQLSTATE IR001)
       ClaimError                the dispatcher's claims kept failing (also a RuntimeError)
@@ -15,6 +16,7 @@ its subclasses, pass through unchanged where the docs say so).
       AmbiguousDelivery         a transport cannot tell whether the destination acted
       DestinationRefused        the SSRF guard refused a destination address
       SqitchError               sqitch could not be run or failed
+      SqitchScriptError         `pginbox schema sql` could not render the Sqitch project as one script
       ClusterError              the private development cluster could not be used
       DemoError                 `pginbox demo` could not run, or found its invariant broken
         InvariantBroken
@@ -36,6 +38,7 @@ import psycopg
 __all__ = [
     "SQLSTATE_NAMES",
     "AmbiguousDelivery",
+    "AmbiguousEffect",
     "ClaimError",
     "ClusterError",
     "CommitOutcomeUnknown",
@@ -177,6 +180,15 @@ class OperatorError(PginboxError):
 
     def __init__(self, message: str, *, sqlstate: str | None = None) -> None:
         super().__init__(with_sqlstate(message, sqlstate), sqlstate=sqlstate)
+
+
+class AmbiguousEffect(OperatorError):
+    """An effect id, or the prefix of one, names several effects (effect ids are unique per
+    consumer): `candidates` lists up to 10 of them as (effect_id, consumer)."""
+
+    def __init__(self, message: str, candidates: list[tuple[str, str]]) -> None:
+        super().__init__(message)
+        self.candidates = candidates
 
 
 class ReplayError(OperatorError):

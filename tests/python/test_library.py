@@ -463,6 +463,30 @@ def test_handle_batch(inbox: Inbox, domain: Conn) -> None:
     assert inbox_rows(domain, poison.message_id) == []
 
 
+def test_handle_batch_repeats_within_a_chunk(inbox: Inbox, domain: Conn) -> None:
+    """The chunk is claimed in one statement: an identity repeated in it is decided after its first
+    occurrence, by the handler's result: DUPLICATE after an applied one, claimed and run again after
+    a failed one (whose claim was taken back). Nothing applied twice, nothing failed kept."""
+    once = message(uid(), 5)
+    flaky = message(uid(), 7)
+    seen: Counter[str] = Counter()
+
+    def handler(cur: Cursor, m: Message) -> None:
+        seen[m.message_id] += 1
+        cur.execute(CREDIT_SQL, credit_args(m))
+        if m.message_id == flaky.message_id and seen[m.message_id] == 1:
+            raise LookupError("the first attempt fails")
+
+    other = message(uid(), 1)
+    results = inbox.handle_batch([once, flaky, other, once, flaky], handler)
+    assert [r.outcome for r in results] == [Outcome.APPLIED, Outcome.FAILED, Outcome.APPLIED, Outcome.DUPLICATE,
+                                            Outcome.APPLIED]
+    assert seen[once.message_id] == 1 and seen[flaky.message_id] == 2
+    assert_applied_exactly(domain, {once.message_id: 5, flaky.message_id: 7, other.message_id: 1})
+    assert failed_attempts(domain, flaky.message_id) == 1
+    assert len(inbox_rows(domain, flaky.message_id)) == 1
+
+
 def test_apply_apply_batch_and_handle_batch(db_dsn: str, domain: Conn, route: Route) -> None:
     done = message(uid(), 1)
     fresh = [message(uid(), 2) for _ in range(66)]

@@ -301,8 +301,9 @@ class AsyncInbox:
         return results
 
     async def handle_batch(self, messages: Iterable[Message], handler: AsyncHandler) -> list[Result]:
-        """`handle` for many messages: one transaction per chunk of `batch_size`, a savepoint per
-        message. A permanent handler error rolls back to the message's savepoint and is recorded in
+        """`handle` for many messages: one transaction per chunk of `batch_size`, every identity of
+        the chunk claimed in one statement (inbox.claim_batch), a savepoint per handler. A permanent
+        handler error rolls back to the message's savepoint, takes its claim back and is recorded in
         the same transaction (FAILED / QUARANTINED Result, never raised); a transient error re-runs
         the whole chunk. Results in input order."""
         batch = [_core.check_message(m) for m in messages]
@@ -410,31 +411,60 @@ class AsyncInbox:
     async def _handle_batch_attempt(
         self, conn: AConn, messages: Sequence[Message], handler: AsyncHandler
     ) -> list[tuple[Result, BaseException | None]]:
+        """One transaction: every message claimed in one statement (inbox.claim_batch), then each
+        claimed message's handler after a savepoint of its own. A permanent handler error rolls
+        back to that savepoint, takes the claim back (inbox._unclaim) and records the failure, in
+        the same transaction. An identity repeated within the chunk is claimed with inbox.claim
+        once the earlier one is decided."""
         out: list[tuple[Result, BaseException | None]] = []
         async with _autocommit(conn):
             cur = conn.cursor(row_factory=tuple_row)
             xid: str | None = None
             try:
                 begin: Any = queries.BEGIN[conn.isolation_level]
-                for message in messages:
-                    params = _core.claim_params(self.consumer, self.handler_version, message)
-                    if _PIPELINE:
-                        async with conn.pipeline():
-                            await cur.execute(begin, prepare=False)
-                            await cur.execute(queries.SAVEPOINT, prepare=False)
-                            await cur.execute(queries.CLAIM, params, prepare=True)
-                    else:
+                params = (*_core.batch_params(self.consumer, messages), self.handler_version)
+                if _PIPELINE:
+                    async with conn.pipeline():
                         await cur.execute(begin, prepare=False)
+                        await cur.execute(queries.CLAIM_BATCH, params, prepare=True)
+                else:
+                    await cur.execute(begin, prepare=False)
+                    await cur.execute(queries.CLAIM_BATCH, params, prepare=True)
+                rows = await cur.fetchall()
+                assert len(rows) == len(messages), "inbox.claim_batch returned a row per message"
+                opened = False  # a savepoint of an earlier message is open: released with the next one
+
+                async def savepoint() -> None:
+                    nonlocal opened
+                    if opened and _PIPELINE:
+                        async with conn.pipeline():
+                            await cur.execute(queries.RELEASE_SAVEPOINT, prepare=False)
+                            await cur.execute(queries.SAVEPOINT, prepare=False)
+                    else:
+                        if opened:
+                            await cur.execute(queries.RELEASE_SAVEPOINT, prepare=False)
                         await cur.execute(queries.SAVEPOINT, prepare=False)
-                        await cur.execute(queries.CLAIM, params, prepare=True)
-                    begin = queries.RELEASE_SAVEPOINT
-                    row = await cur.fetchone()
-                    assert row is not None
-                    claim = _core.result_from_row(row)
-                    xid = row[9] or xid
+                    opened = True
+
+                for message, row in zip(messages, rows, strict=True):
+                    xid = row[-1] or xid
+                    repeat = row[1] == "repeat"
+                    if repeat:
+                        # Decided by its earlier element: claim it now, inside its savepoint.
+                        params1 = _core.claim_params(self.consumer, self.handler_version, message)
+                        await savepoint()
+                        await cur.execute(queries.CLAIM, params1, prepare=True)
+                        one = await cur.fetchone()
+                        assert one is not None
+                        claim = _core.result_from_row(one)
+                        xid = one[9] or xid
+                    else:
+                        claim = _core.result_from_row(row, 1)
                     if claim.outcome is not Outcome.CLAIMED:
                         out.append((claim, None))
                         continue
+                    if not repeat:
+                        await savepoint()
                     failure = await self._call_handler(conn, handler, message, claim, savepoint=True)
                     if failure is None:
                         applied = Result(
@@ -442,6 +472,13 @@ class AsyncInbox:
                         )
                         out.append((applied, None))
                         continue
+                    if not repeat:
+                        # The claim was made before the savepoint: take it back (a repeat's claim
+                        # was inside it and rolled back with the handler's writes).
+                        await cur.execute(
+                            queries.UNCLAIM, (self.consumer, message.tenant, message.producer, message.message_id),
+                            prepare=True,
+                        )
                     reason, text = _core.failure_reason(failure.error)
                     await cur.execute(
                         queries.RECORD_FAILURE,

@@ -71,6 +71,22 @@ SELECT r.ordinal, r.outcome, r.payload_sha256, r.stored_sha256, r.handler_versio
  ORDER BY r.ordinal
 """
 
+# params: consumer, messages (Jsonb array), version. Rows in input order; outcome 'repeat': an
+# identity an earlier element holds (claimed with CLAIM once the earlier one is decided).
+CLAIM_BATCH: Final = """
+SELECT r.ordinal, r.outcome, r.payload_sha256, r.stored_sha256, r.handler_version, r.processed_at,
+       r.quarantine_id, r.attempts, r.reason_code, r.error_message,
+       pg_catalog.pg_current_xact_id_if_assigned()::text
+  FROM inbox.claim_batch(consumer => %s, messages => %s::jsonb, version => %s) AS r
+ ORDER BY r.ordinal
+"""
+
+# params: consumer, tenant, producer, message_id. After a handler failed and its writes rolled
+# back to the message's savepoint: takes back the claim CLAIM_BATCH made in this transaction.
+UNCLAIM: Final = """
+SELECT inbox._unclaim(consumer => %s, tenant => %s, producer => %s, message_id => %s)
+"""
+
 # params: consumer, producer, message_id, payload (Jsonb), reason_code, error_message,
 # handler_version, tenant, message_type
 RECORD_FAILURE: Final = """
