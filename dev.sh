@@ -24,6 +24,8 @@ DEB_PACKAGES=(
     golang-github-jackc-pgx-v4-dev
     openjdk-17-jdk-headless
     libpostgresql-jdbc-java
+    rabbitmq-server   # the broker tests' RabbitMQ (127.0.0.1:5672) and private nodes
+    nats-server       # the broker tests' NATS JetStream (127.0.0.1:4222) and private servers
 )
 VENV="$ROOT/.venv"
 STAMP="$VENV/.pginbox-setup-stamp"

@@ -15,6 +15,8 @@ its subclasses, pass through unchanged where the docs say so).
       PoolerError               the work needs a direct connection, not one through a pooler
       AmbiguousDelivery         a transport cannot tell whether the destination acted
       DestinationRefused        the SSRF guard refused a destination address
+      BrokerError               a message broker (RabbitMQ, NATS JetStream) could not be used
+      ConsumerConfigError       the configuration of `pginbox consume` is incomplete or wrong
       SqitchError               sqitch could not be run or failed
       SqitchScriptError         `pginbox schema sql` could not render the Sqitch project as one script
       ClusterError              the private development cluster could not be used
@@ -39,9 +41,11 @@ __all__ = [
     "SQLSTATE_NAMES",
     "AmbiguousDelivery",
     "AmbiguousEffect",
+    "BrokerError",
     "ClaimError",
     "ClusterError",
     "CommitOutcomeUnknown",
+    "ConsumerConfigError",
     "DemoError",
     "DestinationRefused",
     "HandlerProtocolError",
@@ -219,6 +223,19 @@ class AmbiguousDelivery(PginboxError):
 
 class DestinationRefused(PginboxError):
     """The SSRF guard refused a destination address."""
+
+
+# ----------------------------------------------------------------------------- brokers
+
+
+class BrokerError(PginboxError):
+    """A message broker (RabbitMQ, NATS JetStream) could not be reached or refused an operation
+    (the message says which broker and what to check)."""
+
+
+class ConsumerConfigError(PginboxError, ValueError):
+    """The configuration of `pginbox consume` (TOML [consume] table, PGINBOX_CONSUME_* variables,
+    options) is incomplete or wrong: the message names the setting to fix."""
 
 
 # ----------------------------------------------------------------------------- tooling

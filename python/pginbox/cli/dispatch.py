@@ -206,6 +206,10 @@ def dispatch(
             if health is not None:
                 health.close()
             dispatcher.close()
+            for transport in transports.values():  # the broker transports hold connections and a loop
+                close = getattr(transport, "close", None)
+                if callable(close):
+                    close()
     stats = dispatcher.stats.as_dict()
     click.echo(" ".join(f"{k}={'-' if v is None else v}" for k, v in stats.items()))
     if once:

@@ -31,7 +31,7 @@ from pginbox.dispatcher.stats import DispatcherMetrics, DispatcherStats
 from pginbox.errors import ClaimError
 from pginbox.sql_limits import CLAIM_LIMIT, LEASE_MAX_SECONDS, REPORT_LIMIT
 from pginbox.transports.effect import Effect
-from pginbox.transports.protocol import DeliveryReport, Transport, TransportResolver
+from pginbox.transports.protocol import BatchTransport, DeliveryReport, Transport, TransportResolver
 
 __all__ = ["Dispatcher"]
 
@@ -466,16 +466,60 @@ class Dispatcher:
     # ------------------------------------------------------------------ delivering
 
     def _drain(self, lane: _Lane) -> None:
-        """A delivery task: delivers the lane's effects one at a time until its queue is empty
-        (at most concurrency_per_destination of these run per destination)."""
+        """A delivery task: delivers the lane's effects until its queue is empty (at most
+        concurrency_per_destination of these run per destination): one at a time, or, when the
+        destination's transport has deliver_batch (BatchTransport: the broker transports), up to
+        batch_size at a time."""
         while True:
             with self._in_flight_cond:
                 if not lane.queue:
                     lane.active -= 1
                     return
                 effect = lane.queue.popleft()
-                self._started[effect.lease_token] = time.monotonic()
-            self._deliver(effect)
+                batch = [effect]
+                transport = self._resolve(effect.destination)
+                if isinstance(transport, BatchTransport):
+                    # share the queue with the lane's other tasks: take a fair part of it
+                    share = max(1, -(-len(lane.queue) // max(lane.active, 1)))
+                    while lane.queue and len(batch) < min(self.batch_size, share + 1):
+                        batch.append(lane.queue.popleft())
+                now = time.monotonic()
+                for e in batch:
+                    self._started[e.lease_token] = now
+            if len(batch) == 1 or not isinstance(transport, BatchTransport):
+                self._deliver(effect)
+            else:
+                self._deliver_batch(transport, batch)
+
+    def _deliver_batch(self, transport: BatchTransport, batch: list[Effect]) -> None:
+        """deliver_batch: one report per effect (a transport error is an ambiguous outcome for
+        every effect of the batch: retried with the same ids)."""
+        queued: set[int] = set()
+        try:
+            started = time.monotonic()
+            try:
+                reports: list[DeliveryReport] = list(transport.deliver_batch(batch))
+                if len(reports) != len(batch):
+                    raise RuntimeError(f"deliver_batch returned {len(reports)} reports for {len(batch)} effects")
+            except Exception as exc:
+                message = str(exc).strip()
+                failed = DeliveryReport.failed(
+                    f"ambiguous: {type(exc).__name__}: {message}" if message else f"ambiguous: {type(exc).__name__}",
+                    retryable=True,
+                )
+                reports = [failed] * len(batch)
+            duration_ms = int((time.monotonic() - started) * 1000)
+            for effect, report in zip(batch, reports, strict=True):
+                self._report(effect, report, duration_ms)
+                queued.add(effect.lease_token)
+        except Exception:  # never lose the in-flight bookkeeping
+            log.exception(kv("delivery_crashed", dispatcher=self.name, effects=len(batch)))
+        finally:
+            with self._in_flight_cond:
+                for effect in batch:
+                    self._started.pop(effect.lease_token, None)
+                    if effect.lease_token not in queued:
+                        self._release(effect.lease_token)
 
     def _deliver(self, effect: Effect) -> None:
         queued = False
