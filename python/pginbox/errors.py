@@ -12,9 +12,13 @@ its subclasses, pass through unchanged where the docs say so).
         ReplayError             a replay command was refused
           ReplayStopped         the replay plan is stopped (SQLSTATE IR001)
       ClaimError                the dispatcher's claims kept failing (also a RuntimeError)
+      PoolerError               the work needs a direct connection, not one through a pooler
       AmbiguousDelivery         a transport cannot tell whether the destination acted
       DestinationRefused        the SSRF guard refused a destination address
+      BrokerError               a message broker (RabbitMQ, NATS JetStream) could not be used
+      ConsumerConfigError       the configuration of `pginbox consume` is incomplete or wrong
       SqitchError               sqitch could not be run or failed
+      SqitchScriptError         `pginbox schema sql` could not render the Sqitch project as one script
       ClusterError              the private development cluster could not be used
       DemoError                 `pginbox demo` could not run, or found its invariant broken
         InvariantBroken
@@ -37,9 +41,11 @@ __all__ = [
     "SQLSTATE_NAMES",
     "AmbiguousDelivery",
     "AmbiguousEffect",
+    "BrokerError",
     "ClaimError",
     "ClusterError",
     "CommitOutcomeUnknown",
+    "ConsumerConfigError",
     "DemoError",
     "DestinationRefused",
     "HandlerProtocolError",
@@ -47,6 +53,7 @@ __all__ = [
     "OperatorError",
     "OutboxDemoRefused",
     "PginboxError",
+    "PoolerError",
     "ReplayError",
     "ReplayStopped",
     "RetriesExhausted",
@@ -205,12 +212,30 @@ class ClaimError(PginboxError, RuntimeError):
     hierarchy."""
 
 
+class PoolerError(PginboxError):
+    """The work needs one server session across transactions (a session-level advisory lock, LISTEN),
+    and the connection goes through a transaction pooler such as PgBouncer."""
+
+
 class AmbiguousDelivery(PginboxError):
     """The request may have reached the remote: retry with the same idempotency key."""
 
 
 class DestinationRefused(PginboxError):
     """The SSRF guard refused a destination address."""
+
+
+# ----------------------------------------------------------------------------- brokers
+
+
+class BrokerError(PginboxError):
+    """A message broker (RabbitMQ, NATS JetStream) could not be reached or refused an operation
+    (the message says which broker and what to check)."""
+
+
+class ConsumerConfigError(PginboxError, ValueError):
+    """The configuration of `pginbox consume` (TOML [consume] table, PGINBOX_CONSUME_* variables,
+    options) is incomplete or wrong: the message names the setting to fix."""
 
 
 # ----------------------------------------------------------------------------- tooling

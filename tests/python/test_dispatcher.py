@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -67,18 +68,38 @@ def fast_retries(conn: Conn) -> None:
     conn.execute("SELECT inbox.configure_destination('sink', 5, '10 milliseconds', '20 milliseconds')")
 
 
-@pytest.fixture
-def make_dispatcher(db_dsn: str) -> Iterator[Callable[..., Dispatcher]]:
+@contextlib.contextmanager
+def _factory(claims_dsn: str, listen_dsn: str | None) -> Iterator[Callable[..., Dispatcher]]:
     made: list[Dispatcher] = []
+    routed: dict[str, Any] = {} if listen_dsn is None else {"listen_dsn": listen_dsn}
 
     def make(name: str, recorder: Recorder, **options: Any) -> Dispatcher:
-        dispatcher = Dispatcher(db_dsn, name, {"sink": CallableTransport(recorder)}, **options)
+        dispatcher = Dispatcher(claims_dsn, name, {"sink": CallableTransport(recorder)}, **routed, **options)
         made.append(dispatcher)
         return dispatcher
 
-    yield make
-    for dispatcher in made:
-        dispatcher.close()
+    try:
+        yield make
+    finally:
+        for dispatcher in made:
+            dispatcher.close()
+
+
+@pytest.fixture
+def make_dispatcher(db_dsn: str, route: Callable[[str], str]) -> Iterator[Callable[..., Dispatcher]]:
+    """Dispatchers whose claims go directly to the database, or through PgBouncer with a direct
+    --listen-dsn (`route`: the tests that take this fixture run both ways)."""
+    claims_dsn = route(db_dsn)
+    with _factory(claims_dsn, None if claims_dsn == db_dsn else db_dsn) as make:
+        yield make
+
+
+@pytest.fixture
+def make_direct_dispatcher(db_dsn: str) -> Iterator[Callable[..., Dispatcher]]:
+    """Dispatchers connected directly: for the tests that kill the backends of the claim pool
+    (PgBouncer hides that from its clients: it opens another server connection)."""
+    with _factory(db_dsn, None) as make:
+        yield make
 
 
 def test_run_once_delivers_committed_effects_exactly_once(
@@ -489,11 +510,11 @@ def test_run_once_drains_everything_when_in_flight_capacity_is_full(
     assert dispatcher.in_flight == 0
 
 
-def test_a_failed_claim_is_retried(conn: Conn, make_dispatcher: Callable[..., Dispatcher],
+def test_a_failed_claim_is_retried(conn: Conn, make_direct_dispatcher: Callable[..., Dispatcher],
                                    caplog: pytest.LogCaptureFixture) -> None:
     enqueue(conn, "after-claim-error-1", "after-claim-error-2")
     recorder = Recorder()
-    dispatcher = make_dispatcher("flaky-claim", recorder)
+    dispatcher = make_direct_dispatcher("flaky-claim", recorder)
     app = "pginbox-dispatch:flaky-claim"
     assert wait_until(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
                                            (app,)).fetchone() == (1,))

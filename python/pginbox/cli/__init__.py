@@ -30,6 +30,7 @@ from __future__ import annotations
 import click
 
 from pginbox.cli.cluster import cluster_group
+from pginbox.cli.consume import consume
 from pginbox.cli.context import DsnGroup, State, mask_dsn, read_options_from_environment
 from pginbox.cli.demo import demo
 from pginbox.cli.dispatch import dispatch, dispatch_health
@@ -63,7 +64,7 @@ def main(ctx: click.Context, dsn: str | None, verbose: bool) -> None:
 
 
 for _command in (
-    deploy, verify, revert, schema_group, status, quarantine_group, outbox_group, dispatch, dispatch_health,
+    deploy, verify, revert, schema_group, status, quarantine_group, outbox_group, dispatch, dispatch_health, consume,
     replay_group, purge_command, retention_group, stats, metrics_group, demo, cluster_group,
 ):
     main.add_command(_command)

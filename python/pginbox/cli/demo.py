@@ -1,4 +1,4 @@
-"""`pginbox demo`: the three acts of pginbox.demo against the DSN."""
+"""`pginbox demo`: the four acts of pginbox.demo against the DSN."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ __all__ = ["demo"]
 )
 @click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True, help="Consumer threads.")
 @click.option("--seed", type=int, default=None, help="Seed of the fault injection [default: random, printed].")
-@click.option("--act", "acts", type=click.IntRange(1, 3), multiple=True,
-              help="Run only this act (repeatable): 1 every outcome, 2 the simulation, 3 the outbox [default: all].")
+@click.option("--act", "acts", type=click.IntRange(1, 4), multiple=True,
+              help="Run only this act (repeatable): 1 every outcome, 2 the simulation, 3 the outbox, 4 the broker "
+                   "chain (RabbitMQ, NATS JetStream; skipped when unreachable) [default: all].")
 @click.option("--outbox-messages", type=click.IntRange(10, 100_000), default=200, show_default=True,
               help="Act 3: messages whose handlers enqueue effects.")
 @click.option("--sink-no-dedup", is_flag=True,
@@ -35,4 +36,4 @@ def demo(ctx: click.Context, command_dsn: str | None, messages: int, workers: in
     from pginbox import demo as demo_module
 
     demo_module.run(database(ctx, command_dsn, demo_cluster=True), messages=messages, workers=workers, seed=seed,
-                    acts=acts or (1, 2, 3), outbox_messages=outbox_messages, sink_dedup=not sink_no_dedup)
+                    acts=acts or (1, 2, 3, 4), outbox_messages=outbox_messages, sink_dedup=not sink_no_dedup)

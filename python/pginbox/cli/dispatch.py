@@ -121,6 +121,9 @@ def _run(dispatcher: Dispatcher, purger: PeriodicPurger | None, *, once: bool) -
 
 @click.command()
 @dsn_option
+@click.option("--listen-dsn", default=None, metavar="DSN",
+              help="A direct connection (not through PgBouncer) for LISTEN, and for --purge-every; "
+                   "the claims use --dsn. Behind a pooler without it the dispatcher polls (see /healthz).")
 @click.option("--once", is_flag=True, help="Deliver everything due, then exit (for cron and tests).")
 @click.option("--name", default=None, help="Dispatcher name (unique per process) [default: pginbox-<host>-<pid>].")
 @click.option("--batch-size", type=click.IntRange(1, CLAIM_LIMIT), default=100, show_default=True)
@@ -151,6 +154,7 @@ def _run(dispatcher: Dispatcher, purger: PeriodicPurger | None, *, once: bool) -
 def dispatch(
     ctx: click.Context,
     command_dsn: str | None,
+    listen_dsn: str | None,
     once: bool,
     name: str | None,
     batch_size: int,
@@ -183,10 +187,12 @@ def dispatch(
         dsn, name or f"pginbox-{socket.gethostname()}-{os.getpid()}", transports, batch_size=batch_size,
         lease=lease, concurrency_per_destination=concurrency, poll_interval=poll_interval,
         delivery_timeout=delivery_timeout, extra_collectors=[DatabaseCollector(dsn)] if database_metrics else (),
+        listen_dsn=listen_dsn,
     )
     purger = None
     if purge_every is not None:
-        purger = PeriodicPurger(dsn, purge_every, keep_delivered=datetime.timedelta(seconds=keep_delivered))
+        purger = PeriodicPurger(listen_dsn or dsn, purge_every,
+                                keep_delivered=datetime.timedelta(seconds=keep_delivered))
     health = None
     dead_before = _dead_effects(dsn) if once else None
     with _stopped_by_signals(dispatcher):
@@ -200,6 +206,10 @@ def dispatch(
             if health is not None:
                 health.close()
             dispatcher.close()
+            for transport in transports.values():  # the broker transports hold connections and a loop
+                close = getattr(transport, "close", None)
+                if callable(close):
+                    close()
     stats = dispatcher.stats.as_dict()
     click.echo(" ".join(f"{k}={'-' if v is None else v}" for k, v in stats.items()))
     if once:

@@ -1,10 +1,12 @@
-"""`pginbox demo`: three acts on a real database, each proving what it shows.
+"""`pginbox demo`: four acts on a real database, each proving what it shows.
 
     act1_outcomes.py     every outcome of the inbox, one delivery at a time
     act2_simulation.py   thousands of messages through a broker that redelivers, loses acks, crashes
                          consumers and races duplicates; the invariant proven from the domain tables
     act3_outbox.py       handlers enqueue effects, the real dispatcher delivers them to a flaky
                          webhook (sink.py); one stable key per effect, each counted once
+    act4_brokers.py      two services chained through RabbitMQ and NATS JetStream (skipped, with a
+                         line saying so, when a broker is not reachable)
     broker.py            the at-least-once broker acts 2 and 3 share
 
 run() deploys schema `inbox` (Sqitch) if it is missing, then runs the chosen acts. Every act uses a
@@ -17,7 +19,7 @@ from collections.abc import Collection
 
 import psycopg
 
-from pginbox.demo import act2_simulation, act3_outbox
+from pginbox.demo import act2_simulation, act3_outbox, act4_brokers
 from pginbox.demo.act1_outcomes import OutcomesAct
 from pginbox.errors import InvariantBroken
 from pginbox.schema import sqitch
@@ -51,7 +53,7 @@ def run(
     messages: int = 3000,
     workers: int = 4,
     seed: int | None = None,
-    acts: Collection[int] = (1, 2, 3),
+    acts: Collection[int] = (1, 2, 3, 4),
     outbox_messages: int = 200,
     sink_dedup: bool = True,
 ) -> None:
@@ -74,3 +76,6 @@ def run(
             "the outbox promise is broken: an effect was lost, sent with another key or counted twice "
             "(see FAILED above)"
         )
+    if 4 in acts and not act4_brokers.run(dsn):
+        raise InvariantBroken("the broker chain is broken: an order was lost, published after a rollback or applied "
+                              "twice (see FAILED above)")

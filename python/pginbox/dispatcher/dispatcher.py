@@ -22,6 +22,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import JsonbLoader
 from psycopg_pool import ConnectionPool
 
+from pginbox import pooler
 from pginbox.dispatcher.listener import Listener
 from pginbox.dispatcher.log import kv, log
 from pginbox.dispatcher.queries import CLAIM, EXTEND, IDLE
@@ -30,7 +31,7 @@ from pginbox.dispatcher.stats import DispatcherMetrics, DispatcherStats
 from pginbox.errors import ClaimError
 from pginbox.sql_limits import CLAIM_LIMIT, LEASE_MAX_SECONDS, REPORT_LIMIT
 from pginbox.transports.effect import Effect
-from pginbox.transports.protocol import DeliveryReport, Transport, TransportResolver
+from pginbox.transports.protocol import BatchTransport, DeliveryReport, Transport, TransportResolver
 
 __all__ = ["Dispatcher"]
 
@@ -86,6 +87,11 @@ class Dispatcher:
     `extra_collectors` are registered on `registry` (served at /metrics by HealthServer);
     `stall_after` is how long (seconds) the loop may go without a round before health() says it
     is stuck [default: max(10, 5 x poll_interval)].
+
+    Behind a transaction pooler (PgBouncer; pginbox.pooler): every pool connection is checked when
+    it is opened and, behind the pooler, prepares no statements; LISTEN needs a session of its own,
+    so `listen_dsn` gives it a direct connection (without one, the dispatcher does not LISTEN behind
+    a pooler and polls every `poll_interval`; health() says so).
     """
 
     def __init__(
@@ -108,9 +114,11 @@ class Dispatcher:
         report_batch: int = 500,
         report_interval: float = 0.005,
         claim_retries: int = 5,
+        listen_dsn: str | None = None,
     ) -> None:
         _check_settings(batch_size, lease, concurrency_per_destination, report_batch, report_interval, claim_retries)
         self.dsn = dsn
+        self.listen_dsn = listen_dsn
         self.name = name
         self._resolve: TransportResolver = dict(transports).get if isinstance(transports, Mapping) else transports
         self.batch_size = batch_size
@@ -149,6 +157,7 @@ class Dispatcher:
         self._last_claim_sqlstate: str | None = None
         self._registered = False
         self._closed = False
+        self._behind_pooler = False
 
     def _open(self, probe_interval: float) -> None:
         """The connections and threads: the pool for claims and reports, the delivery executor, the
@@ -159,16 +168,36 @@ class Dispatcher:
             min_size=1,
             max_size=min(workers, 16) + 1,
             kwargs={"autocommit": True, "application_name": f"pginbox-dispatch:{self.name}"},
+            configure=self._configure_connection,
             open=True,
             name=f"pginbox-dispatch-{self.name}",
         )
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"deliver-{self.name}")
-        self._listener = Listener(self.dsn, self.name, self.stats, probe_interval=probe_interval,
-                                  on_reconnect=self.metrics.reconnects.inc)
+        self._listener = Listener(self.listen_dsn or self.dsn, self.name, self.stats, probe_interval=probe_interval,
+                                  on_reconnect=self.metrics.reconnects.inc, dedicated=self.listen_dsn is not None)
         self._reporter = Reporter(self.name, self._pool, self.stats, self.metrics, batch=self.report_batch,
                                   interval=self.report_interval, on_flushed=self._reports_flushed).start()
 
+    def _configure_connection(self, conn: psycopg.Connection[Any]) -> None:
+        """Every new pool connection: behind a pooler, no prepared statements (pginbox.pooler)."""
+        if pooler.behind_pooler(conn):
+            if not self._behind_pooler:
+                log.info(kv("behind_pooler", dispatcher=self.name,
+                            detail="the claims' connections go through a connection pooler: no prepared statements"))
+            self._behind_pooler = True
+            pooler.configure(conn)
+
     # ------------------------------------------------------------------ public
+
+    @property
+    def behind_pooler(self) -> bool:
+        """True once a claim connection was found to go through a pooler (PgBouncer)."""
+        return self._behind_pooler
+
+    @property
+    def wakeup(self) -> str:
+        """'listen' (LISTEN/NOTIFY wakes the loop) or 'polling' (it claims every poll_interval)."""
+        return "polling" if self._listener.polling_reason is not None else "listen"
 
     @property
     def listen_backend_pid(self) -> int | None:
@@ -186,17 +215,24 @@ class Dispatcher:
         return self._listener.listening
 
     def health(self) -> tuple[bool, dict[str, Any]]:
-        """(healthy, details): healthy while the LISTEN session is up and the loop ran within
-        `stall_after` seconds. details: listening, last_loop_age_seconds (None before the first
+        """(healthy, details): healthy while the LISTEN session is up (or the dispatcher polls by
+        design: behind a pooler without a direct LISTEN connection) and the loop ran within
+        `stall_after` seconds. details: listening, wakeup ('listen' | 'polling'), wakeup_reason
+        (why it polls, else None), behind_pooler, last_loop_age_seconds (None before the first
         round), stall_after_seconds, in_flight, counters (stats.as_dict())."""
         last = self._last_loop
         age = None if last is None else time.monotonic() - last
         listening = self.listening
-        healthy = listening and age is not None and age <= self.stall_after and not self._stop.is_set()
+        reason = self._listener.polling_reason
+        healthy = (listening or reason is not None) and age is not None and age <= self.stall_after \
+            and not self._stop.is_set()
         return healthy, {
             "healthy": healthy,
             "dispatcher": self.name,
             "listening": listening,
+            "wakeup": "polling" if reason is not None else "listen",
+            "wakeup_reason": reason,
+            "behind_pooler": self._behind_pooler,
             "last_loop_age_seconds": None if age is None else round(age, 3),
             "stall_after_seconds": self.stall_after,
             "in_flight": self.in_flight,
@@ -255,7 +291,7 @@ class Dispatcher:
                 if got == _CLAIM_FAILED:
                     self._stop.wait(self._claim_backoff())
                     continue
-                if not self._registered:
+                if not self._registered and self._listener.polling_reason is None:
                     try:
                         self._set_idle(True)
                     except psycopg.Error as exc:  # the poll still runs; register again next round
@@ -430,16 +466,60 @@ class Dispatcher:
     # ------------------------------------------------------------------ delivering
 
     def _drain(self, lane: _Lane) -> None:
-        """A delivery task: delivers the lane's effects one at a time until its queue is empty
-        (at most concurrency_per_destination of these run per destination)."""
+        """A delivery task: delivers the lane's effects until its queue is empty (at most
+        concurrency_per_destination of these run per destination): one at a time, or, when the
+        destination's transport has deliver_batch (BatchTransport: the broker transports), up to
+        batch_size at a time."""
         while True:
             with self._in_flight_cond:
                 if not lane.queue:
                     lane.active -= 1
                     return
                 effect = lane.queue.popleft()
-                self._started[effect.lease_token] = time.monotonic()
-            self._deliver(effect)
+                batch = [effect]
+                transport = self._resolve(effect.destination)
+                if isinstance(transport, BatchTransport):
+                    # share the queue with the lane's other tasks: take a fair part of it
+                    share = max(1, -(-len(lane.queue) // max(lane.active, 1)))
+                    while lane.queue and len(batch) < min(self.batch_size, share + 1):
+                        batch.append(lane.queue.popleft())
+                now = time.monotonic()
+                for e in batch:
+                    self._started[e.lease_token] = now
+            if len(batch) == 1 or not isinstance(transport, BatchTransport):
+                self._deliver(effect)
+            else:
+                self._deliver_batch(transport, batch)
+
+    def _deliver_batch(self, transport: BatchTransport, batch: list[Effect]) -> None:
+        """deliver_batch: one report per effect (a transport error is an ambiguous outcome for
+        every effect of the batch: retried with the same ids)."""
+        queued: set[int] = set()
+        try:
+            started = time.monotonic()
+            try:
+                reports: list[DeliveryReport] = list(transport.deliver_batch(batch))
+                if len(reports) != len(batch):
+                    raise RuntimeError(f"deliver_batch returned {len(reports)} reports for {len(batch)} effects")
+            except Exception as exc:
+                message = str(exc).strip()
+                failed = DeliveryReport.failed(
+                    f"ambiguous: {type(exc).__name__}: {message}" if message else f"ambiguous: {type(exc).__name__}",
+                    retryable=True,
+                )
+                reports = [failed] * len(batch)
+            duration_ms = int((time.monotonic() - started) * 1000)
+            for effect, report in zip(batch, reports, strict=True):
+                self._report(effect, report, duration_ms)
+                queued.add(effect.lease_token)
+        except Exception:  # never lose the in-flight bookkeeping
+            log.exception(kv("delivery_crashed", dispatcher=self.name, effects=len(batch)))
+        finally:
+            with self._in_flight_cond:
+                for effect in batch:
+                    self._started.pop(effect.lease_token, None)
+                    if effect.lease_token not in queued:
+                        self._release(effect.lease_token)
 
     def _deliver(self, effect: Effect) -> None:
         queued = False

@@ -7,24 +7,30 @@ import contextlib
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from pginbox.dispatcher.log import kv, log
 
-if TYPE_CHECKING:  # the dispatcher imports nothing from here: no cycle at run time
-    from pginbox.dispatcher.dispatcher import Dispatcher
+__all__ = ["HealthServer", "Monitored"]
 
-__all__ = ["HealthServer"]
+
+class Monitored(Protocol):
+    """What HealthServer serves: a Dispatcher, or a pginbox.consumer.Consumer."""
+
+    name: str
+    registry: CollectorRegistry
+
+    def health(self) -> tuple[bool, dict[str, Any]]: ...
 
 
 class HealthServer:
-    """GET /healthz (200 or 503, JSON from Dispatcher.health()) and GET /metrics (Prometheus text
-    of dispatcher.registry), on a daemon thread. Port 0 picks a free port (see `.port`). Bind it
+    """GET /healthz (200 or 503, JSON from .health()) and GET /metrics (Prometheus text of
+    .registry) of a Dispatcher or a Consumer, on a daemon thread. Port 0 picks a free port (see `.port`). Bind it
     to loopback unless the network in front of it is trusted: it needs no authentication."""
 
-    def __init__(self, dispatcher: Dispatcher, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, dispatcher: Monitored, host: str = "127.0.0.1", port: int = 0) -> None:
         self.dispatcher = dispatcher
         owner = self
 

@@ -24,6 +24,8 @@ from typing import Any, Final
 import psycopg
 from psycopg.rows import dict_row
 
+from pginbox import pooler
+
 __all__ = [
     "SCENARIOS",
     "PeriodicPurger",
@@ -196,6 +198,9 @@ def purge_consumer(
     so far stay deleted."""
     if not conn.autocommit:
         raise ValueError("purge_consumer needs an autocommit connection: it commits after every batch")
+    # The purger's session advisory lock spans the batches' transactions: behind a transaction pooler
+    # it would stay on a server session that other clients get (PoolerError, before anything runs).
+    pooler.refuse_pooled(pooler.behind_pooler(conn), "purge (its session-level advisory lock)")
     started = time.monotonic()
     report = PurgeReport(consumer, "done")
 
@@ -278,6 +283,7 @@ def purge(
     """Purge the named consumer, or every consumer that has a retention policy. `progress`: see
     purge_consumer; `estimate`: count the rows to go of each consumer before purging it (for the
     progress: it reads the consumer's old rows once)."""
+    pooler.refuse_pooled(pooler.behind_pooler(conn), "purge (its session-level advisory lock)")
     consumers: Sequence[str]
     if consumer is not None:
         consumers = [consumer]

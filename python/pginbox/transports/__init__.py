@@ -5,6 +5,9 @@
     webhook.py    WebhookTransport
     ssrf.py       the SSRF guard every webhook connection goes through
     callable.py   CallableTransport: a Python function as a destination
+    rabbitmq.py   RabbitMQTransport (extra pginbox[rabbitmq]; imported on demand)
+    jetstream.py  JetStreamTransport (extra pginbox[nats]; imported on demand)
+    aioloop.py    LoopThread: the asyncio loop the broker transports run on
     config.py     load_config: destinations from TOML, the environment and entry points
 
 A transport delivers one effect and reports what happened:
@@ -26,13 +29,14 @@ from pginbox.errors import AmbiguousDelivery, DestinationRefused
 from pginbox.transports.callable import CallableTransport
 from pginbox.transports.config import ENTRY_POINT_GROUP, load_config
 from pginbox.transports.effect import Effect, EffectLike
-from pginbox.transports.protocol import DeliveryReport, Transport, TransportResolver
+from pginbox.transports.protocol import BatchTransport, DeliveryReport, Transport, TransportResolver
 from pginbox.transports.webhook import DEFAULT_RETRY_ON, WebhookTransport
 
 __all__ = [
     "DEFAULT_RETRY_ON",
     "ENTRY_POINT_GROUP",
     "AmbiguousDelivery",
+    "BatchTransport",
     "CallableTransport",
     "DeliveryReport",
     "DestinationRefused",

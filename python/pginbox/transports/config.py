@@ -23,6 +23,31 @@ Configuration (load_config)
   A PGINBOX_DEST_<NAME>_URL without a section in the file defines the destination `<name>`
   (lower-cased).
 
+  Message brokers and callables (`type` is inferred from the URL scheme, or from `callable` /
+  `factory`, when it is left out):
+
+      [destinations.orders]                   # RabbitMQ: pginbox.transports.rabbitmq
+      type = "rabbitmq"
+      url = "amqp://guest:guest@127.0.0.1:5672/"
+      routing_key = "orders"                  # the queue, with the default exchange
+      exchange = ""                           # or a named exchange
+      ordering_key = "header"                 # or "routing_key"
+      producer = "shop"                       # app_id; message_type = "..." (default: the name)
+      timeout = 10.0
+
+      [destinations.events]                   # NATS JetStream: pginbox.transports.jetstream
+      url = "nats://127.0.0.1:4222"
+      subject = "shop.events"
+      producer = "shop"
+
+      [destinations.audit]                    # a Python callable, without an entry point
+      callable = "myapp.outbox:send_audit"    # fn(effect); or factory = "module:function",
+                                              # called with the section's other keys
+
+  Environment for these: PGINBOX_DEST_<NAME>_TYPE, _CALLABLE, _FACTORY, _ROUTING_KEY, _EXCHANGE,
+  _SUBJECT, _PRODUCER, _MESSAGE_TYPE, _ORDERING_KEY (a _URL, _CALLABLE or _FACTORY variable alone
+  defines the destination).
+
   Python callables: every entry point in the group `pginbox.destinations` is a destination whose
   name is the entry point name; it is loaded and called as `factory(**options)` (options: the TOML
   section of that name, {} when there is none) and must return a Transport (an object with
@@ -48,7 +73,15 @@ from pginbox.transports.callable import CallableTransport
 from pginbox.transports.protocol import Transport
 from pginbox.transports.webhook import DEFAULT_RETRY_ON, WebhookTransport, parse_retry_on
 
-__all__ = ["ENTRY_POINT_GROUP", "env_prefix", "find_entry_points", "load_config", "webhook_from_options"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "destination_type",
+    "env_prefix",
+    "find_entry_points",
+    "load_config",
+    "transport_from_options",
+    "webhook_from_options",
+]
 
 ENTRY_POINT_GROUP = "pginbox.destinations"
 
@@ -81,7 +114,99 @@ def _apply_env(name: str, section: dict[str, Any], environ: Mapping[str, str]) -
         merged["retry_on"] = _split_list(retry_on)
     if (forward := environ.get(prefix + "FORWARD_ON_REDIRECT")) is not None:
         merged["forward_on_redirect"] = _split_list(forward)
+    for key in _PLAIN_ENV_KEYS:
+        if (value := environ.get(prefix + key.upper())) is not None:
+            merged[key] = value
     return merged
+
+
+_PLAIN_ENV_KEYS = ("type", "callable", "factory", "routing_key", "exchange", "subject", "producer", "message_type",
+                   "ordering_key")
+_DEFINING_ENV = ("_URL", "_CALLABLE", "_FACTORY")
+_TYPES = ("webhook", "rabbitmq", "nats", "callable")
+
+
+def destination_type(name: str, options: Mapping[str, Any]) -> str | None:
+    """The destination's type: its `type`, else inferred (callable/factory, the URL scheme);
+    None when there is nothing to infer it from (an entry point's options)."""
+    kind = options.get("type")
+    if kind is not None:
+        if kind not in _TYPES:
+            raise ValueError(f"destination {name!r}: type must be one of {list(_TYPES)}, got {kind!r}")
+        return str(kind)
+    if "callable" in options or "factory" in options:
+        return "callable"
+    url = options.get("url")
+    if url is None:
+        return None
+    scheme = str(url).partition("://")[0].lower()
+    if scheme in ("http", "https"):
+        return "webhook"
+    if scheme in ("amqp", "amqps"):
+        return "rabbitmq"
+    if scheme in ("nats", "tls"):
+        return "nats"
+    raise ValueError(f"destination {name!r}: cannot tell the type from url scheme {scheme!r}: set type = "
+                     "'webhook', 'rabbitmq' or 'nats'")
+
+
+def _import(name: str, key: str, spec: str) -> Callable[..., object]:
+    import importlib
+
+    module_name, colon, attribute = str(spec).partition(":")
+    if not colon or not module_name or not attribute:
+        raise ValueError(f"destination {name!r}: {key} must be 'module:function', got {spec!r}")
+    try:
+        found: object = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"destination {name!r}: {key} {spec!r}: {exc}") from None
+    if not callable(found):
+        raise ValueError(f"destination {name!r}: {key} {spec!r} is not callable")
+    return found
+
+
+def _broker_options(name: str, options: Mapping[str, Any], allowed: frozenset[str]) -> dict[str, Any]:
+    unknown = set(options) - allowed - {"type", "url"}
+    if unknown:
+        raise ValueError(f"destination {name!r}: unknown option(s) {sorted(unknown)} for type {options.get('type')!r}; "
+                         f"known: {sorted(allowed | {'type', 'url'})}")
+    out = {k: v for k, v in options.items() if k in allowed}
+    if "timeout" in out:
+        out["timeout"] = float(out["timeout"])
+    return out
+
+
+def transport_from_options(name: str, options: Mapping[str, Any]) -> Transport | None:
+    """The transport of one configured destination (None: an entry point's options)."""
+    kind = destination_type(name, options)
+    if kind is None:
+        return None
+    if kind == "webhook":
+        return webhook_from_options(name, {k: v for k, v in options.items() if k != "type"})
+    if kind == "rabbitmq":
+        from pginbox.transports.rabbitmq import RabbitMQTransport
+
+        opts = _broker_options(name, {**options, "type": kind}, frozenset(
+            {"routing_key", "exchange", "producer", "message_type", "ordering_key", "timeout"}))
+        return RabbitMQTransport(str(options["url"]), destination=name, **opts)
+    if kind == "nats":
+        from pginbox.transports.jetstream import JetStreamTransport
+
+        opts = _broker_options(name, {**options, "type": kind},
+                               frozenset({"subject", "producer", "message_type", "timeout"}))
+        if "subject" not in opts:
+            raise ValueError(f"destination {name!r}: a NATS destination needs subject")
+        return JetStreamTransport(str(options["url"]), destination=name, **opts)
+    rest = {k: v for k, v in options.items() if k not in ("type", "callable", "factory")}
+    if "callable" in options:
+        if rest:
+            raise ValueError(f"destination {name!r}: callable takes no options (use factory): {sorted(rest)}")
+        return CallableTransport(_import(name, "callable", str(options["callable"])))
+    if "factory" in options:
+        return _entry_point_transport(name, _import(name, "factory", str(options["factory"])), rest)
+    raise ValueError(f"destination {name!r}: type 'callable' needs callable or factory = 'module:function'")
 
 
 _WEBHOOK_KEYS = frozenset({"url", "method", "headers", "timeout", "allow_hosts", "retry_on", "forward_on_redirect"})
@@ -147,8 +272,9 @@ def load_config(
     # Destinations defined only by the environment.
     known_prefixes = {env_prefix(name) for name in sections}
     for key in env:
-        if key.startswith("PGINBOX_DEST_") and key.endswith("_URL"):
-            prefix = key[: -len("URL")]
+        ending = next((e for e in _DEFINING_ENV if key.endswith(e)), None)
+        if key.startswith("PGINBOX_DEST_") and ending is not None:
+            prefix = key[: -len(ending) + 1]
             if prefix not in known_prefixes:
                 sections[prefix[len("PGINBOX_DEST_") : -1].lower()] = {}
                 known_prefixes.add(prefix)
@@ -157,12 +283,15 @@ def load_config(
     transports: dict[str, Transport] = {}
     for name, section in sections.items():
         options = _apply_env(name, section, env)
-        if "url" in options:
+        transport = transport_from_options(name, options)
+        if transport is not None:
             if name in entry_points:
-                raise ValueError(f"destination {name!r} is both a webhook (url) and an entry point")
-            transports[name] = webhook_from_options(name, options)
+                raise ValueError(f"destination {name!r} is both configured (url, callable or factory) and an "
+                                 "entry point")
+            transports[name] = transport
         elif name not in entry_points:
-            raise ValueError(f"destination {name!r}: no url and no entry point in group {ENTRY_POINT_GROUP!r}")
+            raise ValueError(f"destination {name!r}: no url and no entry point in group {ENTRY_POINT_GROUP!r} "
+                             "(nor callable / factory = 'module:function')")
     for name, ep in entry_points.items():
         transports[name] = _entry_point_transport(name, ep.load(), sections.get(name, {}))
     return transports

@@ -9,11 +9,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["DeliveryReport", "Transport", "TransportResolver"]
+__all__ = ["BatchTransport", "DeliveryReport", "Transport", "TransportResolver"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,17 @@ class Transport(Protocol):
     ambiguous (timeout, connection reset after sending): the effect is retried with the same id."""
 
     def deliver(self, effect: Any) -> DeliveryReport: ...
+
+
+@runtime_checkable
+class BatchTransport(Protocol):
+    """A transport that also delivers many effects in one go (the broker transports: one batch
+    of publisher confirms instead of a round trip per effect). One report per effect, in order;
+    an ambiguous outcome is a retryable failure report (never raised for the whole batch)."""
+
+    def deliver(self, effect: Any) -> DeliveryReport: ...
+
+    def deliver_batch(self, effects: Sequence[Any]) -> list[DeliveryReport]: ...
 
 
 #: destination name -> its transport, or None when this dispatcher does not deliver it.

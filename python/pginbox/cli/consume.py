@@ -1,0 +1,81 @@
+"""`pginbox consume`: deliveries from RabbitMQ or NATS JetStream into schema inbox."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pginbox.cli.context import State, database, dsn_option
+from pginbox.sql_limits import MAX_BATCH
+
+__all__ = ["consume"]
+
+
+@click.command()
+@dsn_option
+@click.option("--config", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="TOML file with a [consume] table (options and PGINBOX_CONSUME_* variables win over it).")
+@click.option("--url", default=None, help="Broker URL: amqp://... (RabbitMQ) or nats://... (NATS JetStream).")
+@click.option("--consumer", default=None, help="The pginbox consumer name.")
+@click.option("--queue", default=None, help="RabbitMQ queue.")
+@click.option("--stream", default=None, help="NATS JetStream stream.")
+@click.option("--subject", default=None, help="NATS: filter subject of the durable consumer.")
+@click.option("--durable", default=None, help="NATS: durable consumer name [default: the consumer name].")
+@click.option("--handler", default=None, help="'sql' (registered SQL handlers) or MODULE:FUNCTION [default: sql].")
+@click.option("--handler-version", default=None, help="Recorded by Python handlers.")
+@click.option("--prefetch", type=click.IntRange(1, MAX_BATCH), default=None,
+              help="Messages claimed per transaction [default: 50].")
+@click.option("--retry-delay", type=click.FloatRange(0.001, None), default=None,
+              help="First redelivery delay of a failed message, seconds [default: 1].")
+@click.option("--max-retry-delay", type=click.FloatRange(0.001, None), default=None,
+              help="Longest redelivery delay, seconds [default: 300].")
+@click.option("--dead-letter", default=None,
+              help="Dead letter queue (RabbitMQ) or subject (NATS) [default: QUEUE.dead / pginbox.dead.DURABLE].")
+@click.option("--producer", default=None, help="Where the producer is read: PROPERTY, header:NAME or const:VALUE.")
+@click.option("--message-id", default=None, help="Where the message id is read.")
+@click.option("--message-type", default=None, help="Where the message type is read.")
+@click.option("--produced-at", default=None, help="Where produced_at is read.")
+@click.option("--tenant", default=None, help="Where the tenant is read.")
+@click.option("--health-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve GET /healthz and GET /metrics on this port (0: any free port, logged).")
+@click.option("--health-host", default=None, help="Address the health endpoint binds to [default: 127.0.0.1].")
+@click.pass_context
+def consume(ctx: click.Context, /, command_dsn: str | None, config: Path | None, **options: Any) -> None:
+    """Consume a RabbitMQ queue or a NATS JetStream stream into schema inbox: one transaction per
+    batch, ack after COMMIT, failed messages redelivered after a growing delay, bad input to the dead
+    letter (SIGTERM/SIGINT: finish the batch, exit 0). See docs/brokers.md."""
+    from pginbox.consumer import Consumer, load_consume_config
+    from pginbox.dispatcher import HealthServer
+
+    dsn = database(ctx, command_dsn)
+    settings = load_consume_config(config, options)
+    state = ctx.find_object(State)
+    logging.basicConfig(
+        level=logging.DEBUG if state is not None and state.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    consumer = Consumer(settings, dsn)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, consumer.stop)
+        health = None
+        if settings.health_port is not None:
+            health = HealthServer(consumer, settings.health_host, settings.health_port).start()
+        try:
+            await consumer.run()
+        finally:
+            if health is not None:
+                health.close()
+
+    asyncio.run(main())
+    stats = consumer.stats.as_dict()
+    outcomes = stats.pop("outcomes")
+    click.echo(" ".join([*(f"{k}={'-' if v is None else v}" for k, v in stats.items()),
+                         *(f"{k}={v}" for k, v in outcomes.items())]))

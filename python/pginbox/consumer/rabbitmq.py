@@ -1,0 +1,178 @@
+"""RabbitMQ for `pginbox consume` (aio-pika, extra `pginbox[rabbitmq]`).
+
+  consume      basic.consume on the queue with a prefetch (basic.qos) of 2 x prefetch, so that the
+               next batch arrives while one is being committed
+  ack          basic.ack after the COMMIT
+  retry        the message is published (with publisher confirms) to `<queue>.retry.<ms>`, a queue
+               whose x-message-ttl is that delay and whose dead-letter exchange routes it back to
+               `<queue>`, then acked: one queue per delay, because RabbitMQ expires messages only
+               from the head of a queue (a per-message TTL behind a longer one would wait for it)
+  dead letter  published (confirmed) to `<queue>.dead` with Pginbox-Sqlstate / Pginbox-Reason
+               headers, then acked
+  hand back    basic.nack(requeue=True) (the consumer pauses before it fetches again)
+  redelivery   AMQP `redelivered`, or quorum queues' x-delivery-count > 0
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from pginbox.consumer.config import ConsumeConfig
+from pginbox.consumer.core import REASON_HEADER, SQLSTATE_HEADER, Delivery
+from pginbox.errors import BrokerError
+
+try:
+    import aio_pika
+    import aiormq
+    from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise BrokerError("RabbitMQ support needs aio-pika: pip install 'pginbox[rabbitmq]'") from exc
+
+__all__ = ["RabbitMQBroker", "retry_queue_name"]
+
+# Any failure of a broker operation means the connection or channel is gone (aiormq raises
+# ChannelInvalidStateError, an asyncio.InvalidStateError, on a closed channel): reconnect.
+_BROKER_ERRORS = (aio_pika.exceptions.AMQPError, aiormq.exceptions.AMQPError, ConnectionError, OSError,
+                  asyncio.TimeoutError, asyncio.InvalidStateError, RuntimeError)
+
+
+def retry_queue_name(queue: str, delay: float) -> str:
+    return f"{queue}.retry.{max(1, round(delay * 1000))}"
+
+
+class RabbitMQBroker:
+    name = "rabbitmq"
+
+    def __init__(self, config: ConsumeConfig, *, connect_timeout: float = 5.0) -> None:
+        assert config.queue is not None
+        self.config = config
+        self.queue_name = config.queue
+        self.connect_timeout = connect_timeout
+        self._connection: AbstractConnection | None = None
+        self._channel: AbstractChannel | None = None
+        self._queue: AbstractQueue | None = None
+        self._buffer: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
+        self._retry_queues: set[str] = set()
+        self._dead_declared = False
+        self._consumer_tag: str | None = None
+
+    async def connect(self) -> None:
+        await self.close()
+        self._buffer = asyncio.Queue()
+        self._retry_queues.clear()
+        self._dead_declared = False
+        try:
+            self._connection = await aio_pika.connect(self.config.url, timeout=self.connect_timeout)
+            self._channel = await self._connection.channel(publisher_confirms=True)
+            await self._channel.set_qos(prefetch_count=2 * self.config.prefetch)
+            self._queue = await self._channel.declare_queue(self.queue_name, durable=True,
+                                                            passive=not self.config.declare)
+            self._consumer_tag = await self._queue.consume(self._on_message, no_ack=False)
+        except _BROKER_ERRORS as exc:
+            await self.close()
+            raise BrokerError(f"RabbitMQ {_safe_url(self.config.url)} queue {self.queue_name!r}: "
+                              f"{type(exc).__name__}: {exc}") from exc
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        await self._buffer.put(message)
+
+    def _check(self) -> None:
+        if self._connection is None or self._connection.is_closed or self._channel is None or self._channel.is_closed:
+            raise BrokerError(f"RabbitMQ connection to {_safe_url(self.config.url)} lost")
+
+    async def fetch(self, max_messages: int, timeout: float) -> list[Delivery]:
+        self._check()
+        try:
+            first = await asyncio.wait_for(self._buffer.get(), timeout)
+        except TimeoutError:
+            self._check()
+            return []
+        out = [first]
+        for _ in range(2):
+            while len(out) < max_messages and not self._buffer.empty():
+                out.append(self._buffer.get_nowait())
+            if len(out) >= max_messages:
+                break
+            await asyncio.sleep(0.002)  # let a burst in flight arrive
+        return [self._delivery(m) for m in out]
+
+    @staticmethod
+    def _delivery(m: AbstractIncomingMessage) -> Delivery:
+        headers: dict[str, Any] = dict(m.headers or {})
+        count = headers.get("x-delivery-count")
+        redelivered = bool(m.redelivered) or (isinstance(count, int) and count > 0)
+        properties = {
+            "app_id": m.app_id, "message_id": m.message_id, "type": m.type, "timestamp": m.timestamp,
+            "correlation_id": m.correlation_id, "user_id": m.user_id, "routing_key": m.routing_key,
+            "exchange": m.exchange, "content_type": m.content_type, "reply_to": m.reply_to,
+        }
+        return Delivery(m.body, properties, headers, redelivered, m)
+
+    async def ack(self, delivery: Delivery) -> None:
+        try:
+            await delivery.raw.ack()
+        except _BROKER_ERRORS as exc:
+            raise BrokerError(f"RabbitMQ ack failed: {exc}") from exc
+
+    def _copy(self, m: AbstractIncomingMessage, extra: dict[str, Any] | None = None) -> aio_pika.Message:
+        headers = dict(m.headers or {})
+        for key in ("x-death", "x-first-death-exchange", "x-first-death-queue", "x-first-death-reason",
+                    "x-last-death-exchange", "x-last-death-queue", "x-last-death-reason", "x-delivery-count"):
+            headers.pop(key, None)
+        headers.update(extra or {})
+        return aio_pika.Message(
+            m.body, headers=headers, content_type=m.content_type, content_encoding=m.content_encoding,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT, priority=m.priority, correlation_id=m.correlation_id,
+            reply_to=m.reply_to, message_id=m.message_id, timestamp=m.timestamp, type=m.type, user_id=m.user_id,
+            app_id=m.app_id,
+        )
+
+    async def retry(self, delivery: Delivery, delay: float) -> None:
+        name = retry_queue_name(self.queue_name, delay)
+        try:
+            assert self._channel is not None
+            if name not in self._retry_queues:
+                await self._channel.declare_queue(name, durable=True, arguments={
+                    "x-message-ttl": max(1, round(delay * 1000)),
+                    "x-dead-letter-exchange": "",
+                    "x-dead-letter-routing-key": self.queue_name,
+                })
+                self._retry_queues.add(name)
+            await self._channel.default_exchange.publish(self._copy(delivery.raw), routing_key=name, mandatory=True)
+            await delivery.raw.ack()
+        except _BROKER_ERRORS as exc:
+            raise BrokerError(f"RabbitMQ retry through {name!r} failed: {exc}") from exc
+
+    async def dead_letter(self, delivery: Delivery, sqlstate: str, reason: str) -> None:
+        name = self.config.dead_letter_target
+        try:
+            assert self._channel is not None
+            if not self._dead_declared:
+                await self._channel.declare_queue(name, durable=True)
+                self._dead_declared = True
+            copy = self._copy(delivery.raw, {SQLSTATE_HEADER: sqlstate, REASON_HEADER: reason})
+            await self._channel.default_exchange.publish(copy, routing_key=name, mandatory=True)
+            await delivery.raw.ack()
+        except _BROKER_ERRORS as exc:
+            raise BrokerError(f"RabbitMQ dead letter to {name!r} failed: {exc}") from exc
+
+    async def hand_back(self, delivery: Delivery, delay: float) -> None:
+        try:
+            await delivery.raw.nack(requeue=True)
+        except _BROKER_ERRORS as exc:
+            raise BrokerError(f"RabbitMQ nack failed: {exc}") from exc
+
+    async def close(self) -> None:
+        connection, self._connection, self._channel, self._queue = self._connection, None, None, None
+        if connection is not None and not connection.is_closed:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(connection.close(), 5.0)
+
+
+def _safe_url(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = rest.split("@", 1)[1]
+    return f"{scheme}{sep}{rest}"

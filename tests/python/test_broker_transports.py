@@ -1,0 +1,216 @@
+"""Broker destinations of the dispatcher (pginbox.transports.rabbitmq / .jetstream) against the real
+brokers: what a published effect carries, batched confirms, unroutable and missing streams as
+retryable failures, republished effects absorbed, and the TOML / environment configuration."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import aio_pika
+import nats
+import psycopg
+import pytest
+from helpers_brokers import NATS_URL, RABBIT_URL, Channel, channel, wait_for
+
+from pginbox.dispatcher import Dispatcher
+from pginbox.transports import CallableTransport, Effect, load_config
+from pginbox.transports.config import destination_type
+from pginbox.transports.jetstream import JetStreamTransport
+from pginbox.transports.rabbitmq import RabbitMQTransport
+
+pytestmark = pytest.mark.timeout(90)
+Conn = psycopg.Connection[tuple[Any, ...]]
+
+
+def enqueue(conn: Conn, ids: list[str], destination: str, ordering_key: str | None = None) -> None:
+    with conn.transaction():
+        for effect_id in ids:
+            conn.execute("SELECT inbox.enqueue_effect(%s, %s, %s::jsonb, %s::jsonb, %s)",
+                         (effect_id, destination, json.dumps({"id": effect_id}),
+                          json.dumps({"Pginbox-Type": "credit"}), ordering_key))
+
+
+def statuses(conn: Conn) -> dict[str, tuple[str, int, str | None]]:
+    rows = conn.execute("SELECT effect_id, status::text, attempts, last_error FROM inbox.outbox").fetchall()
+    return {r[0]: (r[1], r[2], r[3]) for r in rows}
+
+
+class CountingBatches:
+    """Wraps a BatchTransport, counting deliver_batch calls and effects."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.batches: list[int] = []
+
+    def deliver(self, effect: Any) -> Any:
+        self.batches.append(1)
+        return self.inner.deliver(effect)
+
+    def deliver_batch(self, effects: Any) -> Any:
+        self.batches.append(len(effects))
+        return self.inner.deliver_batch(effects)
+
+
+def rabbit_messages(queue: str) -> list[aio_pika.abc.AbstractIncomingMessage]:
+    async def read() -> list[aio_pika.abc.AbstractIncomingMessage]:
+        conn = await aio_pika.connect(RABBIT_URL)
+        try:
+            ch = await conn.channel()
+            q = await ch.declare_queue(queue, durable=True)
+            out = []
+            while (m := await q.get(no_ack=True, fail=False)) is not None:
+                out.append(m)
+            return out
+        finally:
+            await conn.close()
+
+    return asyncio.run(read())
+
+
+def test_rabbitmq_destination(conn: Conn, db_dsn: str) -> None:
+    with channel("rabbitmq") as ch:
+        asyncio.run(ch._publish([]))  # declares the queue
+        transport = RabbitMQTransport(RABBIT_URL, routing_key=ch.name, producer="shop", destination="orders")
+        counting = CountingBatches(transport)
+        ids = [f"e{i}" for i in range(60)]
+        enqueue(conn, ids[:59], "orders")
+        enqueue(conn, ids[59:], "orders", ordering_key="cust-7")
+        try:
+            with Dispatcher(db_dsn, "d1", {"orders": counting}, batch_size=100) as dispatcher:
+                dispatcher.run_once()
+        finally:
+            transport.close()
+        assert {s for s, _, _ in statuses(conn).values()} == {"delivered"}
+        messages = rabbit_messages(ch.name)
+        assert sorted(m.message_id or "" for m in messages) == sorted(ids)
+        sample = next(m for m in messages if m.message_id == "e59")
+        assert sample.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+        assert sample.app_id == "shop" and sample.type == "credit" and sample.timestamp is not None
+        assert (sample.headers or {}).get("Pginbox-Ordering-Key") == "cust-7"
+        assert json.loads(sample.body) == {"id": "e59"}
+        # confirms were batched: fewer publish batches than effects
+        assert sum(counting.batches) == 60 and len(counting.batches) < 60, counting.batches
+
+
+def test_rabbitmq_unroutable_is_retryable(conn: Conn, db_dsn: str) -> None:
+    transport = RabbitMQTransport(RABBIT_URL, routing_key="pginbox_no_such_queue_x", destination="orders")
+    enqueue(conn, ["u1", "u2"], "orders")
+    try:
+        reports = transport.deliver_batch([Effect("u1", "orders", {}), Effect("u2", "orders", {})])
+        assert all(not r.delivered and r.retryable and "unroutable" in (r.error or "") for r in reports), reports
+        with Dispatcher(db_dsn, "d1", {"orders": transport}, batch_size=10) as dispatcher:
+            dispatcher._claim_and_submit()
+            wait_for(lambda: all(a >= 1 for _, a, _ in statuses(conn).values()), "attempts recorded", timeout=10)
+            dispatcher.stop()
+    finally:
+        transport.close()
+    for status, attempts, error in statuses(conn).values():
+        assert status == "pending" and attempts >= 1 and "unroutable" in (error or ""), (status, attempts, error)
+
+
+def test_jetstream_destination_and_duplicates(conn: Conn, db_dsn: str) -> None:
+    with channel("nats") as ch:
+        transport = JetStreamTransport(NATS_URL, subject=ch.subject, producer="shop", destination="events")
+        counting = CountingBatches(transport)
+        ids = [f"n{i}" for i in range(40)]
+        enqueue(conn, ids, "events")
+        try:
+            with Dispatcher(db_dsn, "d1", {"events": counting}, batch_size=100) as dispatcher:
+                dispatcher.run_once()
+            assert {s for s, _, _ in statuses(conn).values()} == {"delivered"}
+            assert sum(counting.batches) == 40 and len(counting.batches) < 40
+            # a republish (a confirm lost in transit) is dropped by the stream's duplicate window
+            again = transport.deliver_batch([Effect("n3", "events", {"id": "n3"})])
+            assert again[0].delivered and transport.duplicates == 1
+        finally:
+            transport.close()
+
+        async def read() -> list[Any]:
+            nc = await nats.connect(NATS_URL)
+            try:
+                js = nc.jetstream()
+                info = await js.stream_info(ch.stream)
+                return [await js.get_msg(ch.stream, seq) for seq in range(1, info.state.messages + 1)]
+            finally:
+                await nc.close()
+
+        stored = asyncio.run(read())
+        assert len(stored) == 40
+        headers = stored[0].headers or {}
+        assert headers["Nats-Msg-Id"] in ids and headers["Pginbox-Producer"] == "shop"
+        assert headers["Pginbox-Type"] == "credit" and "Pginbox-Produced-At" in headers
+
+
+def test_jetstream_without_stream_is_retryable() -> None:
+    transport = JetStreamTransport(NATS_URL, subject="pginbox.no.stream.here", destination="events", timeout=2.0)
+    try:
+        report = transport.deliver_batch([Effect("x1", "events", {})])[0]
+    finally:
+        transport.close()
+    assert not report.delivered and report.retryable and report.error
+
+
+def test_channel_helper_cleans_up() -> None:
+    ch = Channel("rabbitmq")
+    ch.delete()
+
+
+def sink(effect: Any) -> None:
+    pass
+
+
+def factory(level: str = "info") -> Any:
+    return CallableTransport(lambda effect: None) if level == "debug" else None
+
+
+def test_configuration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "dest.toml"
+    config.write_text(textwrap.dedent(f"""
+        [destinations.orders]
+        url = "{RABBIT_URL}"
+        routing_key = "orders"
+        producer = "shop"
+
+        [destinations.events]
+        url = "{NATS_URL}"
+        subject = "shop.events"
+
+        [destinations.audit]
+        callable = "test_broker_transports:sink"
+
+        [destinations.made]
+        factory = "test_broker_transports:factory"
+        level = "debug"
+
+        [destinations.hook]
+        url = "https://example.com/hook"
+    """))
+    transports = load_config(config, environ={"PGINBOX_DEST_LATE_CALLABLE": "test_broker_transports:sink",
+                                              "PGINBOX_DEST_ORDERS_PRODUCER": "shop2"}, use_entry_points=False)
+    try:
+        assert isinstance(transports["orders"], RabbitMQTransport) and transports["orders"].producer == "shop2"
+        assert isinstance(transports["events"], JetStreamTransport)
+        assert isinstance(transports["audit"], CallableTransport)
+        assert isinstance(transports["made"], CallableTransport)
+        assert isinstance(transports["late"], CallableTransport)
+        assert type(transports["hook"]).__name__ == "WebhookTransport"
+    finally:
+        for t in transports.values():
+            close = getattr(t, "close", None)
+            if callable(close) and isinstance(t, RabbitMQTransport | JetStreamTransport):
+                close()
+    assert destination_type("x", {"url": "amqps://h/"}) == "rabbitmq"
+    with pytest.raises(ValueError, match="type must be one of"):
+        destination_type("x", {"type": "kafka"})
+    with pytest.raises(ValueError, match="needs subject"):
+        load_config(None, environ={"PGINBOX_DEST_EV_URL": NATS_URL}, use_entry_points=False)
+    with pytest.raises(ValueError, match="module:function"):
+        load_config(None, environ={"PGINBOX_DEST_BAD_CALLABLE": "nocolon"}, use_entry_points=False)
+    with pytest.raises(ValueError, match="unknown option"):
+        bad = tmp_path / "bad.toml"
+        bad.write_text(f'[destinations.o]\nurl = "{RABBIT_URL}"\nroutng_key = "x"\n')
+        load_config(bad, environ={}, use_entry_points=False)
