@@ -1,7 +1,8 @@
 """docs/grafana/pginbox.json, the Grafana dashboard users import: its import structure, and that it
 queries only what the code exports. The catalogue of metrics and labels comes from the real
 collectors scraped after real traffic (DatabaseCollector over inbox.metrics(), InboxCollector
-after a delivery, a Dispatcher after a delivery), not from a list kept by hand; alert names come
+after a delivery, a Dispatcher after a delivery, `pginbox consume` after a real RabbitMQ queue),
+not from a list kept by hand; alert names come
 from docs/alerts/pginbox.rules.yml. The check is shown to fail on a misspelled label, metric,
 alert name or a missing view."""
 
@@ -18,11 +19,13 @@ from typing import Any
 import psycopg
 import pytest
 import yaml  # type: ignore[import-untyped]  # no stubs in the dev extras; the test reads plain data
+from helpers_brokers import ConsumerThread, Out, channel, wait_for
 from helpers_inbox import setup_domain
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pginbox import Inbox, Message, Outcome, RetryPolicy
+from pginbox.consumer import Consumer, load_consume_config
 from pginbox.dispatcher import CallableTransport, Dispatcher
 from pginbox.ops.metrics import DatabaseCollector, InboxCollector
 
@@ -46,6 +49,7 @@ VIEWS = {
     "Purge lag": {"pginbox_purge_lag_seconds"},
     "Dispatcher health": {"pginbox_dispatcher_delivered_total", "pginbox_dispatcher_dead_total",
                           "pginbox_dispatcher_in_flight"},
+    "Broker consumer": {"pginbox_consumer_messages_total", "pginbox_consumer_dead_letters_total"},
 }
 PROMETHEUS = {"type": "prometheus", "uid": "${datasource}"}
 
@@ -118,6 +122,17 @@ def exported(conn: Conn, db_dsn: str) -> Exported:
     with Dispatcher(db_dsn, "grafana", {"sink": transport, "hooks": transport}) as dispatcher:
         assert dispatcher.run_once() == 2  # g-effect, and e1 (pending above)
         _scrape(dispatcher.registry, found)
+
+    # `pginbox consume` from a real RabbitMQ queue: one message applied, one dead-lettered (not JSON).
+    with channel("rabbitmq") as ch:
+        ch.publish([Out("c1", {"id": "c1", "amount": 1}), Out("c2", None, raw_body=b"{not json")])
+        config = load_consume_config(None, {"consumer": "billing", **ch.settings()})
+        consumer = Consumer(config, db_dsn, fetch_timeout=0.2, max_pause=0.5, database_timeout=1.0)
+        with ConsumerThread(consumer):
+            wait_for(lambda: ch.pending() == 0, "both messages consumed")
+        assert consumer.stats.outcomes.get("applied") == 1 and consumer.stats.outcomes.get("dead_letter") == 1, \
+            consumer.stats.outcomes
+        _scrape(consumer.registry, found)
     return dict(found)
 
 
@@ -231,6 +246,7 @@ def test_the_dashboard_imports_and_queries_only_what_the_code_exports(exported: 
     # the three collectors each feed it
     assert any(m.startswith("pginbox_client_") for m in queried)
     assert any(m.startswith("pginbox_dispatcher_") for m in queried)
+    assert any(m.startswith("pginbox_consumer_") for m in queried)
     assert {"pginbox_database_up", "pginbox_outbox_dead", "pginbox_purge_lag_seconds"} <= queried
     assert len(set(_ALERT.findall(DASHBOARD.read_text()))) >= 10  # panels name the alerts that watch them
 

@@ -505,8 +505,8 @@ def test_purge_shows_progress_on_a_terminal_only(db: psycopg.Connection[Any], db
     assert cron.stdout.startswith(f"{CONSUMER}: purged 500 rows in 5 batches")
     assert messages_left(db) == 2000
 
-    quiet = subprocess.run([*purge_cmd, "--max-batches", "2", "--quiet"], capture_output=True, text=True,
-                           timeout=60, check=False)
+    quiet = subprocess.run([*purge_cmd, "--max-batches", "2"], capture_output=True, text=True, timeout=60,
+                           check=False, env={**os.environ, "PGINBOX_PURGE_QUIET": "1"})
     assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "")
     assert messages_left(db) == 1800
 
