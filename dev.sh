@@ -17,6 +17,13 @@ DEB_PACKAGES=(
     libdbd-pg-perl
     libtap-parser-sourcehandler-pgtap-perl
     python3-venv
+    pgbouncer
+    # the other-language examples (examples/, tests/python/test_other_languages.py)
+    nodejs
+    golang-go
+    golang-github-jackc-pgx-v4-dev
+    openjdk-17-jdk-headless
+    libpostgresql-jdbc-java
     rabbitmq-server   # the broker tests' RabbitMQ (127.0.0.1:5672) and private nodes
     nats-server       # the broker tests' NATS JetStream (127.0.0.1:4222) and private servers
 )
@@ -90,9 +97,24 @@ setup_venv() {
     echo "$want" >"$STAMP"
 }
 
+setup_examples() {
+    # Node's example needs npm (Debian's nodejs comes without it; NodeSource's brings its own) and
+    # `pg` from npm, pinned by examples/node/package-lock.json; npm's cache stays in .cache/npm.
+    if ! command -v npm >/dev/null; then
+        log "installing Debian package npm"
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends npm
+    fi
+    local dir=$ROOT/examples/node
+    if [[ ! -f $dir/node_modules/.package-lock.json || $dir/package-lock.json -nt $dir/node_modules/.package-lock.json ]]; then
+        log "installing examples/node's packages (npm ci)"
+        npm ci --prefix "$dir" --cache "$ROOT/.cache/npm" --no-audit --no-fund --loglevel=error
+    fi
+}
+
 setup() {
     setup_debian_packages
     setup_venv
+    setup_examples
 }
 
 usage() {

@@ -12,6 +12,14 @@ messages per second and ratios:
   floor     the least a one-round-trip claim can do: a PL/pgSQL function that inserts the identity
             row into inbox.message and calls the handler, without validation, settings, hashing
             exclusions, subtransaction or definer split. Not a product: the floor apply is held to.
+  setsql    hand-written set SQL for --batch messages per transaction: one INSERT .. SELECT .. ON
+            CONFLICT DO NOTHING RETURNING into the article's table, one UPDATE of the accounts it
+            returned (no per-message isolation, no outcomes): the limit the batch is held to
+  apply-noauth  apply with inbox._may_act_as replaced by `RETURN true` for the run (A/B of the
+            authorization check; restored right after)
+
+Every workload runs as a LOGIN role that holds only inbox_consumer and is bound to consumer
+'bench' (plus the grants on the benchmark's own tables), so authorization is on as in production.
 
 Workloads are interleaved over --rounds rounds and the median of each is reported, because
 this machine is noisy. Usage:  .venv/bin/python bench/bench_claim.py [--seconds 10] [--rounds 3]
@@ -21,16 +29,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
-import subprocess
-import tempfile
 from pathlib import Path
 
 import psycopg
-from benchlib import bench_database
-
-from pginbox.devtools.cluster import Cluster, find_bindir
+from benchlib import SERVICE_ROLE, bench_database, create_service_role, run_pgbench
 
 ACCOUNTS = 100_000
 
@@ -56,6 +59,12 @@ BEGIN
   PERFORM credit(payload);
   RETURN 'applied';
 END $$;
+"""
+
+GRANTS = """
+GRANT SELECT, UPDATE ON account TO {role};
+GRANT SELECT, INSERT, UPDATE ON consumer_inbox TO {role};
+GRANT SELECT, INSERT ON inbox.message TO {role};  -- the floor writes the identity row itself
 """
 
 # Message ids: client id plus a random 60-bit number; a collision would show up as a duplicate
@@ -95,6 +104,24 @@ SELECT outcome FROM inbox.claim_and_apply('bench', 'shop', :client_id::text || '
 \\set mid random(1, 1152921504606846976)
 SELECT floor_claim(:client_id::text || '-' || :mid::text, jsonb_build_object('account', :aid::integer, 'amount', 1));
 """,
+    "setsql": """
+\\set aid random(1, {accounts_less_batch})
+\\set mid random(1, 1152921504606846976)
+BEGIN;
+WITH msgs AS (
+  SELECT :client_id::text || '-' || :mid::text || '-' || g::text AS message_id, :aid::integer + g AS account,
+         jsonb_build_object('account', :aid::integer + g, 'amount', 1) AS payload
+    FROM generate_series(1, {batch}) g),
+claimed AS (
+  INSERT INTO consumer_inbox (consumer_name, producer_name, message_id, payload_sha256, handler_version, processed_at)
+  SELECT 'bench', 'shop', m.message_id, encode(sha256(convert_to(m.payload::text, 'UTF8')), 'hex'), 'v1', now()
+    FROM msgs m
+  ON CONFLICT DO NOTHING RETURNING message_id)
+UPDATE account a SET balance = a.balance + 1
+  FROM msgs m JOIN claimed c USING (message_id)
+ WHERE a.id = m.account;
+COMMIT;
+""",
     "batch": """
 \\set aid random(1, {accounts_less_batch})
 \\set mid random(1, 1152921504606846976)
@@ -107,24 +134,10 @@ SELECT count(*) FROM inbox.claim_and_apply_batch('bench', (
 }
 
 
-def run_pgbench(cluster: Cluster, db: str, script: str, clients: int, seconds: int) -> float:
-    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
-        f.write(script)
-        path = f.name
-    Path(path).chmod(0o644)
-    cmd = [
-        str(find_bindir() / "pgbench"), "-n", "-M", "prepared", "-c", str(clients), "-j", str(clients),
-        "-T", str(seconds), "--max-tries=20", "-f", path,
-        "-h", "127.0.0.1", "-p", str(cluster.port), "-U", "postgres", db,
-    ]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    Path(path).unlink()
-    if out.returncode != 0:
-        raise SystemExit(f"pgbench failed:\n{out.stdout}\n{out.stderr}")
-    match = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out.stdout)
-    if not match:
-        raise SystemExit(f"no tps in pgbench output:\n{out.stdout}")
-    return float(match.group(1))
+NOAUTH = """
+CREATE OR REPLACE FUNCTION inbox._may_act_as(consumer text, tenant text) RETURNS boolean
+    LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$ BEGIN RETURN true; END $$;
+"""
 
 
 def main() -> None:
@@ -139,16 +152,29 @@ def main() -> None:
     with bench_database() as (cluster, dsn):
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(SETUP % {"accounts": ACCOUNTS})  # type: ignore[arg-type]
+            create_service_role(dsn, "bench", GRANTS)
             conn.execute("VACUUM ANALYZE")
+            row = conn.execute("SELECT pg_get_functiondef('inbox._may_act_as(text, text)'::regprocedure)").fetchone()
+            assert row is not None
+            with_auth = str(row[0])
         scripts = {
             name: s.format(accounts=ACCOUNTS, accounts_less_batch=ACCOUNTS - args.batch, batch=args.batch)
             for name, s in SCRIPTS.items()
         }
+        scripts["apply-noauth"] = scripts["apply"]
         samples: dict[str, list[float]] = {name: [] for name in scripts}
         for rnd in range(args.rounds):
             for name, script in scripts.items():
-                tps = run_pgbench(cluster, "bench", script, args.clients, args.seconds)
-                msgs = tps * (args.batch if name == "batch" else 1)
+                if name == "apply-noauth":
+                    with psycopg.connect(dsn, autocommit=True) as conn:
+                        conn.execute(NOAUTH)
+                try:
+                    tps = run_pgbench(cluster, script, args.clients, args.seconds, user=SERVICE_ROLE)
+                finally:
+                    if name == "apply-noauth":
+                        with psycopg.connect(dsn, autocommit=True) as conn:
+                            conn.execute(with_auth)  # type: ignore[arg-type]
+                msgs = tps * (args.batch if name in ("batch", "setsql") else 1)
                 samples[name].append(msgs)
                 print(f"round {rnd + 1}: {name:8s} {msgs:10.0f} msgs/s", flush=True)
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -158,15 +184,19 @@ def main() -> None:
 
     med = {name: statistics.median(v) for name, v in samples.items()}
     ratios = {
-        "apply / bare": med["apply"] / med["bare"],
+        "apply / floor": med["apply"] / med["floor"],
         "apply / article": med["apply"] / med["article"],
+        "batch / bare": med["batch"] / med["bare"],
+        "batch / setsql": med["batch"] / med["setsql"],
+        "apply / bare": med["apply"] / med["bare"],
         "claim / article": med["claim"] / med["article"],
         "article / bare": med["article"] / med["bare"],
-        "batch / apply": med["batch"] / med["apply"],
         "floor / bare": med["floor"] / med["bare"],
-        "apply / floor": med["apply"] / med["floor"],
+        "setsql / bare": med["setsql"] / med["bare"],
+        "batch / apply": med["batch"] / med["apply"],
+        "apply / apply-noauth": med["apply"] / med["apply-noauth"],
     }
-    targets = {"apply / bare": 0.65, "apply / article": 1.5, "batch / apply": 3.5}
+    targets = {"apply / floor": 0.80, "apply / article": 1.3, "batch / bare": 3.0, "batch / setsql": 0.60}
     print()
     print(f"medians over {args.rounds} rounds of {args.seconds}s, {args.clients} clients, batch {args.batch}:")
     for name, value in med.items():
@@ -175,7 +205,7 @@ def main() -> None:
     for name, value in ratios.items():
         target = targets.get(name)
         verdict = "" if target is None else (f"  target >= {target}: " + ("met" if value >= target else "MISSED"))
-        print(f"  {name:16s} {value:5.2f}x{verdict}")
+        print(f"  {name:20s} {value:5.2f}x{verdict}")
     if args.json:
         args.json.write_text(json.dumps({"medians": med, "ratios": ratios, "args": vars(args) | {"json": None}},
                                         indent=2))

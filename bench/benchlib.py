@@ -35,3 +35,46 @@ def bench_database(sql_dir: Path = ROOT / "sql", prefix: str = "pginbox-bench-")
             yield cluster, dsn
         finally:
             cluster.stop("fast")
+
+
+def run_pgbench(cluster: Cluster, script: str, clients: int, seconds: int, *, db: str = "bench",
+                user: str = "postgres", max_tries: int | None = 20) -> float:
+    """Transactions per second of `script` under pgbench -M prepared (without connection time)."""
+    import re
+
+    from pginbox.devtools.cluster import find_bindir
+
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
+        f.write(script)
+        path = f.name
+    Path(path).chmod(0o644)
+    cmd = [
+        str(find_bindir() / "pgbench"), "-n", "-M", "prepared", "-c", str(clients), "-j", str(clients),
+        "-T", str(seconds), "-f", path, "-h", "127.0.0.1", "-p", str(cluster.port), "-U", user, db,
+    ]
+    if max_tries is not None:
+        cmd.insert(-1, f"--max-tries={max_tries}")
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    Path(path).unlink()
+    if out.returncode != 0:
+        raise SystemExit(f"pgbench failed:\n{out.stdout}\n{out.stderr}")
+    match = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out.stdout)
+    if not match:
+        raise SystemExit(f"no tps in pgbench output:\n{out.stdout}")
+    return float(match.group(1))
+
+
+SERVICE_ROLE = "bench_svc"
+
+
+def create_service_role(dsn: str, consumer: str = "bench", grants: str = "") -> None:
+    """A LOGIN role as a real service has it: member of inbox_consumer only, bound to `consumer`
+    (authorization on, as in production), plus `grants` (SQL run as the superuser, {role} replaced)."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {SERVICE_ROLE} LOGIN IN ROLE inbox_consumer")  # type: ignore[arg-type]
+        conn.execute("SELECT inbox.bind_consumer(%s, %s::regrole, note => 'benchmark service')",
+                     (consumer, SERVICE_ROLE))
+        if grants:
+            conn.execute(grants.replace("{role}", SERVICE_ROLE))  # type: ignore[arg-type]

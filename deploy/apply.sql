@@ -375,7 +375,7 @@ COMMENT ON FUNCTION inbox.claim_and_apply(text, text, text, text, jsonb, text, t
 -- element are validated before the first is applied (inbox._batch_messages); an unknown message
 -- type or an oversize payload raises when its element's turn comes. Either way the call fails as a
 -- whole, so the caller's transaction keeps nothing of it. An empty array returns no rows.
-CREATE OR REPLACE FUNCTION inbox._batch_messages(consumer text, messages jsonb)
+CREATE OR REPLACE FUNCTION inbox._batch_messages(fn text, consumer text, messages jsonb, types_required boolean)
     RETURNS TABLE (ordinal integer, producer text, message_id text, message_type text, payload jsonb, tenant text,
                    produced_at timestamptz)
     LANGUAGE plpgsql STABLE
@@ -387,30 +387,32 @@ DECLARE
     what text;
 BEGIN
     IF _batch_messages.messages IS NULL THEN
-        RAISE EXCEPTION 'inbox.claim_and_apply_batch: messages must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+        RAISE EXCEPTION '%: messages must not be NULL', fn USING ERRCODE = 'null_value_not_allowed';
     END IF;
     IF jsonb_typeof(_batch_messages.messages) <> 'array' THEN
-        RAISE EXCEPTION 'inbox.claim_and_apply_batch: messages must be a JSON array of message objects'
+        RAISE EXCEPTION '%: messages must be a JSON array of message objects', fn
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Each element: {"producer": ..., "message_id": ..., "message_type": ..., "payload": ..., "tenant"?: ..., "produced_at"?: ...}';
     END IF;
-    PERFORM inbox._check_identity('inbox.claim_and_apply_batch', _batch_messages.consumer, '-', '-', '');
+    PERFORM inbox._check_identity(fn, _batch_messages.consumer, '-', '-', '');
     n := jsonb_array_length(_batch_messages.messages);
     IF n > 64 THEN
-        RAISE EXCEPTION 'inbox.claim_and_apply_batch: a batch holds at most 64 messages, got %', n
+        RAISE EXCEPTION '%: a batch holds at most 64 messages, got %', fn, n
             USING ERRCODE = 'program_limit_exceeded', HINT = 'Split the batch.';
     END IF;
     FOR i IN 0 .. n - 1 LOOP
         item := _batch_messages.messages -> i;
-        what := format('inbox.claim_and_apply_batch: messages[%s]', i);
+        what := format('%s: messages[%s]', fn, i);
         IF jsonb_typeof(item) IS DISTINCT FROM 'object' THEN
             RAISE EXCEPTION '% must be an object', what USING ERRCODE = 'invalid_parameter_value';
         END IF;
         IF jsonb_typeof(item -> 'producer') IS DISTINCT FROM 'string'
            OR jsonb_typeof(item -> 'message_id') IS DISTINCT FROM 'string'
-           OR jsonb_typeof(item -> 'message_type') IS DISTINCT FROM 'string'
+           OR (types_required AND jsonb_typeof(item -> 'message_type') IS DISTINCT FROM 'string')
+           OR jsonb_typeof(coalesce(item -> 'message_type', '""')) NOT IN ('string', 'null')
            OR jsonb_typeof(coalesce(item -> 'tenant', '""')) IS DISTINCT FROM 'string' THEN
-            RAISE EXCEPTION '% needs string fields producer, message_id and message_type (and tenant, if given)', what
+            RAISE EXCEPTION '% needs string fields producer, message_id% (and tenant, if given)', what,
+                CASE WHEN types_required THEN ' and message_type' ELSE ' (and message_type, if given)' END
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
         IF NOT item ? 'payload' THEN
@@ -421,7 +423,9 @@ BEGIN
         END IF;
         PERFORM inbox._check_identity(what, _batch_messages.consumer, item ->> 'producer', item ->> 'message_id',
                                       coalesce(item ->> 'tenant', ''));
-        PERFORM inbox._check_message_type(what, item ->> 'message_type');
+        IF item ->> 'message_type' IS NOT NULL THEN
+            PERFORM inbox._check_message_type(what, item ->> 'message_type');
+        END IF;
         ordinal := i + 1;
         producer := item ->> 'producer';
         message_id := item ->> 'message_id';
@@ -433,8 +437,8 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION inbox._batch_messages(text, jsonb) IS
-    'internal: the validated elements of a claim_and_apply_batch call, in order (raises on the first bad one)';
+COMMENT ON FUNCTION inbox._batch_messages(text, text, jsonb, boolean) IS
+    'internal: the validated elements of a claim_and_apply_batch or claim_batch call, in order (raises on the first bad one)';
 
 -- The definer half of the batch: every element validated, authorized and hashed first, then ONE
 -- INSERT ... SELECT ... ON CONFLICT DO NOTHING claims all the identities the batch holds once (the
@@ -442,7 +446,7 @@ COMMENT ON FUNCTION inbox._batch_messages(text, jsonb) IS
 -- row per element, in order: 'claimed' with the handler call to make, or the outcome already
 -- decided (duplicate, conflict, quarantined, expired), or 'repeat' for an identity an earlier
 -- element of the same batch holds (decided after that one's handler ran, by claim_and_apply).
-CREATE OR REPLACE FUNCTION inbox._begin_apply_batch(consumer text, messages jsonb)
+CREATE OR REPLACE FUNCTION inbox._begin_apply_batch(consumer text, messages jsonb, claim_version text)
     RETURNS TABLE (ordinal integer, tenant text, producer text, message_id text, message_type text, payload jsonb,
                    produced_at timestamptz, handler regprocedure, takes_context boolean, claim_outcome text,
                    claim_payload_sha256 text, claim_stored_sha256 text, claim_handler_version text,
@@ -452,7 +456,9 @@ CREATE OR REPLACE FUNCTION inbox._begin_apply_batch(consumer text, messages json
     SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    fn constant text := 'inbox.claim_and_apply';
+    -- claim_version NULL: claim_and_apply_batch (every message type has a registered handler, whose
+    -- version the claims carry); else claim_batch (no handlers; the claims carry claim_version).
+    fn constant text := CASE WHEN claim_version IS NULL THEN 'inbox.claim_and_apply_batch' ELSE 'inbox.claim_batch' END;
     settings inbox.consumer_config;
     n integer;
     tenants text[];
@@ -475,14 +481,21 @@ BEGIN
     SELECT count(*)::integer, array_agg(m.tenant ORDER BY m.ordinal), array_agg(m.producer ORDER BY m.ordinal),
            array_agg(m.message_id ORDER BY m.ordinal), array_agg(m.message_type ORDER BY m.ordinal),
            array_agg(m.payload ORDER BY m.ordinal), array_agg(m.produced_at ORDER BY m.ordinal),
-           array_agg(h.handler ORDER BY m.ordinal), array_agg(h.handler_version ORDER BY m.ordinal),
+           array_agg(h.handler ORDER BY m.ordinal),
+           array_agg(coalesce(_begin_apply_batch.claim_version, h.handler_version) ORDER BY m.ordinal),
            array_agg(h.takes_context ORDER BY m.ordinal), array_agg(m.first ORDER BY m.ordinal)
       INTO n, tenants, producers, ids, types, payloads, produced, handlers, versions, contexts, firsts
       FROM (SELECT b.*, row_number() OVER (PARTITION BY b.tenant, b.producer, b.message_id ORDER BY b.ordinal) = 1
                    AS first
-              FROM inbox._batch_messages(_begin_apply_batch.consumer, _begin_apply_batch.messages) b) m
-      LEFT JOIN inbox.handler h ON h.consumer = _begin_apply_batch.consumer AND h.message_type = m.message_type;
+              FROM inbox._batch_messages(fn, _begin_apply_batch.consumer, _begin_apply_batch.messages,
+                                         _begin_apply_batch.claim_version IS NULL) b) m
+      LEFT JOIN inbox.handler h ON _begin_apply_batch.claim_version IS NULL
+                               AND h.consumer = _begin_apply_batch.consumer AND h.message_type = m.message_type;
     IF n = 0 THEN
+        -- An empty batch writes nothing, but answers an unbound role as any call does.
+        IF NOT inbox._may_act_as(_begin_apply_batch.consumer, NULL) THEN
+            PERFORM inbox._authorize(fn, _begin_apply_batch.consumer, NULL);
+        END IF;
         RETURN;
     END IF;
     -- Who may act, for which tenants; the handlers as claim_and_apply checks them; the producer
@@ -492,14 +505,15 @@ BEGIN
             PERFORM inbox._authorize(fn, _begin_apply_batch.consumer, one);
         END IF;
     END LOOP;
-    i := array_position(handlers, NULL);
+    i := CASE WHEN _begin_apply_batch.claim_version IS NULL THEN array_position(handlers, NULL) END;
     IF i IS NOT NULL THEN
         RAISE EXCEPTION '%: no handler registered for consumer % and message type %', fn,
             quote_literal(_begin_apply_batch.consumer), quote_literal(types[i])
             USING ERRCODE = 'undefined_object',
                   HINT = 'An operator registers one: SELECT inbox.register_handler(consumer, message_type, ''f(jsonb)''::regprocedure, version).';
     END IF;
-    FOR i IN SELECT min(x.i)::integer FROM unnest(handlers) WITH ORDINALITY x(h, i) GROUP BY x.h LOOP
+    FOR i IN SELECT min(x.i)::integer FROM unnest(handlers) WITH ORDINALITY x(h, i) WHERE x.h IS NOT NULL GROUP BY x.h
+    LOOP
         PERFORM inbox._check_handler(fn, handlers[i], _begin_apply_batch.consumer, types[i]);
     END LOOP;
     settings := inbox._settings(_begin_apply_batch.consumer);
@@ -561,11 +575,12 @@ BEGIN
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION inbox._begin_apply_batch(text, jsonb) IS
-    'internal (granted to consumers): the privileged half of claim_and_apply_batch, one set-based claim';
+COMMENT ON FUNCTION inbox._begin_apply_batch(text, jsonb, text) IS
+    'internal (granted to consumers): the privileged half of claim_and_apply_batch and claim_batch, one set-based claim';
 
 -- Takes back a claim this very transaction made (its handler failed in its own subtransaction,
--- after the batch's claim): only a row whose inserting transaction is still in progress, which a
+-- after a batch's claim: claim_and_apply_batch, or claim_batch and a client's handler rolled back
+-- to its savepoint, before it calls record_failure): only a row whose inserting transaction is still in progress, which a
 -- session can see only when it is its own. Nothing else can be deleted with it.
 CREATE OR REPLACE FUNCTION inbox._unclaim(consumer text, tenant text, producer text, message_id text)
     RETURNS boolean
@@ -603,7 +618,8 @@ DECLARE
 BEGIN
     -- Every element is validated, authorized and claimed before the first handler runs (the set
     -- of steps is materialized); each handler then runs in its own subtransaction.
-    FOR step IN SELECT * FROM inbox._begin_apply_batch(claim_and_apply_batch.consumer, claim_and_apply_batch.messages)
+    FOR step IN SELECT * FROM inbox._begin_apply_batch(claim_and_apply_batch.consumer, claim_and_apply_batch.messages,
+                                                       NULL)
     LOOP
         result := ROW(step.claim_outcome, step.claim_payload_sha256, step.claim_stored_sha256,
                       step.claim_handler_version, step.claim_processed_at, step.claim_quarantine_id,
@@ -654,18 +670,50 @@ $$;
 COMMENT ON FUNCTION inbox.claim_and_apply_batch(text, jsonb) IS
     'claim_and_apply for up to 64 messages (a JSON array), each isolated from the others'' failures';
 
+-- inbox.claim for up to 64 messages in one statement, for clients that run their handlers outside
+-- SQL (pginbox's Python handle_batch): every element validated and authorized, then every identity
+-- claimed in one INSERT ... SELECT ... ON CONFLICT DO NOTHING, in the caller's transaction. One row
+-- per element, in order, with claim's outcomes; 'repeat' for an identity an earlier element of the
+-- same call holds (claim it with inbox.claim once the earlier one is decided). A handler that fails
+-- after its message was claimed: roll its writes back to a savepoint taken before it, take the
+-- claim back with inbox._unclaim (only a row this transaction inserted), then record_failure.
+-- Elements: {"producer", "message_id", "payload", "tenant"?, "message_type"?, "produced_at"?};
+-- version: the handler_version the claims carry, as inbox.claim's handler_version.
+CREATE OR REPLACE FUNCTION inbox.claim_batch(consumer text, messages jsonb, version text DEFAULT 'unversioned')
+    RETURNS TABLE (ordinal integer, tenant text, producer text, message_id text, outcome text,
+                   payload_sha256 text, stored_sha256 text, handler_version text, processed_at timestamptz,
+                   quarantine_id bigint, attempts integer, reason_code text, error_message text)
+    LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+AS $$
+BEGIN
+    IF claim_batch.version IS NULL THEN
+        RAISE EXCEPTION 'inbox.claim_batch: version must not be NULL' USING ERRCODE = 'null_value_not_allowed',
+            HINT = 'The version of the code that will apply these messages; ''unversioned'' if you do not track it.';
+    END IF;
+    RETURN QUERY
+        SELECT b.ordinal, b.tenant, b.producer, b.message_id, b.claim_outcome, b.claim_payload_sha256,
+               b.claim_stored_sha256, b.claim_handler_version, b.claim_processed_at, b.claim_quarantine_id,
+               b.claim_attempts, b.claim_reason_code, b.claim_error_message
+          FROM inbox._begin_apply_batch(claim_batch.consumer, claim_batch.messages, claim_batch.version) b;
+END
+$$;
+COMMENT ON FUNCTION inbox.claim_batch(text, jsonb, text) IS
+    'claim for up to 64 messages (a JSON array) in one statement: claimed | duplicate | conflict | quarantined | expired | repeat';
+
 REVOKE ALL ON FUNCTION inbox.register_handler(text, text, regprocedure, text),
     inbox._begin_apply(text, text, text, text, jsonb, text, timestamptz),
     inbox.claim_and_apply(text, text, text, text, jsonb, text, timestamptz),
-    inbox.claim_and_apply_batch(text, jsonb) FROM PUBLIC;
+    inbox.claim_and_apply_batch(text, jsonb),
+    inbox.claim_batch(text, jsonb, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION inbox.register_handler(text, text, regprocedure, text) TO inbox_operator;
 GRANT EXECUTE ON FUNCTION inbox._is_transient(text),
     inbox._run_handler(regprocedure, boolean, jsonb, inbox.message_context) TO inbox_operator;
 GRANT EXECUTE ON FUNCTION inbox._begin_apply(text, text, text, text, jsonb, text, timestamptz),
     inbox.claim_and_apply(text, text, text, text, jsonb, text, timestamptz),
     inbox.claim_and_apply_batch(text, jsonb),
-    inbox._batch_messages(text, jsonb),
-    inbox._begin_apply_batch(text, jsonb),
+    inbox.claim_batch(text, jsonb, text),
+    inbox._batch_messages(text, text, jsonb, boolean),
+    inbox._begin_apply_batch(text, jsonb, text),
     inbox._unclaim(text, text, text, text),
     inbox._is_transient(text),
     inbox._run_handler(regprocedure, boolean, jsonb, inbox.message_context),

@@ -553,9 +553,9 @@ CREATE OR REPLACE FUNCTION inbox._check_optional(fn text, message_type text, pay
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
-    IF message_type IS NOT NULL AND (message_type = '' OR pg_catalog.octet_length(message_type) > 128) THEN
-        RAISE EXCEPTION '%: message_type must be NULL or a name of 1 to 128 bytes', fn
-            USING ERRCODE = CASE WHEN message_type = '' THEN 'invalid_parameter_value'
+    IF message_type IS NOT NULL AND (message_type !~ '\S' OR pg_catalog.octet_length(message_type) > 128) THEN
+        RAISE EXCEPTION '%: message_type must be NULL or a name of 1 to 128 bytes, not only whitespace', fn
+            USING ERRCODE = CASE WHEN message_type !~ '\S' THEN 'invalid_parameter_value'
                                  ELSE 'string_data_right_truncation' END;
     END IF;
     IF pg_catalog.octet_length(payload_ref) > 1024 THEN

@@ -21,7 +21,7 @@ GRANT SELECT (quarantine_id, consumer, tenant, producer, message_id, kind, messa
 GRANT SELECT (decision_id, quarantine_id, decision, result, decided_by, decided_at, note, reason_code)
     ON inbox.quarantine_decision TO inbox_reader;
 GRANT SELECT (effect_id, consumer, destination, ordering_key, order_seq, blocked, status, attempts, available_at, created_at,
-              created_xid, lease_token, leased_by, lease_expires_at, last_attempt_at, last_status_code,
+              created_xid, lease_token, lease_role, leased_by, lease_expires_at, last_attempt_at, last_status_code,
               last_duration_ms, delivered_at, dead_reason, discarded_at)
     ON inbox.outbox TO inbox_reader;
 GRANT SELECT (redrive_id, effect_id, consumer, redriven_by, redriven_at, note, attempts, dead_reason)

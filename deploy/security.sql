@@ -80,7 +80,9 @@ BEGIN
                                            _authorize.consumer, session_user);
     END IF;
     IF is_superuser THEN
-        -- A superuser is a member of every role: only a tenant outside every binding stops it.
+        -- A superuser is a member of every role, so it passes inbox._may_act_as for every bound
+        -- consumer and tenant. Without strict_consumers it may act as any consumer and tenant; with
+        -- it, a tenant outside every binding (or an unbound consumer, above) stops it too.
         IF NOT (SELECT s.strict_consumers FROM inbox.security_settings s) THEN
             RETURN;
         END IF;

@@ -36,10 +36,11 @@ BEGIN
 END
 $verify$;
 
-SELECT 'inbox._is_transient(text)'::regprocedure, 'inbox._batch_messages(text, jsonb)'::regprocedure,
+SELECT 'inbox._is_transient(text)'::regprocedure, 'inbox._batch_messages(text, text, jsonb, boolean)'::regprocedure,
        'inbox._check_handler(text, regprocedure, text, text)'::regprocedure,
        'inbox._run_handler(regprocedure, boolean, jsonb, inbox.message_context)'::regprocedure,
-       'inbox._generate_dispatcher()'::regprocedure, 'inbox._begin_apply_batch(text, jsonb)'::regprocedure,
+       'inbox._generate_dispatcher()'::regprocedure, 'inbox._begin_apply_batch(text, jsonb, text)'::regprocedure,
+       'inbox.claim_batch(text, jsonb, text)'::regprocedure,
        'inbox._unclaim(text, text, text, text)'::regprocedure;
 SELECT 1 / (p.prosrc LIKE '%inbox._may_act_as(%')::integer FROM pg_catalog.pg_proc p
  WHERE p.oid = 'inbox._begin_apply(text, text, text, text, jsonb, text, timestamptz)'::regprocedure;

@@ -8,14 +8,17 @@ its subclasses, pass through unchanged where the docs say so).
       CommitOutcomeUnknown      the connection was lost during COMMIT and the outcome stayed unknown
       HandlerProtocolError      the handler broke the rules of Inbox.handle
       OperatorError             an operator command was refused (quarantine, status, ...)
+        AmbiguousEffect         an effect id (or prefix) names several effects: pass --consumer or more of it
         ReplayError             a replay command was refused
           ReplayStopped         the replay plan is stopped (SQLSTATE IR001)
       ClaimError                the dispatcher's claims kept failing (also a RuntimeError)
+      PoolerError               the work needs a direct connection, not one through a pooler
       AmbiguousDelivery         a transport cannot tell whether the destination acted
       DestinationRefused        the SSRF guard refused a destination address
       BrokerError               a message broker (RabbitMQ, NATS JetStream) could not be used
       ConsumerConfigError       the configuration of `pginbox consume` is incomplete or wrong
       SqitchError               sqitch could not be run or failed
+      SqitchScriptError         `pginbox schema sql` could not render the Sqitch project as one script
       ClusterError              the private development cluster could not be used
       DemoError                 `pginbox demo` could not run, or found its invariant broken
         InvariantBroken
@@ -23,8 +26,8 @@ its subclasses, pass through unchanged where the docs say so).
         OutboxDemoRefused
 
 Not here, on purpose: the retry loop's internal signals (pginbox.client.shared.Transient and
-CommitUnknown, never raised to a caller) and the exceptions the demo's own handlers raise (they
-play the part of an application's errors).
+CommitUnknown, pginbox.integrations.sqlalchemy._Failed, never raised to a caller) and the
+exceptions the demo's own handlers raise (they play the part of an application's errors).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import psycopg
 __all__ = [
     "SQLSTATE_NAMES",
     "AmbiguousDelivery",
+    "AmbiguousEffect",
     "BrokerError",
     "ClaimError",
     "ClusterError",
@@ -49,6 +53,7 @@ __all__ = [
     "OperatorError",
     "OutboxDemoRefused",
     "PginboxError",
+    "PoolerError",
     "ReplayError",
     "ReplayStopped",
     "RetriesExhausted",
@@ -181,6 +186,15 @@ class OperatorError(PginboxError):
         super().__init__(with_sqlstate(message, sqlstate), sqlstate=sqlstate)
 
 
+class AmbiguousEffect(OperatorError):
+    """An effect id, or the prefix of one, names several effects (effect ids are unique per
+    consumer): `candidates` lists up to 10 of them as (effect_id, consumer)."""
+
+    def __init__(self, message: str, candidates: list[tuple[str, str]]) -> None:
+        super().__init__(message)
+        self.candidates = candidates
+
+
 class ReplayError(OperatorError):
     """A replay command was refused or failed (see OperatorError)."""
 
@@ -196,6 +210,11 @@ class ClaimError(PginboxError, RuntimeError):
     """Dispatcher.run_once() gave up: claims kept failing with a database error (the message says
     which; `sqlstate` is the last one's). Still a RuntimeError, as it was before it joined this
     hierarchy."""
+
+
+class PoolerError(PginboxError):
+    """The work needs one server session across transactions (a session-level advisory lock, LISTEN),
+    and the connection goes through a transaction pooler such as PgBouncer."""
 
 
 class AmbiguousDelivery(PginboxError):

@@ -519,7 +519,7 @@ SELECT is(tapdom.calls(), :calls0::bigint, 'batch: a bad element anywhere: no ha
 SELECT throws_ok($$SELECT * FROM inbox.claim_and_apply_batch('tap-b', '[
                      {"producer": "p", "message_id": "w1", "message_type": "credit", "payload": {"account": "acc-w", "amount": 1}},
                      {"producer": "p", "message_id": "w2", "message_type": "nope", "payload": {}}]')$$,
-                 '42704', 'inbox.claim_and_apply: no handler registered for consumer ''tap-b'' and message type ''nope''',
+                 '42704', 'inbox.claim_and_apply_batch: no handler registered for consumer ''tap-b'' and message type ''nope''',
                  'batch: an element with an unknown message type is 42704');
 SELECT inbox.register_handler('tap-small', 'credit', 'tapdom.credit(jsonb)', 'v1') \g /dev/null
 SELECT throws_ok(format($$SELECT * FROM inbox.claim_and_apply_batch('tap-small', %L)$$,
@@ -527,7 +527,7 @@ SELECT throws_ok(format($$SELECT * FROM inbox.claim_and_apply_batch('tap-small',
                             '{"producer": "p", "message_id": "z1", "message_type": "credit", "payload": {"account": "acc-z", "amount": 1}}'::jsonb,
                             jsonb_build_object('producer', 'p', 'message_id', 'z2', 'message_type', 'credit',
                                                'payload', jsonb_build_object('k', repeat('x', 200))))),
-                 '54000', format('inbox.claim_and_apply: payload is %s bytes, the consumer''s limit is 100 bytes',
+                 '54000', format('inbox.claim_and_apply_batch: payload is %s bytes, the consumer''s limit is 100 bytes',
                                  octet_length((jsonb_build_object('k', repeat('x', 200)))::text)),
                  'batch: an element over the consumer''s payload limit is 54000');
 

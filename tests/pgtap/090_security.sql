@@ -115,7 +115,7 @@ SELECT set_eq(format($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.
                           AND pg_catalog.has_function_privilege(%L, p.oid, 'EXECUTE')$$, r.role),
               r.expected, format('%s can execute exactly: %s', r.role, array_to_string(r.expected, ', ')))
   FROM (VALUES
-        ('inbox_consumer', ARRAY['claim', 'claim_bytea', 'claim_and_apply', 'claim_and_apply_batch', 'record_start',
+        ('inbox_consumer', ARRAY['claim', 'claim_bytea', 'claim_and_apply', 'claim_and_apply_batch', 'claim_batch', 'record_start',
                                  'record_failure', '_begin_apply', '_check_identity', '_check_message_type',
                                  '_reason_code', 'payload_hash', 'schema_version', 'schema_release', 'enqueue_effect',
                                  'effect_id',

@@ -2,6 +2,7 @@
 
 record / slow_record   Python callables for `pginbox dispatch --callable` subprocesses: append each
                        delivered effect id to the file named by $PGINBOX_TEST_SINK.
+refuse_bad             the same, but ids starting with "bad" are refused for good (the effect goes dead).
 DedupSink              a real HTTP webhook receiver on 127.0.0.1 that deduplicates on the
                        Idempotency-Key header, the way a destination must for at-least-once delivery
                        to become effectively once. It records every request (key, arrival order) and
@@ -24,12 +25,20 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from pginbox.dispatcher import Effect
+from pginbox.dispatcher import DeliveryReport, Effect
 
 
 def record(effect: Effect) -> None:
     with open(os.environ["PGINBOX_TEST_SINK"], "a", encoding="utf-8") as sink:
         sink.write(effect.effect_id + "\n")
+
+
+def refuse_bad(effect: Effect) -> DeliveryReport:
+    """Like record, but refuses (not retryable: the effect goes dead) ids that start with "bad"."""
+    if effect.effect_id.startswith("bad"):
+        return DeliveryReport.failed("refused by the test sink", retryable=False, status_code=422)
+    record(effect)
+    return DeliveryReport.ok()
 
 
 def slow_record(effect: Effect) -> None:

@@ -11,6 +11,10 @@ login_role       (function) factory: login_role("inbox_consumer") creates a LOGI
                             that group role and returns its conninfo to db_dsn; dropped afterwards.
 make_cluster(path)          helper: a started private cluster under `path`.
 dsn_for(base, dbname)       helper: conninfo for `dbname`.
+pgbouncer        (session)  a PgBouncer in transaction mode in front of pg_base (helpers_pgbouncer);
+                            `pgbouncer.route(db_dsn)` is db_dsn through it.
+route            (function) parametrized "direct" / "pgbouncer" (marker `pgbouncer`): a function
+                            that routes a conninfo the chosen way; tests that take it run twice.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from helpers_pgbouncer import PgBouncer
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -117,6 +122,21 @@ def db_dsn(pg_base: str, template_db: str) -> Iterator[str]:
         yield dsn_for(pg_base, name)
     finally:
         drop_database(pg_base, name)
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(pg_base: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgBouncer]:
+    with PgBouncer(pg_base, tmp_path_factory.mktemp("pgbouncer")) as bouncer:
+        yield bouncer
+
+
+@pytest.fixture(params=["direct", pytest.param("pgbouncer", marks=pytest.mark.pgbouncer)])
+def route(request: pytest.FixtureRequest) -> Callable[[str], str]:
+    """How the code under test reaches the database: directly, or through PgBouncer."""
+    if request.param == "direct":
+        return lambda dsn: dsn
+    bouncer: PgBouncer = request.getfixturevalue("pgbouncer")
+    return bouncer.route
 
 
 @pytest.fixture

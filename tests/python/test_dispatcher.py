@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -67,18 +68,38 @@ def fast_retries(conn: Conn) -> None:
     conn.execute("SELECT inbox.configure_destination('sink', 5, '10 milliseconds', '20 milliseconds')")
 
 
-@pytest.fixture
-def make_dispatcher(db_dsn: str) -> Iterator[Callable[..., Dispatcher]]:
+@contextlib.contextmanager
+def _factory(claims_dsn: str, listen_dsn: str | None) -> Iterator[Callable[..., Dispatcher]]:
     made: list[Dispatcher] = []
+    routed: dict[str, Any] = {} if listen_dsn is None else {"listen_dsn": listen_dsn}
 
     def make(name: str, recorder: Recorder, **options: Any) -> Dispatcher:
-        dispatcher = Dispatcher(db_dsn, name, {"sink": CallableTransport(recorder)}, **options)
+        dispatcher = Dispatcher(claims_dsn, name, {"sink": CallableTransport(recorder)}, **routed, **options)
         made.append(dispatcher)
         return dispatcher
 
-    yield make
-    for dispatcher in made:
-        dispatcher.close()
+    try:
+        yield make
+    finally:
+        for dispatcher in made:
+            dispatcher.close()
+
+
+@pytest.fixture
+def make_dispatcher(db_dsn: str, route: Callable[[str], str]) -> Iterator[Callable[..., Dispatcher]]:
+    """Dispatchers whose claims go directly to the database, or through PgBouncer with a direct
+    --listen-dsn (`route`: the tests that take this fixture run both ways)."""
+    claims_dsn = route(db_dsn)
+    with _factory(claims_dsn, None if claims_dsn == db_dsn else db_dsn) as make:
+        yield make
+
+
+@pytest.fixture
+def make_direct_dispatcher(db_dsn: str) -> Iterator[Callable[..., Dispatcher]]:
+    """Dispatchers connected directly: for the tests that kill the backends of the claim pool
+    (PgBouncer hides that from its clients: it opens another server connection)."""
+    with _factory(db_dsn, None) as make:
+        yield make
 
 
 def test_run_once_delivers_committed_effects_exactly_once(
@@ -209,6 +230,61 @@ def test_cli_dispatch_once_with_a_callable(conn: Conn, db_dsn: str, tmp_path: Pa
     )
     assert listing.returncode == 0, listing.stderr
     assert sorted(e["effect_id"] for e in json.loads(listing.stdout)["effects"]) == ["cli-1", "cli-2", "cli-3"]
+
+
+def _dispatch_once(db_dsn: str, sink: Path, *, name: str = "cron") -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PGINBOX_TEST_SINK": str(sink),
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run(
+        [*_pginbox(), "--dsn", db_dsn, "dispatch", "--once", "--name", name,
+         "--callable", "sink=_dispatch_sink:refuse_bad"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )
+
+
+def test_cli_dispatch_once_exits_3_when_effects_went_dead(conn: Conn, db_dsn: str, tmp_path: Path) -> None:
+    """Cron can tell: effects that died during the run (a refused one, and one whose last lease had
+    expired, which a claim turns dead without any report) make --once exit 3 with the count on
+    stderr; the next run, with nothing new dead, exits 0."""
+    conn.execute("SELECT inbox.configure_destination('sink', 1, '10 milliseconds', '20 milliseconds')")
+    enqueue(conn, "lost-1")
+    # A dispatcher that claimed lost-1 (its only attempt) and vanished: its lease expires.
+    assert conn.execute("SELECT effect_id FROM inbox.claim_effects('vanished', 10, '1 millisecond')").fetchall() \
+        == [("lost-1",)]
+    time.sleep(0.05)
+    enqueue(conn, "bad-1", "ok-1")
+    sink = tmp_path / "sink.txt"
+    first = _dispatch_once(db_dsn, sink)
+    assert first.returncode == 3, (first.stdout, first.stderr)
+    assert "2 effects went dead during this run" in first.stderr
+    assert "dead=1" in first.stdout  # the refused one was reported; lost-1 died in the claim
+    assert status_of(conn, "lost-1")[:3] == ("dead", 1, "lease_expired")
+    assert status_of(conn, "bad-1")[:3] == ("dead", 1, "permanent_failure")
+    assert status_of(conn, "ok-1")[0] == "delivered"
+    assert sink.read_text().split() == ["ok-1"]
+
+    enqueue(conn, "ok-2")
+    second = _dispatch_once(db_dsn, sink)  # the dead ones are still dead, none died now
+    assert second.returncode == 0, (second.stdout, second.stderr)
+    assert "went dead" not in second.stderr
+    assert sink.read_text().split() == ["ok-1", "ok-2"]
+
+
+def test_cli_dispatch_once_counts_its_own_dead_reports_without_read_access(
+    conn: Conn, db_dsn: str, tmp_path: Path, login_role: Callable[..., str]
+) -> None:
+    """A role that may not read inbox.outbox (inbox_dispatcher only) still exits 3 for the effects
+    its own reports turned dead."""
+    dispatcher_dsn = login_role("inbox_dispatcher")
+    enqueue(conn, "bad-2", "ok-3")
+    result = _dispatch_once(dispatcher_dsn, tmp_path / "sink.txt")
+    assert result.returncode == 3, (result.stdout, result.stderr)
+    assert "1 effect went dead during this run" in result.stderr
+    assert status_of(conn, "bad-2")[0] == "dead"
+    assert status_of(conn, "ok-3")[0] == "delivered"
 
 
 def test_cli_daemon_finishes_in_flight_work_on_sigterm(conn: Conn, db_dsn: str, tmp_path: Path) -> None:
@@ -434,11 +510,11 @@ def test_run_once_drains_everything_when_in_flight_capacity_is_full(
     assert dispatcher.in_flight == 0
 
 
-def test_a_failed_claim_is_retried(conn: Conn, make_dispatcher: Callable[..., Dispatcher],
+def test_a_failed_claim_is_retried(conn: Conn, make_direct_dispatcher: Callable[..., Dispatcher],
                                    caplog: pytest.LogCaptureFixture) -> None:
     enqueue(conn, "after-claim-error-1", "after-claim-error-2")
     recorder = Recorder()
-    dispatcher = make_dispatcher("flaky-claim", recorder)
+    dispatcher = make_direct_dispatcher("flaky-claim", recorder)
     app = "pginbox-dispatch:flaky-claim"
     assert wait_until(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
                                            (app,)).fetchone() == (1,))

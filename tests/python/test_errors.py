@@ -17,6 +17,7 @@ from pginbox import errors
 NOT_PGINBOX_ERRORS = {
     "pginbox.client.shared.Transient",
     "pginbox.client.shared.CommitUnknown",
+    "pginbox.integrations.sqlalchemy._Failed",
     "pginbox.demo.act2_simulation._Crash",
     "pginbox.demo.act3_outbox.HandlerRefused",
 }

@@ -15,7 +15,7 @@ import sys
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -66,6 +66,7 @@ from pginbox.errors import SchemaNewerWarning
 
 Conn = psycopg.Connection[Any]
 Cursor = psycopg.Cursor[Any]
+Route = Callable[[str], str]
 CHILD = Path(__file__).with_name("_library_child.py")
 FAST_RETRY = RetryPolicy(max_attempts=5, base_delay=0.005, max_delay=0.05)
 
@@ -77,8 +78,17 @@ def domain(conn: Conn) -> Conn:
 
 
 @pytest.fixture
-def client(db_dsn: str, domain: Conn) -> Iterator[Conn]:
-    """The connection the Inbox under test uses (not autocommit: Inbox must cope)."""
+def client(db_dsn: str, domain: Conn, route: Route) -> Iterator[Conn]:
+    """The connection the Inbox under test uses (not autocommit: Inbox must cope), directly
+    or through PgBouncer in transaction mode (`route`: the tests that take it run both ways)."""
+    with psycopg.connect(route(db_dsn), options=SAFE_OPTIONS) as c:
+        yield c
+
+
+@pytest.fixture
+def direct_client(db_dsn: str, domain: Conn) -> Iterator[Conn]:
+    """`client`, always direct: for the tests that terminate the backend of the client's session
+    (behind PgBouncer the client does not know which backend serves it)."""
     with psycopg.connect(db_dsn, options=SAFE_OPTIONS) as c:
         yield c
 
@@ -141,10 +151,10 @@ def test_handle_applies_once_then_duplicate_then_conflict(inbox: Inbox, domain: 
     assert stats.outcomes == {Outcome.APPLIED: 1, Outcome.DUPLICATE: 1, Outcome.CONFLICT: 1}
 
 
-def test_handle_outcomes_with_a_given_connection(db_dsn: str, domain: Conn, pipeline: bool) -> None:
+def test_handle_outcomes_with_a_given_connection(db_dsn: str, domain: Conn, route: Route, pipeline: bool) -> None:
     calls = Calls()
     m = message(uid(), 10)
-    with connect(db_dsn) as c:
+    with connect(route(db_dsn)) as c:
         inbox = Inbox(c, consumer="billing", handler_version="v1", retry=FAST_RETRY, pipeline=pipeline)
         first = inbox.handle(m, credit(calls))
         again = inbox.handle(m, credit(calls))
@@ -206,7 +216,7 @@ def test_handler_exception_rolls_back_claim_and_writes_and_is_recorded(inbox: In
     assert_applied_exactly(domain, {m.message_id: 10})
 
 
-def test_handler_failure_is_rolled_back_and_recorded(db_dsn: str, domain: Conn) -> None:
+def test_handler_failure_is_rolled_back_and_recorded(db_dsn: str, domain: Conn, route: Route) -> None:
     domain.execute("SELECT inbox.configure_consumer('billing', max_attempts => 2)")
     m = message(uid(), 10)
 
@@ -221,7 +231,7 @@ def test_handler_failure_is_rolled_back_and_recorded(db_dsn: str, domain: Conn) 
         except psycopg.errors.DivisionByZero:
             return
 
-    with connect(db_dsn, autocommit=True) as c:
+    with connect(route(db_dsn), autocommit=True) as c:
         inbox = Inbox(c, consumer="billing", handler_version="v1")
         failed = inbox.handle(m, broken)
         assert ledger_counts(domain) == {} and inbox_rows(domain, m.message_id) == []
@@ -453,7 +463,31 @@ def test_handle_batch(inbox: Inbox, domain: Conn) -> None:
     assert inbox_rows(domain, poison.message_id) == []
 
 
-def test_apply_apply_batch_and_handle_batch(db_dsn: str, domain: Conn) -> None:
+def test_handle_batch_repeats_within_a_chunk(inbox: Inbox, domain: Conn) -> None:
+    """The chunk is claimed in one statement: an identity repeated in it is decided after its first
+    occurrence, by the handler's result: DUPLICATE after an applied one, claimed and run again after
+    a failed one (whose claim was taken back). Nothing applied twice, nothing failed kept."""
+    once = message(uid(), 5)
+    flaky = message(uid(), 7)
+    seen: Counter[str] = Counter()
+
+    def handler(cur: Cursor, m: Message) -> None:
+        seen[m.message_id] += 1
+        cur.execute(CREDIT_SQL, credit_args(m))
+        if m.message_id == flaky.message_id and seen[m.message_id] == 1:
+            raise LookupError("the first attempt fails")
+
+    other = message(uid(), 1)
+    results = inbox.handle_batch([once, flaky, other, once, flaky], handler)
+    assert [r.outcome for r in results] == [Outcome.APPLIED, Outcome.FAILED, Outcome.APPLIED, Outcome.DUPLICATE,
+                                            Outcome.APPLIED]
+    assert seen[once.message_id] == 1 and seen[flaky.message_id] == 2
+    assert_applied_exactly(domain, {once.message_id: 5, flaky.message_id: 7, other.message_id: 1})
+    assert failed_attempts(domain, flaky.message_id) == 1
+    assert len(inbox_rows(domain, flaky.message_id)) == 1
+
+
+def test_apply_apply_batch_and_handle_batch(db_dsn: str, domain: Conn, route: Route) -> None:
     done = message(uid(), 1)
     fresh = [message(uid(), 2) for _ in range(66)]
     mine = [message(uid(), 3) for _ in range(3)]
@@ -464,7 +498,7 @@ def test_apply_apply_batch_and_handle_batch(db_dsn: str, domain: Conn) -> None:
         if m.message_id == poison.message_id:
             raise LookupError("unknown customer")
 
-    with connect(db_dsn) as c:
+    with connect(route(db_dsn)) as c:
         inbox = Inbox(c, consumer="billing", retry=FAST_RETRY)
         first = inbox.apply(done)
         applied = inbox.apply_batch(
@@ -485,7 +519,7 @@ def test_apply_apply_batch_and_handle_batch(db_dsn: str, domain: Conn) -> None:
 # ----------------------------------------------------------------------------- retries
 
 
-def test_serialization_failures_are_retried(db_dsn: str, domain: Conn, pipeline: bool) -> None:
+def test_serialization_failures_are_retried(db_dsn: str, domain: Conn, route: Route, pipeline: bool) -> None:
     """Two consumers at REPEATABLE READ credit the same account row: the second to update gets a
     real 40001, runs its whole transaction again, and both messages are applied exactly once."""
     both_read = barrier_once(2)
@@ -498,7 +532,7 @@ def test_serialization_failures_are_retried(db_dsn: str, domain: Conn, pipeline:
     errors: Counter[str] = Counter()
 
     def run(message_id: str) -> Result:
-        with connect(db_dsn) as c:
+        with connect(route(db_dsn)) as c:
             c.set_isolation_level(IsolationLevel.REPEATABLE_READ)
             inbox = Inbox(c, consumer="billing", retry=FAST_RETRY, pipeline=pipeline)
             result = inbox.handle(message(message_id, 5), handler)
@@ -515,7 +549,7 @@ def test_serialization_failures_are_retried(db_dsn: str, domain: Conn, pipeline:
     assert_applied_exactly(domain, dict.fromkeys(ids, 5))
 
 
-def test_deadlocks_are_retried(db_dsn: str, domain: Conn) -> None:
+def test_deadlocks_are_retried(db_dsn: str, domain: Conn, route: Route) -> None:
     """Two handlers lock accounts 1 and 2 in opposite order: PostgreSQL kills one with 40P01,
     its transaction runs again, and each message is applied exactly once to each account."""
     both_locked = barrier_once(2)
@@ -530,7 +564,7 @@ def test_deadlocks_are_retried(db_dsn: str, domain: Conn) -> None:
 
     def run(message_id: str, order: list[int]) -> Result:
         options = SAFE_OPTIONS + " -c deadlock_timeout=50ms"
-        with connect(db_dsn, options=options, autocommit=True) as c:
+        with connect(route(db_dsn), options=options, autocommit=True) as c:
             inbox = Inbox(c, consumer="billing", retry=FAST_RETRY)
             result = inbox.handle(Message("orders", message_id, "credit", {"order": order}), handler)
             errors.update(inbox.stats.transient_errors)
@@ -547,7 +581,7 @@ def test_deadlocks_are_retried(db_dsn: str, domain: Conn) -> None:
         assert balance(domain, account) == 2
 
 
-def test_serialization_failures_and_deadlocks_are_retried(db_dsn: str, domain: Conn) -> None:
+def test_serialization_failures_and_deadlocks_are_retried(db_dsn: str, domain: Conn, route: Route) -> None:
     rr_ids = [uid("rr"), uid("rr")]
     dl_ids = [uid("dl"), uid("dl")]
     errors: Counter[str] = Counter()
@@ -566,7 +600,7 @@ def test_serialization_failures_and_deadlocks_are_retried(db_dsn: str, domain: C
         cur.execute(CREDIT_SQL, (second, m.message_id, 1))
 
     def deliver(m: Message, handler: Handler, **kw: Any) -> Result:
-        with connect(db_dsn, **kw) as c:
+        with connect(route(db_dsn), **kw) as c:
             if kw.get("autocommit") is None:
                 c.set_isolation_level(IsolationLevel.REPEATABLE_READ)
             inbox = Inbox(c, consumer="billing", retry=FAST_RETRY)
@@ -632,11 +666,11 @@ def test_retries_are_bounded(client: Conn, domain: Conn) -> None:
     assert ledger_counts(domain) == {} and inbox_rows(domain, m.message_id) == []
 
 
-def test_retries_are_bounded_on_deadlocks(db_dsn: str, domain: Conn) -> None:
+def test_retries_are_bounded_on_deadlocks(db_dsn: str, domain: Conn, route: Route) -> None:
     def conflicts(cur: Cursor, msg: Message) -> None:
         cur.execute("DO $$ BEGIN RAISE EXCEPTION 'simulated' USING ERRCODE = '40P01'; END $$")
 
-    with connect(db_dsn) as c:
+    with connect(route(db_dsn)) as c:
         inbox = Inbox(c, consumer="billing", retry=RetryPolicy(max_attempts=2, base_delay=0.001))
         with pytest.raises(RetriesExhausted) as caught:
             inbox.handle(message(uid()), conflicts)
@@ -646,8 +680,10 @@ def test_retries_are_bounded_on_deadlocks(db_dsn: str, domain: Conn) -> None:
 
 
 def test_connection_lost_in_handler_is_retried_on_a_new_connection(
-    inbox: Inbox, client: Conn, domain: Conn
+    direct_client: Conn, domain: Conn, pipeline: bool
 ) -> None:
+    client = direct_client
+    inbox = Inbox(client, consumer="billing", handler_version="v1", retry=FAST_RETRY, pipeline=pipeline)
     m = message(uid(), 4)
     timers: list[threading.Timer] = []
 
@@ -805,12 +841,12 @@ def test_apply_commit_answer_lost(db_dsn: str, domain: Conn) -> None:
 # ----------------------------------------------------------------------------- pools and concurrency
 
 
-def test_pool_many_workers_racing_duplicates(db_dsn: str, domain: Conn) -> None:
+def test_pool_many_workers_racing_duplicates(db_dsn: str, domain: Conn, route: Route) -> None:
     """8 workers share a pool; every message is delivered three times at once."""
     messages = [message(uid("pool"), 1) for _ in range(30)]
     deliveries = [m for m in messages for _ in range(3)]
     with ConnectionPool(
-        db_dsn, min_size=4, max_size=8, open=False, kwargs={"options": SAFE_OPTIONS}
+        route(db_dsn), min_size=4, max_size=8, open=False, kwargs={"options": SAFE_OPTIONS}
     ) as pool:
         pool.wait()
         inbox = Inbox(pool, consumer="billing", handler_version="v2", retry=FAST_RETRY)
@@ -823,10 +859,10 @@ def test_pool_many_workers_racing_duplicates(db_dsn: str, domain: Conn) -> None:
     assert inbox.stats.deliveries == 99
 
 
-def test_pool_racing_duplicates(db_dsn: str, domain: Conn) -> None:
+def test_pool_racing_duplicates(db_dsn: str, domain: Conn, route: Route) -> None:
     messages = [message(uid("pool"), 1) for _ in range(25)]
     with ConnectionPool(
-        db_dsn, min_size=4, max_size=8, open=False, kwargs={"options": SAFE_OPTIONS}
+        route(db_dsn), min_size=4, max_size=8, open=False, kwargs={"options": SAFE_OPTIONS}
     ) as pool:
         inbox = Inbox(pool, consumer="billing", retry=FAST_RETRY)
         handled = gather(

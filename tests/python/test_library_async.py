@@ -18,7 +18,7 @@ import sys
 import threading
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
@@ -77,6 +77,7 @@ Conn = psycopg.Connection[Any]
 AConn = psycopg.AsyncConnection[Any]
 #@ end
 ACursor = psycopg.AsyncCursor[Any]
+Route = Callable[[str], str]
 CHILD = Path(__file__).with_name("_library_child_async.py")
 FAST_RETRY = RetryPolicy(max_attempts=5, base_delay=0.005, max_delay=0.05)
 
@@ -95,8 +96,17 @@ def domain(conn: Conn) -> Conn:
 
 
 @pytest.fixture
-async def client(db_dsn: str, domain: Conn) -> AsyncIterator[AConn]:
-    """The connection the AsyncInbox under test uses (not autocommit: AsyncInbox must cope)."""
+async def client(db_dsn: str, domain: Conn, route: Route) -> AsyncIterator[AConn]:
+    """The connection the AsyncInbox under test uses (not autocommit: AsyncInbox must cope), directly
+    or through PgBouncer in transaction mode (`route`: the tests that take it run both ways)."""
+    async with await psycopg.AsyncConnection.connect(route(db_dsn), options=SAFE_OPTIONS) as c:
+        yield c
+
+
+@pytest.fixture
+async def direct_client(db_dsn: str, domain: Conn) -> AsyncIterator[AConn]:
+    """`client`, always direct: for the tests that terminate the backend of the client's session
+    (behind PgBouncer the client does not know which backend serves it)."""
     async with await psycopg.AsyncConnection.connect(db_dsn, options=SAFE_OPTIONS) as c:
         yield c
 
@@ -159,10 +169,10 @@ async def test_handle_applies_once_then_duplicate_then_conflict(inbox: AsyncInbo
     assert stats.outcomes == {Outcome.APPLIED: 1, Outcome.DUPLICATE: 1, Outcome.CONFLICT: 1}
 
 
-async def test_handle_outcomes_with_a_given_connection(db_dsn: str, domain: Conn, pipeline: bool) -> None:
+async def test_handle_outcomes_with_a_given_connection(db_dsn: str, domain: Conn, route: Route, pipeline: bool) -> None:
     calls = Calls()
     m = message(uid(), 10)
-    async with await aconnect(db_dsn) as c:
+    async with await aconnect(route(db_dsn)) as c:
         inbox = AsyncInbox(c, consumer="billing", handler_version="v1", retry=FAST_RETRY, pipeline=pipeline)
         first = await inbox.handle(m, credit(calls))
         again = await inbox.handle(m, credit(calls))
@@ -224,7 +234,7 @@ async def test_handler_exception_rolls_back_claim_and_writes_and_is_recorded(inb
     assert_applied_exactly(domain, {m.message_id: 10})
 
 
-async def test_handler_failure_is_rolled_back_and_recorded(db_dsn: str, domain: Conn) -> None:
+async def test_handler_failure_is_rolled_back_and_recorded(db_dsn: str, domain: Conn, route: Route) -> None:
     domain.execute("SELECT inbox.configure_consumer('billing', max_attempts => 2)")
     m = message(uid(), 10)
 
@@ -239,7 +249,7 @@ async def test_handler_failure_is_rolled_back_and_recorded(db_dsn: str, domain: 
         except psycopg.errors.DivisionByZero:
             return
 
-    async with await aconnect(db_dsn, autocommit=True) as c:
+    async with await aconnect(route(db_dsn), autocommit=True) as c:
         inbox = AsyncInbox(c, consumer="billing", handler_version="v1")
         failed = await inbox.handle(m, broken)
         assert ledger_counts(domain) == {} and inbox_rows(domain, m.message_id) == []
@@ -503,7 +513,31 @@ async def test_handle_batch(inbox: AsyncInbox, domain: Conn) -> None:
     assert inbox_rows(domain, poison.message_id) == []
 
 
-async def test_apply_apply_batch_and_handle_batch(db_dsn: str, domain: Conn) -> None:
+async def test_handle_batch_repeats_within_a_chunk(inbox: AsyncInbox, domain: Conn) -> None:
+    """The chunk is claimed in one statement: an identity repeated in it is decided after its first
+    occurrence, by the handler's result: DUPLICATE after an applied one, claimed and run again after
+    a failed one (whose claim was taken back). Nothing applied twice, nothing failed kept."""
+    once = message(uid(), 5)
+    flaky = message(uid(), 7)
+    seen: Counter[str] = Counter()
+
+    async def handler(cur: ACursor, m: Message) -> None:
+        seen[m.message_id] += 1
+        await cur.execute(CREDIT_SQL, credit_args(m))
+        if m.message_id == flaky.message_id and seen[m.message_id] == 1:
+            raise LookupError("the first attempt fails")
+
+    other = message(uid(), 1)
+    results = await inbox.handle_batch([once, flaky, other, once, flaky], handler)
+    assert [r.outcome for r in results] == [Outcome.APPLIED, Outcome.FAILED, Outcome.APPLIED, Outcome.DUPLICATE,
+                                            Outcome.APPLIED]
+    assert seen[once.message_id] == 1 and seen[flaky.message_id] == 2
+    assert_applied_exactly(domain, {once.message_id: 5, flaky.message_id: 7, other.message_id: 1})
+    assert failed_attempts(domain, flaky.message_id) == 1
+    assert len(inbox_rows(domain, flaky.message_id)) == 1
+
+
+async def test_apply_apply_batch_and_handle_batch(db_dsn: str, domain: Conn, route: Route) -> None:
     done = message(uid(), 1)
     fresh = [message(uid(), 2) for _ in range(66)]
     mine = [message(uid(), 3) for _ in range(3)]
@@ -514,7 +548,7 @@ async def test_apply_apply_batch_and_handle_batch(db_dsn: str, domain: Conn) -> 
         if m.message_id == poison.message_id:
             raise LookupError("unknown customer")
 
-    async with await aconnect(db_dsn) as c:
+    async with await aconnect(route(db_dsn)) as c:
         inbox = AsyncInbox(c, consumer="billing", retry=FAST_RETRY)
         first = await inbox.apply(done)
         applied = await inbox.apply_batch(
@@ -535,7 +569,7 @@ async def test_apply_apply_batch_and_handle_batch(db_dsn: str, domain: Conn) -> 
 # ----------------------------------------------------------------------------- retries
 
 
-async def test_serialization_failures_are_retried(db_dsn: str, domain: Conn, pipeline: bool) -> None:
+async def test_serialization_failures_are_retried(db_dsn: str, domain: Conn, route: Route, pipeline: bool) -> None:
     """Two consumers at REPEATABLE READ credit the same account row: the second to update gets a
     real 40001, runs its whole transaction again, and both messages are applied exactly once."""
     both_read = abarrier_once(2)
@@ -548,7 +582,7 @@ async def test_serialization_failures_are_retried(db_dsn: str, domain: Conn, pip
     errors: Counter[str] = Counter()
 
     async def run(message_id: str) -> Result:
-        async with await aconnect(db_dsn) as c:
+        async with await aconnect(route(db_dsn)) as c:
             await c.set_isolation_level(IsolationLevel.REPEATABLE_READ)
             inbox = AsyncInbox(c, consumer="billing", retry=FAST_RETRY, pipeline=pipeline)
             result = await inbox.handle(message(message_id, 5), handler)
@@ -565,7 +599,7 @@ async def test_serialization_failures_are_retried(db_dsn: str, domain: Conn, pip
     assert_applied_exactly(domain, dict.fromkeys(ids, 5))
 
 
-async def test_deadlocks_are_retried(db_dsn: str, domain: Conn) -> None:
+async def test_deadlocks_are_retried(db_dsn: str, domain: Conn, route: Route) -> None:
     """Two handlers lock accounts 1 and 2 in opposite order: PostgreSQL kills one with 40P01,
     its transaction runs again, and each message is applied exactly once to each account."""
     both_locked = abarrier_once(2)
@@ -580,7 +614,7 @@ async def test_deadlocks_are_retried(db_dsn: str, domain: Conn) -> None:
 
     async def run(message_id: str, order: list[int]) -> Result:
         options = SAFE_OPTIONS + " -c deadlock_timeout=50ms"
-        async with await aconnect(db_dsn, options=options, autocommit=True) as c:
+        async with await aconnect(route(db_dsn), options=options, autocommit=True) as c:
             inbox = AsyncInbox(c, consumer="billing", retry=FAST_RETRY)
             result = await inbox.handle(Message("orders", message_id, "credit", {"order": order}), handler)
             errors.update(inbox.stats.transient_errors)
@@ -597,7 +631,7 @@ async def test_deadlocks_are_retried(db_dsn: str, domain: Conn) -> None:
         assert balance(domain, account) == 2
 
 
-async def test_serialization_failures_and_deadlocks_are_retried(db_dsn: str, domain: Conn) -> None:
+async def test_serialization_failures_and_deadlocks_are_retried(db_dsn: str, domain: Conn, route: Route) -> None:
     rr_ids = [uid("rr"), uid("rr")]
     dl_ids = [uid("dl"), uid("dl")]
     errors: Counter[str] = Counter()
@@ -616,7 +650,7 @@ async def test_serialization_failures_and_deadlocks_are_retried(db_dsn: str, dom
         await cur.execute(CREDIT_SQL, (second, m.message_id, 1))
 
     async def deliver(m: Message, handler: AsyncHandler, **kw: Any) -> Result:
-        async with await aconnect(db_dsn, **kw) as c:
+        async with await aconnect(route(db_dsn), **kw) as c:
             if kw.get("autocommit") is None:
                 await c.set_isolation_level(IsolationLevel.REPEATABLE_READ)
             inbox = AsyncInbox(c, consumer="billing", retry=FAST_RETRY)
@@ -682,11 +716,11 @@ async def test_retries_are_bounded(client: AConn, domain: Conn) -> None:
     assert ledger_counts(domain) == {} and inbox_rows(domain, m.message_id) == []
 
 
-async def test_retries_are_bounded_on_deadlocks(db_dsn: str, domain: Conn) -> None:
+async def test_retries_are_bounded_on_deadlocks(db_dsn: str, domain: Conn, route: Route) -> None:
     async def conflicts(cur: ACursor, msg: Message) -> None:
         await cur.execute("DO $$ BEGIN RAISE EXCEPTION 'simulated' USING ERRCODE = '40P01'; END $$")
 
-    async with await aconnect(db_dsn) as c:
+    async with await aconnect(route(db_dsn)) as c:
         inbox = AsyncInbox(c, consumer="billing", retry=RetryPolicy(max_attempts=2, base_delay=0.001))
         with pytest.raises(RetriesExhausted) as caught:
             await inbox.handle(message(uid()), conflicts)
@@ -696,8 +730,10 @@ async def test_retries_are_bounded_on_deadlocks(db_dsn: str, domain: Conn) -> No
 
 
 async def test_connection_lost_in_handler_is_retried_on_a_new_connection(
-    inbox: AsyncInbox, client: AConn, domain: Conn
+    direct_client: AConn, domain: Conn, pipeline: bool
 ) -> None:
+    client = direct_client
+    inbox = AsyncInbox(client, consumer="billing", handler_version="v1", retry=FAST_RETRY, pipeline=pipeline)
     m = message(uid(), 4)
     timers: list[threading.Timer] = []
 
@@ -858,12 +894,12 @@ async def test_apply_commit_answer_lost(db_dsn: str, domain: Conn) -> None:
 # ----------------------------------------------------------------------------- pools and concurrency
 
 
-async def test_pool_many_workers_racing_duplicates(db_dsn: str, domain: Conn) -> None:
+async def test_pool_many_workers_racing_duplicates(db_dsn: str, domain: Conn, route: Route) -> None:
     """8 workers share a pool; every message is delivered three times at once."""
     messages = [message(uid("pool"), 1) for _ in range(30)]
     deliveries = [m for m in messages for _ in range(3)]
     async with AsyncConnectionPool(
-        db_dsn, min_size=4, max_size=8, open=False, kwargs={"options": SAFE_OPTIONS}
+        route(db_dsn), min_size=4, max_size=8, open=False, kwargs={"options": SAFE_OPTIONS}
     ) as pool:
         await pool.wait()
         inbox = AsyncInbox(pool, consumer="billing", handler_version="v2", retry=FAST_RETRY)
@@ -876,10 +912,10 @@ async def test_pool_many_workers_racing_duplicates(db_dsn: str, domain: Conn) ->
     assert inbox.stats.deliveries == 99
 
 
-async def test_pool_racing_duplicates(db_dsn: str, domain: Conn) -> None:
+async def test_pool_racing_duplicates(db_dsn: str, domain: Conn, route: Route) -> None:
     messages = [message(uid("pool"), 1) for _ in range(25)]
     async with AsyncConnectionPool(
-        db_dsn, min_size=4, max_size=8, open=False, kwargs={"options": SAFE_OPTIONS}
+        route(db_dsn), min_size=4, max_size=8, open=False, kwargs={"options": SAFE_OPTIONS}
     ) as pool:
         inbox = AsyncInbox(pool, consumer="billing", retry=FAST_RETRY)
         handled = await agather(

@@ -5,6 +5,7 @@ that cannot be reached, and the alert rules (every metric they name is served)."
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import re
@@ -346,3 +347,37 @@ def test_dispatcher_serves_the_database_metrics_when_asked(conn: Conn, db_dsn: s
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.communicate(timeout=30)
+
+
+def _stats(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([*PGINBOX, "stats", *args, "--dsn", dsn], capture_output=True, text=True, cwd=ROOT,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_stats_is_honest_about_the_row_estimate(conn: Conn, db_dsn: str) -> None:
+    """4,000 rows and no ANALYZE yet: stats says there is no estimate (JSON null), not 0; --count
+    counts them (also for a reader); after ANALYZE the estimate comes with its time."""
+    conn.execute("ALTER TABLE inbox.message SET (autovacuum_enabled = false)")  # no ANALYZE behind our back
+    conn.execute("INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version)"
+                 " SELECT 'billing', '', 'shop', 'm-' || i, '\\x00', 'v1' FROM generate_series(1, 4000) i")
+    assert conn.execute("SELECT reltuples FROM pg_class WHERE oid = 'inbox.message'::regclass").fetchone() == (-1,)
+
+    before = json.loads(_stats(db_dsn, "--json").stdout)["inbox"]
+    assert before["inbox_rows_estimate"] is None and before["inbox_rows_estimate_at"] is None
+    assert "inbox_rows" not in before
+    text = _stats(db_dsn).stdout
+    assert "inbox_rows_estimate: no estimate (inbox.message not analyzed yet" in text
+    assert "inbox_rows_estimate: 0" not in text
+    with login_role(conn, db_dsn, "inbox_reader") as reader_dsn:
+        counted = json.loads(_stats(reader_dsn, "--json", "--count").stdout)["inbox"]
+        assert counted["inbox_rows"] == 4000 and counted["inbox_rows_estimate"] is None
+        assert "inbox_rows: 4000 (counted)" in _stats(reader_dsn, "--count").stdout
+
+    conn.execute("ANALYZE inbox.message")
+    after = json.loads(_stats(db_dsn, "--json").stdout)["inbox"]
+    assert after["inbox_rows_estimate"] == 4000
+    analyzed = datetime.datetime.fromisoformat(after["inbox_rows_estimate_at"])
+    assert abs((datetime.datetime.now(datetime.UTC) - analyzed).total_seconds()) < 60
+    assert "inbox_rows_estimate: 4000 (ANALYZE/VACUUM at " in _stats(db_dsn).stdout

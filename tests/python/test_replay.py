@@ -27,6 +27,7 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner
+from helpers_terminal import frames, run_on_a_terminal
 
 from pginbox.cli import main
 from pginbox.ops import replay
@@ -492,6 +493,66 @@ def test_cli_workflow(domain: Conn, db_dsn: str) -> None:
     cancelled = cli("replay", "cancel", "cli-plan", "--note", "late", "--dsn", db_dsn)
     assert cancelled.exit_code == 1 and "55000" in cancelled.output, cancelled.output
     assert set(per_message(domain).values()) == {1} and len(per_message(domain)) == 4
+
+
+def test_cli_run_counts_this_runs_failed_and_skipped_items_by_reason(domain: Conn, db_dsn: str) -> None:
+    """`replay run` says why: this run's skipped items per reason, explained, and its failed items
+    per reason code; a later run does not count the earlier run's items again."""
+    items = deliver_history(domain, 4)
+    bad = {"producer": "shop", "message_id": "m-bad", "tenant": "",
+           "payload": {"account": 1, "amount": 10, "bonus": 1, "poison": True}}
+    domain.execute("SELECT inbox.claim_and_apply('billing', 'shop', 'm-bad', 'credit', %s)",
+                   (json.dumps(bad["payload"]),))
+    plan_id = new_plan(domain, [])  # registers fix-1
+    # Processed with the pinned version already (fix-1 is the registered handler now): skipped.
+    same = {"producer": "shop", "message_id": "m-same", "tenant": "",
+            "payload": {"account": 2, "amount": 1, "bonus": 1}}
+    domain.execute("SELECT inbox.claim_and_apply('billing', 'shop', 'm-same', 'credit', %s)",
+                   (json.dumps(same["payload"]),))
+    assert replay.add_items(domain, plan_id, [items[0], same, items[1], bad, items[2], items[3]]) == 6
+
+    first = cli("replay", "run", str(plan_id), "--max-items", "3", "--dsn", db_dsn)
+    assert first.exit_code == 0, first.output
+    lines = first.stdout.splitlines()
+    assert "this run applied 2, failed 0, skipped 1 (1 call(s))" in lines[0]
+    assert lines[1:] == [
+        "  skipped same_version: 1 (the message was processed with the pinned version already: it has that "
+        "version's effect)"]
+    assert first.stderr == ""  # no progress when stderr is not a terminal
+
+    second = cli("replay", "run", str(plan_id), "--max-items", "1", "--until-done", "--json", "--dsn", db_dsn)
+    assert second.exit_code == 0, second.output
+    this_run = json.loads(second.stdout)["this_run"]
+    assert (this_run["applied"], this_run["failed"], this_run["skipped"]) == (2, 1, 0)
+    assert this_run["failed_by_reason"] == {"23514": 1}
+    assert this_run["skipped_by_reason"] == []  # m-same was skipped by the first run, not this one
+    assert json.loads(second.stdout)["totals"] == {"pending": 0, "applied": 4, "failed": 1, "skipped": 1}
+    assert set(per_message(domain).values()) == {1} and len(per_message(domain)) == 5  # m-same's own + 4
+
+
+def test_cli_run_shows_progress_on_a_terminal_only(domain: Conn, db_dsn: str) -> None:
+    items = deliver_history(domain, 6)
+    plan_id = new_plan(domain, items)
+    domain.execute("UPDATE app.slow SET seconds = 0.05")
+    command = [*pginbox_command(), "replay", "run", str(plan_id), "--max-items", "1", "--dsn", db_dsn]
+
+    quiet = subprocess.run([*command, "--quiet"], capture_output=True, text=True, timeout=60, check=False)
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "")
+    logged = subprocess.run([*command, "--progress"], capture_output=True, text=True, timeout=60, check=False)
+    assert logged.returncode == 0, logged.stderr
+    assert logged.stderr.startswith(f"replay plan {plan_id}: 1 of 5 items (20%), call 1, "), logged.stderr
+    assert "\r" not in logged.stderr and len(logged.stderr.splitlines()) == 1
+
+    status, shown = run_on_a_terminal([*command, "--until-done"])
+    assert status == 0, shown
+    drawn = frames(shown)
+    progress = [f for f in drawn if f.startswith(f"replay plan {plan_id}: ") and " items" in f and "call" in f]
+    assert [p.split(", ")[0] for p in progress if "items/s" in p] == [
+        f"replay plan {plan_id}: {n} of 4 items ({n * 100 // 4}%)" for n in (1, 2, 3, 4)], drawn
+    assert any("left" in p for p in progress), progress
+    assert "\r\x1b[K" in shown
+    assert drawn[-1].startswith(f"replay plan {plan_id}: completed; this run applied 4"), drawn
+    assert set(per_message(domain).values()) == {1} and len(per_message(domain)) == 6
 
 
 def test_a_hold_taken_while_the_purge_runs_keeps_the_row(domain: Conn, db_dsn: str) -> None:

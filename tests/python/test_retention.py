@@ -21,6 +21,7 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner
+from helpers_terminal import run_on_a_terminal
 
 from pginbox.cli import main
 from pginbox.ops import retention
@@ -472,6 +473,84 @@ def test_cron_path_pginbox_purge(db: psycopg.Connection[Any], db_dsn: str) -> No
     age(db, 30)
     db.execute("UPDATE inbox.purge_state SET announced_before = NULL, purged_before = NULL")
     assert db.execute("CALL inbox.purge(%s, batch_size => 1)", (CONSUMER,)).fetchone() == (1, "purged")
+
+
+def old_messages(conn: psycopg.Connection[Any], n: int) -> None:
+    """n processed messages of CONSUMER, old enough to purge (one applied, the others written
+    directly: fast)."""
+    assert apply(conn, "old-0", 0) == "applied"  # the consumer's first claim: it is active from now on
+    conn.execute("INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version,"
+                 " processed_at) SELECT %s, '', %s, 'old-' || i, '\\x00', 'v1', now() FROM generate_series(1, %s) i",
+                 (CONSUMER, PRODUCER, n - 1))
+    age(conn, 30)
+
+
+def messages_left(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT count(*) FROM inbox.message").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_purge_shows_progress_on_a_terminal_only(db: psycopg.Connection[Any], db_dsn: str) -> None:
+    """Under cron: one summary line, no progress (and nothing at all with --quiet); --progress on
+    a pipe: one line per batch; on a terminal: rows, rate and time left drawn in place against the
+    rows counted before the purge started."""
+    old_messages(db, 2500)
+    purge_cmd = [*_cli_script(), "purge", "--dsn", db_dsn, "--consumer", CONSUMER, "--batch-size", "100"]
+
+    cron = subprocess.run([*purge_cmd, "--max-batches", "5"], capture_output=True, text=True, timeout=60, check=False)
+    assert cron.returncode == 0, cron.stderr
+    assert cron.stderr == ""
+    assert cron.stdout.splitlines() == [cron.stdout.splitlines()[0]]
+    assert cron.stdout.startswith(f"{CONSUMER}: purged 500 rows in 5 batches")
+    assert messages_left(db) == 2000
+
+    quiet = subprocess.run([*purge_cmd, "--max-batches", "2"], capture_output=True, text=True, timeout=60,
+                           check=False, env={**os.environ, "PGINBOX_PURGE_QUIET": "1"})
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "")
+    assert messages_left(db) == 1800
+
+    logged = subprocess.run([*purge_cmd, "--max-batches", "3", "--progress"], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert logged.returncode == 0, logged.stderr
+    lines = logged.stderr.splitlines()
+    assert [line.split(", ")[:2] for line in lines] == [
+        [f"{CONSUMER}: {n * 100:,} of ~1,800 rows ({n * 100 * 100 // 1800}%)", f"batch {n}"] for n in (1, 2, 3)]
+    assert "\r" not in logged.stderr
+    assert messages_left(db) == 1500
+
+    status, shown = run_on_a_terminal([*purge_cmd, "--pause", "0.02"])
+    assert status == 0, shown
+    assert messages_left(db) == 0
+    frames = [frame for frame in shown.split("\r\x1b[K") if frame.strip()]
+    drawn = [frame for frame in frames if "rows/s" in frame]
+    assert len(drawn) >= 10, shown  # redrawn in place, batch after batch
+    assert "1,500 of ~1,500 rows (100%), batch 15," in shown
+    assert any("left" in frame and "of ~1,500 rows" in frame for frame in drawn), drawn
+    assert frames[-1].strip().startswith(f"{CONSUMER}: purged 1500 rows in 15 batches"), frames[-1]
+    with psycopg.connect(db_dsn, autocommit=True) as other:  # the purger's lock was given back
+        assert other.execute("SELECT inbox.purge_lock(%s)", (CONSUMER,)).fetchone() == (True,)
+
+
+def test_a_stop_request_cancels_the_purge_and_keeps_what_it_deleted(db: psycopg.Connection[Any],
+                                                                     db_dsn: str) -> None:
+    old_messages(db, 1000)
+    stop = threading.Event()
+    seen: list[retention.PurgeProgress] = []
+
+    def progress(p: retention.PurgeProgress) -> None:
+        seen.append(p)
+        if p.batches == 2:
+            stop.set()
+
+    with psycopg.connect(db_dsn, autocommit=True) as c:
+        report = retention.purge_consumer(c, CONSUMER, batch_size=100, pause=0.5, stop=stop, progress=progress,
+                                          estimate=retention.estimate_rows_to_go(c, CONSUMER))
+        assert report.status == "purged" and "stopped" in report.details
+        assert c.execute("SELECT inbox._purge_lock_held(%s)", (CONSUMER,)).fetchone() == (False,)
+    assert report.rows_deleted == 200 == 1000 - messages_left(db)
+    assert [(p.batches, p.rows_deleted, p.estimate) for p in seen] == [(1, 100, 1000), (2, 200, 1000)]
+    assert report.seconds < 5
 
 
 def test_retention_show_and_set_cli(db: psycopg.Connection[Any], db_dsn: str) -> None:

@@ -354,6 +354,8 @@ def test_a_compressed_payload_is_held_to_its_real_size(conn: Conn, login_role: C
         "SELECT inbox.claim('billing', 'shop', 'm', '{}', handler_version => '   ')",
         "SELECT inbox.claim('billing', 'shop', 'm', '{}', tenant => '  ')",
         "SELECT inbox.claim_and_apply('billing', 'shop', 'm', ' ', '{}')",
+        "SELECT inbox.record_failure('billing', 'shop', 'm', '{}', 'boom', message_type => ' ')",
+        "SELECT inbox.record_start('billing', 'shop', 'm', message_type => E'\\t')",
     ],
 )
 def test_whitespace_only_names_are_refused(conn: Conn, login_role: Callable[..., str], statement: str) -> None:
@@ -361,6 +363,18 @@ def test_whitespace_only_names_are_refused(conn: Conn, login_role: Callable[...,
     with connect(billing) as svc, pytest.raises(errors.InvalidParameterValue, match="whitespace"):
         svc.execute(statement)
     assert counts(conn)[0] == 0
+
+
+def test_an_empty_batch_answers_an_unbound_role_like_any_call(conn: Conn, login_role: Callable[..., str]) -> None:
+    """An empty batch writes nothing, but must not tell an unbound role "0 rows, all fine": it gets
+    the same 42501 / 42704 as a batch with messages, naming the batch function."""
+    _, attacker, _, _ = setup_billing(conn, login_role)
+    with connect(attacker) as svc:
+        with pytest.raises(errors.InsufficientPrivilege, match=r"inbox\.claim_and_apply_batch: role"):
+            svc.execute("SELECT * FROM inbox.claim_and_apply_batch('billing', '[]')")
+        with pytest.raises(errors.UndefinedObject, match=r"inbox\.claim_and_apply_batch: consumer 'nobody'"):
+            svc.execute("SELECT * FROM inbox.claim_and_apply_batch('nobody', '[]')")
+    assert counts(conn) == (0, 0, 0, 0)
 
 
 def test_a_handler_made_security_definer_after_registration_is_refused(
@@ -372,6 +386,29 @@ def test_a_handler_made_security_definer_after_registration_is_refused(
     with connect(billing) as svc, pytest.raises(errors.InsufficientPrivilege, match="SECURITY DEFINER"):
         apply(svc, "sd-1", {"account": 5, "amount": 1})
     assert counts(conn) == (0, 0, 0, 0)
+
+
+def test_a_replay_plan_checks_its_handler_at_every_run(conn: Conn, login_role: Callable[..., str]) -> None:
+    """A consumer bound only by the upgrade from 0.1.0 (legacy): its handler runs with the operator's
+    rights, so a handler altered into a SECURITY DEFINER function owned by a privileged role after
+    the plan was made must be refused at the run, as claim_and_apply and repair refuse it."""
+    billing, _, operator, _ = setup_billing(conn, login_role)
+    conn.execute("UPDATE inbox.consumer_binding SET legacy = true WHERE consumer = 'billing'")
+    with connect(billing) as svc:
+        assert apply(svc, "rp-1", {"account": 3, "amount": 5}) == "applied"
+    with connect(operator) as op:
+        plan = scalar(op, "SELECT plan_id FROM inbox.create_replay_plan('rp', 'billing', 'credit',"
+                          " 'app.credit(jsonb, inbox.message_context)', 'v1', 'trust test')")
+        op.execute("SELECT inbox.add_replay_items(%s, %s)",
+                   (plan, json.dumps([{"producer": "shop", "message_id": "rp-1",
+                                       "payload": {"account": 3, "amount": 5}}])))
+    conn.execute("ALTER FUNCTION app.credit(jsonb, inbox.message_context) SECURITY DEFINER;"
+                 " ALTER FUNCTION app.credit(jsonb, inbox.message_context) OWNER TO postgres")
+    with connect(operator) as op, pytest.raises(errors.InsufficientPrivilege, match="SECURITY DEFINER"):
+        op.execute("SELECT inbox.run_replay_plan(%s, 10)", (plan,))
+    assert scalar(conn, "SELECT count(*) FROM app.ledger WHERE message_id = 'rp-1'") == 1
+    assert scalar(conn, "SELECT amount FROM app.balance WHERE account = 3") == 5
+    assert scalar(conn, "SELECT status FROM inbox.replay_item WHERE plan_id = %s", (plan,)) == "pending"
 
 
 def test_unclaim_takes_back_only_what_the_same_transaction_claimed(conn: Conn, login_role: Callable[..., str]) -> None:

@@ -319,6 +319,12 @@ def traffic_at_release(dsn: str, roles: Roles) -> Released:
         assert entry is not None
         op.execute("SELECT inbox.discard(%s, 'upgrade test: a crash loop we do not retry')", (entry[0],))
         op.execute("CALL inbox.purge(%s, wait_timeout => '20 seconds')", (CONSUMER,))
+    with psycopg.connect(svc, autocommit=True) as conn:
+        # A delivery older than the watermark, quarantined as expired by the release: 0.1.0 kept no
+        # claim row for it, so the upgrade must add the hold (else a redelivery without produced_at
+        # would be applied, and a discard would let the next delivery in).
+        assert apply(conn, "old-9", {"amount": 1}, "note", produced[0]) == "expired"
+    with psycopg.connect(ops, autocommit=True) as op:
         op.execute("SELECT inbox.register_handler(%s, 'credit-fix', 'app.credit_fix(jsonb, inbox.message_context)',"
                    " 'fix-1')", (CONSUMER,))
         plan = op.execute("SELECT plan_id FROM inbox.create_replay_plan('upgrade-plan', %s, 'credit-fix',"
@@ -403,6 +409,16 @@ def check_nothing_lost(dsn: str, roles: Roles, released: Released, client: Clien
         assert after["decisions"] == released.decisions
         assert after["attempts"] == released.attempts
         assert apply(svc, "poison-1", {"poison": True}) == "quarantined"
+        # The expired entry from the release holds its identity, with or without produced_at, and a
+        # discard makes its redeliveries duplicates (never applied).
+        assert apply(svc, "old-9", {"amount": 1}, "note") == "expired"
+        assert apply(svc, "old-9", {"amount": 1}, "note", old_produced[0]) == "expired"
+        entry = admin.execute("SELECT quarantine_id FROM inbox.quarantine WHERE message_id = 'old-9'"
+                              " AND kind = 'expired'").fetchone()
+        assert entry is not None
+        admin.execute("SELECT inbox.discard(%s, 'upgrade test: expired, never apply')", (entry[0],))
+        assert apply(svc, "old-9", {"amount": 1}, "note") == "duplicate"
+        assert admin.execute("SELECT count(*) FROM app.ledger WHERE message_id = 'old-9'").fetchone() == (1,)
         assert apply(svc, "m-0", {"amount": 999}) == "conflict"
     deliver_everything(dsn, roles, released)
     finish_replay_plan(dsn, roles, released)

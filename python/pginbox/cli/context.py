@@ -174,8 +174,10 @@ def database(ctx: click.Context, command_dsn: str | None, *, demo_cluster: bool 
 
 
 def connect(ctx: click.Context, command_dsn: str | None) -> psycopg.Connection[tuple[Any, ...]]:
-    """An autocommit connection for the operator commands."""
-    return psycopg.connect(database(ctx, command_dsn), autocommit=True, application_name="pginbox-cli")
+    """An autocommit connection for the operator commands. No prepared statements: they are not hot
+    paths, and so they work through a transaction pooler (PgBouncer: docs/pgbouncer.md)."""
+    return psycopg.connect(database(ctx, command_dsn), autocommit=True, application_name="pginbox-cli",
+                           prepare_threshold=None)
 
 
 def _env_name(prefix: str, option: click.Option) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+import psycopg
 
 from pginbox.cli.context import State, database, dsn_option
 from pginbox.errors import ClaimError
@@ -77,6 +78,32 @@ def _stopped_by_signals(dispatcher: Dispatcher) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+#: `dispatch --once` exits with this status when effects went dead during the run (cron can tell).
+EXIT_EFFECTS_DEAD = 3
+
+_DEAD_EFFECTS = "SELECT effect_id, consumer, attempts FROM inbox.outbox WHERE status = 'dead'"
+
+
+def _dead_effects(dsn: str) -> set[tuple[str, str, int]] | None:
+    """The dead effects now, as (effect_id, consumer, attempts); None when this role may not read
+    them (then only the deaths this dispatcher reported itself are counted)."""
+    try:
+        with psycopg.connect(dsn, autocommit=True, application_name="pginbox-dispatch") as conn:
+            return {(str(a), str(b), int(c)) for a, b, c in conn.execute(_DEAD_EFFECTS).fetchall()}
+    except psycopg.errors.InsufficientPrivilege:
+        return None
+
+
+def _died_during_run(before: set[tuple[str, str, int]] | None, after: set[tuple[str, str, int]] | None,
+                     reported: int) -> int:
+    """How many effects went dead during this run: those dead now that were not dead (with the same
+    attempts) before it, which includes effects whose last lease expired (turned dead by a claim,
+    not by a report); at least the dead reports of this dispatcher."""
+    if before is None or after is None:
+        return reported
+    return max(len(after - before), reported)
+
+
 def _run(dispatcher: Dispatcher, purger: PeriodicPurger | None, *, once: bool) -> None:
     """--once: drain what is due (then purge once); else the daemon loop, the purger beside it."""
     if once:
@@ -94,6 +121,9 @@ def _run(dispatcher: Dispatcher, purger: PeriodicPurger | None, *, once: bool) -
 
 @click.command()
 @dsn_option
+@click.option("--listen-dsn", default=None, metavar="DSN",
+              help="A direct connection (not through PgBouncer) for LISTEN, and for --purge-every; "
+                   "the claims use --dsn. Behind a pooler without it the dispatcher polls (see /healthz).")
 @click.option("--once", is_flag=True, help="Deliver everything due, then exit (for cron and tests).")
 @click.option("--name", default=None, help="Dispatcher name (unique per process) [default: pginbox-<host>-<pid>].")
 @click.option("--batch-size", type=click.IntRange(1, CLAIM_LIMIT), default=100, show_default=True)
@@ -124,6 +154,7 @@ def _run(dispatcher: Dispatcher, purger: PeriodicPurger | None, *, once: bool) -
 def dispatch(
     ctx: click.Context,
     command_dsn: str | None,
+    listen_dsn: str | None,
     once: bool,
     name: str | None,
     batch_size: int,
@@ -139,7 +170,9 @@ def dispatch(
     database_metrics: bool,
     keep_delivered: float,
 ) -> None:
-    """Deliver committed outbox effects to their destinations (SIGTERM/SIGINT: finish and exit 0)."""
+    """Deliver committed outbox effects to their destinations (SIGTERM/SIGINT: finish and exit 0).
+    With --once: exit status 3, and the count on stderr, when effects went dead during the run
+    (also those whose last lease expired, when the role can read inbox.outbox)."""
     from pginbox.dispatcher import Dispatcher, HealthServer
     from pginbox.ops.metrics import DatabaseCollector
 
@@ -154,11 +187,14 @@ def dispatch(
         dsn, name or f"pginbox-{socket.gethostname()}-{os.getpid()}", transports, batch_size=batch_size,
         lease=lease, concurrency_per_destination=concurrency, poll_interval=poll_interval,
         delivery_timeout=delivery_timeout, extra_collectors=[DatabaseCollector(dsn)] if database_metrics else (),
+        listen_dsn=listen_dsn,
     )
     purger = None
     if purge_every is not None:
-        purger = PeriodicPurger(dsn, purge_every, keep_delivered=datetime.timedelta(seconds=keep_delivered))
+        purger = PeriodicPurger(listen_dsn or dsn, purge_every,
+                                keep_delivered=datetime.timedelta(seconds=keep_delivered))
     health = None
+    dead_before = _dead_effects(dsn) if once else None
     with _stopped_by_signals(dispatcher):
         try:
             if health_port is not None:
@@ -176,6 +212,13 @@ def dispatch(
                     close()
     stats = dispatcher.stats.as_dict()
     click.echo(" ".join(f"{k}={'-' if v is None else v}" for k, v in stats.items()))
+    if once:
+        died = _died_during_run(dead_before, _dead_effects(dsn) if dead_before is not None else None,
+                                dispatcher.stats.dead)
+        if died:
+            click.echo(f"pginbox dispatch: {died} effect{'s' if died != 1 else ''} went dead during this run; "
+                       "see `pginbox outbox list --status dead`, then redrive or discard them", err=True)
+            raise click.exceptions.Exit(EXIT_EFFECTS_DEAD)
 
 
 @click.command(name="dispatch-health")

@@ -1,6 +1,6 @@
 """`pginbox stats` and `pginbox metrics serve | rollup | configure`.
 
-    pginbox stats [--json]                          a readable summary of inbox.metrics()
+    pginbox stats [--count] [--json]                a readable summary of inbox.metrics()
     pginbox metrics serve [--port 9188] [--host 127.0.0.1]
                                                     Prometheus text format at /metrics
     pginbox metrics rollup [--max-rows N]           fold new first deliveries and events now (cron)
@@ -20,7 +20,17 @@ from prometheus_client import CollectorRegistry
 
 from pginbox.cli.context import connect, database, dsn_option
 from pginbox.cli.output import echo_json, table
-from pginbox.ops.metrics import DatabaseCollector, MetricRow, configure, fetch_metrics, rollup, serve
+from pginbox.ops.metrics import (
+    DatabaseCollector,
+    MetricRow,
+    RowEstimate,
+    configure,
+    count_messages,
+    fetch_metrics,
+    message_rows_estimate,
+    rollup,
+    serve,
+)
 
 __all__ = ["metrics_group", "stats"]
 
@@ -109,14 +119,44 @@ def _age(seconds: float | None) -> str:
     return str(datetime.timedelta(seconds=round(seconds)))
 
 
+def _honest_row_count(summary: dict[str, Any], estimate: RowEstimate, counted: int | None) -> None:
+    """inbox.metrics() says 0 rows before inbox.message's first ANALYZE: the summary says there is
+    no estimate yet (null), or when the estimate was made, or (--count) the counted rows."""
+    inbox = summary["inbox"]
+    inbox["inbox_rows_estimate"] = estimate.rows
+    inbox["inbox_rows_estimate_at"] = None if estimate.as_of is None else estimate.as_of.isoformat()
+    if counted is not None:
+        inbox["inbox_rows"] = counted
+
+
+def _rows_line(inbox: dict[str, Any]) -> list[str]:
+    if "inbox_rows" in inbox:
+        lines = [f"  inbox_rows: {inbox['inbox_rows']} (counted)"]
+    else:
+        lines = []
+    if inbox["inbox_rows_estimate"] is None:
+        lines.append("  inbox_rows_estimate: no estimate (inbox.message not analyzed yet: run ANALYZE inbox.message, "
+                     "or pass --count)")
+    else:
+        at = inbox["inbox_rows_estimate_at"]
+        when = f"ANALYZE/VACUUM at {at[:19].replace('T', ' ')}" if at else "time of the estimate unknown"
+        lines.append(f"  inbox_rows_estimate: {inbox['inbox_rows_estimate']} ({when})")
+    return lines
+
+
 @click.command(name="stats")
 @dsn_option
+@click.option("--count", "count_rows", is_flag=True,
+              help="Count the rows of inbox.message exactly (reads the whole table) besides the estimate.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.pass_context
-def stats(ctx: click.Context, command_dsn: str | None, as_json: bool) -> None:
-    """Summary of the inbox metrics: first-seen, duplicates, conflicts, failures, quarantine, outbox."""
+def stats(ctx: click.Context, command_dsn: str | None, count_rows: bool, as_json: bool) -> None:
+    """Summary of the inbox metrics: first-seen, duplicates, conflicts, failures, quarantine, outbox.
+    The row count of inbox.message is PostgreSQL's estimate, with its time (none before the first
+    ANALYZE); --count counts."""
     with connect(ctx, command_dsn) as conn:
         summary = summarize(fetch_metrics(conn))
+        _honest_row_count(summary, message_rows_estimate(conn), count_messages(conn) if count_rows else None)
     if as_json:
         echo_json(summary)
         return
@@ -147,8 +187,12 @@ def stats(ctx: click.Context, command_dsn: str | None, as_json: bool) -> None:
                        for e in summary["outbox"]]) if summary["outbox"] else "  nothing pending")
     click.echo("\nInbox:")
     for name, value in summary["inbox"].items():
+        if name.startswith("inbox_rows"):
+            continue
         shown = _age(value) if name.endswith("_seconds") else f"{value:g}"
         click.echo(f"  {name}: {shown}")
+    for line in _rows_line(summary["inbox"]):
+        click.echo(line)
     for relation, size in summary["storage_bytes"].items():
         click.echo(f"  size of inbox.{relation}: {size / 1048576:.1f} MiB")
 

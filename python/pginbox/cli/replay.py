@@ -3,13 +3,15 @@ migration), see docs/replay.md.
 
     pginbox replay create NAME --consumer C --message-type T --handler 'f(jsonb)' --handler-version V --note N
     pginbox replay add PLAN [FILE|-]              items as JSON lines {producer, message_id, tenant?, payload}
-    pginbox replay run PLAN [--max-items N] [--until-done]
+    pginbox replay run PLAN [--max-items N] [--until-done] [--progress/--no-progress] [--quiet]
     pginbox replay status [PLAN] [--json]
     pginbox replay accept-version PLAN --handler 'f(jsonb)' --handler-version V --note N
     pginbox replay cancel PLAN --note N
 
 PLAN is a plan name or id. A run that finds the plan stopped (the registered handler changed)
-exits with status 3 and one line saying so.
+exits with status 3 and one line saying so. `replay run` shows its progress per call on a terminal
+(items done, rate, time left; never under cron) and ends with this run's failed and skipped items
+counted by reason, each skip reason explained.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import click
 
 from pginbox.cli.context import connect, dsn_option
 from pginbox.cli.output import echo_json, fmt, table
+from pginbox.cli.progress import Render, duration, progress_for_stderr
 from pginbox.ops import replay
 from pginbox.ops.json_values import jsonable
 
@@ -73,32 +76,79 @@ def replay_add(ctx: click.Context, plan: str, items_file: TextIO, command_dsn: s
     click.echo(f"replay plan {plan_id}: {added} item(s) added")
 
 
+def run_progress_line(result: replay.RunResult, elapsed: float) -> str:
+    """`replay plan 7: 300 of 1,000 items (30%), call 3, 120 items/s, about 6s left, 2s elapsed`."""
+    done = result.done_now
+    total = result.pending_at_start
+    shown = f"{done:,} of {total:,} items ({min(100 * done // total, 100)}%)" if total else f"{done:,} items"
+    parts = [f"replay plan {result.plan_id}: {shown}", f"call {result.calls}"]
+    if result.failed_now or result.skipped_now:
+        parts.append(f"{result.failed_now} failed, {result.skipped_now} skipped")
+    if done and elapsed > 0:
+        rate = done / elapsed
+        parts.append(f"{rate:,.0f} items/s")
+        if total:
+            parts.append(f"about {duration(max(total - done, 0) / rate)} left")
+    parts.append(f"{duration(elapsed)} elapsed")
+    return ", ".join(parts)
+
+
+def _render(result: replay.RunResult) -> Render:
+    return lambda elapsed: run_progress_line(result, elapsed)
+
+
+def reason_lines(result: replay.RunResult, plan: str) -> list[str]:
+    """This run's failed and skipped items by reason, each skip reason explained."""
+    lines = [f"  failed {code}: {n} ({replay.FAILED_REASON}; `pginbox replay status {plan}` lists them)"
+             for code, n in result.failed_by_reason.items()]
+    lines += [f"  skipped {code}: {n} ({replay.explain_skip(code)})" for code, n in result.skipped_by_reason.items()]
+    return lines
+
+
 @replay_group.command(name="run")
 @click.argument("plan")
 @click.option("--max-items", type=click.IntRange(1, 10000), default=100, show_default=True,
               help="Items per call (one transaction each).")
 @click.option("--until-done", is_flag=True, help="Call again until no item is pending.")
+@click.option("--progress/--no-progress", "show_progress", default=None,
+              help="Show items done, rate and time left on stderr after each call [default: when stderr is a "
+                   "terminal].")
+@click.option("--quiet", is_flag=True, help="No progress and no summary; errors still go to stderr (cron).")
 @dsn_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.pass_context
-def replay_run(ctx: click.Context, plan: str, max_items: int, until_done: bool, command_dsn: str | None,
-               as_json: bool) -> None:
-    """Run pending items, each exactly once, with your rights. Exit status 3 when the plan is stopped."""
+def replay_run(ctx: click.Context, plan: str, max_items: int, until_done: bool, show_progress: bool | None,
+               quiet: bool, command_dsn: str | None, as_json: bool) -> None:
+    """Run pending items, each exactly once, with your rights. Exit status 3 when the plan is stopped.
+    Ends with this run's applied, failed and skipped items, the failed and skipped ones by reason."""
+    progress = progress_for_stderr(show_progress, quiet)
     with connect(ctx, command_dsn) as conn:
         plan_id = replay.resolve_plan(conn, plan)
         try:
-            result = replay.run_plan(conn, plan_id, max_items=max_items, until_done=until_done)
+            if progress is not None:
+                progress.begin(_render(replay.RunResult(plan_id, "open", 0, 0, 0, 0, 0, 0, 0, 0)))
+            result = replay.run_plan(conn, plan_id, max_items=max_items, until_done=until_done,
+                                     progress=None if progress is None else lambda r: progress.show(_render(r)))
         except replay.ReplayStopped as exc:
+            if progress is not None:
+                progress.close()
             click.echo(f"Error: {exc}", err=True)
             ctx.exit(EXIT_STOPPED)
+        finally:
+            if progress is not None:
+                progress.close()
     if as_json:
         echo_json(result.as_json())
+        return
+    if quiet:
         return
     click.echo(
         f"replay plan {plan_id}: {result.status}; this run applied {result.applied_now}, failed {result.failed_now}, "
         f"skipped {result.skipped_now} ({result.calls} call(s)); totals: pending {result.pending}, "
         f"applied {result.applied}, failed {result.failed}, skipped {result.skipped}"
     )
+    for line in reason_lines(result, plan):
+        click.echo(line)
 
 
 @replay_group.command(name="status")

@@ -4,10 +4,15 @@ Exit codes of `pginbox purge` (for cron): 0 purged, nothing to purge, or another
 running (busy); 1 an error (one line on stderr); 2 bad usage; 3 a named consumer has no retention
 policy; 75 (EX_TEMPFAIL) transactions from before the announcement outlived --wait-timeout
 (nothing more was deleted: run it again later).
+
+Progress (rows deleted, rate, time left against an estimate counted before the purge starts) is
+drawn in place on stderr when stderr is a terminal, never under cron; --progress forces it (one
+line per batch when stderr is not a terminal), --no-progress and --quiet turn it off.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -16,6 +21,7 @@ import click
 
 from pginbox.cli.context import connect, dsn_option
 from pginbox.cli.output import echo_json, table
+from pginbox.cli.progress import Progress, Render, duration, progress_for_stderr
 from pginbox.ops import retention
 
 EXIT_NO_POLICY = 3
@@ -30,6 +36,30 @@ def _text(value: object) -> object:
     return str(value)
 
 
+def progress_line(p: retention.PurgeProgress) -> str:
+    """`billing: 12,000 of ~40,000 rows (30%), batch 120, 5,230 rows/s, about 5s left, 2s elapsed`."""
+    if p.estimate is not None and p.estimate > 0:
+        done = f"{p.rows_deleted:,} of ~{p.estimate:,} rows ({min(100 * p.rows_deleted // p.estimate, 100)}%)"
+    else:
+        done = f"{p.rows_deleted:,} rows"
+    if p.batches:
+        stage = f"batch {p.batches}"
+    else:
+        stage = "starting" if p.seconds < 1 else "waiting for transactions from before the announcement"
+    parts = [f"{p.consumer}: {done}", stage]
+    if p.rate is not None:
+        parts.append(f"{p.rate:,.0f} rows/s")
+    if p.seconds_left is not None:
+        parts.append(f"about {duration(p.seconds_left)} left")
+    parts.append(f"{duration(p.seconds)} elapsed")
+    return ", ".join(parts)
+
+
+def _render(p: retention.PurgeProgress) -> Render:
+    """The line of `p`, its clock moved on to the time it is drawn (the ticker redraws it)."""
+    return lambda elapsed: progress_line(dataclasses.replace(p, seconds=elapsed))
+
+
 @click.command(name="purge")
 @dsn_option
 @click.option("--consumer", metavar="NAME", default=None,
@@ -42,17 +72,27 @@ def _text(value: object) -> object:
               help="Longest wait for transactions from before the announcement, seconds.")
 @click.option("--pause", type=click.FloatRange(0, 60), default=0.0, show_default=True,
               help="Sleep this long after each batch (leaves CPU to the claims on a busy machine), seconds.")
+@click.option("--progress/--no-progress", "show_progress", default=None,
+              help="Show rows deleted, rate and time left on stderr [default: when stderr is a terminal].")
+@click.option("--quiet", is_flag=True, help="No progress and no summary unless something went wrong (cron).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.pass_context
 def purge_command(ctx: click.Context, command_dsn: str | None, consumer: str | None, batch_size: int,
-                  max_batches: int, wait_timeout: float, pause: float, as_json: bool) -> None:
-    """Delete processed inbox rows older than each consumer's retention window (for cron)."""
-    with connect(ctx, command_dsn) as conn:
-        reports = retention.purge(conn, consumer, batch_size=batch_size, max_batches=max_batches,
-                                  wait_timeout=wait_timeout, pause=pause)
+                  max_batches: int, wait_timeout: float, pause: float, show_progress: bool | None, quiet: bool,
+                  as_json: bool) -> None:
+    """Delete processed inbox rows older than each consumer's retention window (for cron). On a
+    terminal it shows its progress; under cron it prints one summary line per consumer."""
+    progress = progress_for_stderr(show_progress, quiet)
+    try:
+        with connect(ctx, command_dsn) as conn:
+            reports = _purge_all(conn, consumer, progress, batch_size=batch_size, max_batches=max_batches,
+                                 wait_timeout=wait_timeout, pause=pause)
+    finally:
+        if progress is not None:
+            progress.close()
     if as_json:
         echo_json({"consumers": [r.as_dict() for r in reports]})
-    elif not reports:
+    elif not reports and not quiet:
         click.echo("no consumer has a retention policy: nothing is ever purged (pginbox retention set ...)")
     for report in reports if not as_json else []:
         line = {
@@ -65,11 +105,30 @@ def purge_command(ctx: click.Context, command_dsn: str | None, consumer: str | N
             "timeout": f"gave up after {wait_timeout}s waiting for transactions from before the announcement; "
                        f"deleted {report.rows_deleted} rows; run it again later",
         }[report.status]
+        if quiet and report.status != "timeout":
+            continue
         click.echo(f"{report.consumer}: {line}", err=report.status == "timeout")
     if any(r.status == "timeout" for r in reports):
         ctx.exit(EXIT_TIMEOUT)
     if consumer is not None and any(r.status == "no_policy" for r in reports):
         ctx.exit(EXIT_NO_POLICY)
+
+
+def _purge_all(conn: Any, consumer: str | None, progress: Progress | None, **options: Any) -> list[
+        retention.PurgeReport]:
+    """retention.purge, one consumer after the other, with the progress drawn (and the rows to go
+    counted first) when it is shown."""
+    if progress is None:
+        return retention.purge(conn, consumer, **options)
+    names = [consumer] if consumer is not None else [r[0] for r in conn.execute(retention.POLICY_CONSUMERS)]
+    reports = []
+    for name in names:
+        estimate = retention.estimate_rows_to_go(conn, name)
+        progress.begin(_render(retention.PurgeProgress(name, 0, 0, 0.0, estimate)))
+        reports.append(retention.purge_consumer(conn, name, progress=lambda p: progress.show(_render(p)),
+                                                estimate=estimate, **options))
+        progress.clear()
+    return reports
 
 
 @click.group(name="retention")

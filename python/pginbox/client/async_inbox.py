@@ -39,6 +39,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTi
 #@ sync
 # from psycopg_pool import AsyncConnectionPool
 #@ end
+from pginbox import pooler
 from pginbox.client import queries
 from pginbox.client import shared as _core
 from pginbox.client.outcomes import InboxStats, Message, Outcome, Result
@@ -138,6 +139,10 @@ class AsyncInbox:
     raise_on_failure  default of `handle(..., raise_on_failure=)`: False returns a FAILED or
                       QUARANTINED Result; True re-raises the handler's exception after recording it.
     batch_size        chunk size of apply_batch / handle_batch (at most 64).
+
+    Behind a transaction pooler (PgBouncer), detected on first use (see `behind_pooler`), every
+    connection AsyncInbox uses is switched to `prepare_threshold = None`: no prepared statements, the
+    handler's included (docs/pgbouncer.md).
     """
 
     def __init__(
@@ -161,6 +166,7 @@ class AsyncInbox:
         self._stats = _core.StatsCounter()
         self._rng = random.Random()
         self._schema_version: int | None = None
+        self._behind_pooler = False
         self._pool: AsyncConnectionPool[Any] | None = None
         self._conn: AConn | None = None
         self._own_conn = False
@@ -201,6 +207,13 @@ class AsyncInbox:
         the given connection broke, this is the replacement AsyncInbox opened (and closes in
         `close()`)."""
         return self._conn
+
+    @property
+    def behind_pooler(self) -> bool:
+        """True once AsyncInbox found a connection pooler between it and PostgreSQL (on first use, or
+        in `check_schema()`; or when the server rejected a prepared statement, 42P05 / 26000): from
+        then on it prepares no statements on the connections it uses (pginbox.pooler)."""
+        return self._behind_pooler
 
     async def close(self) -> None:
         """Close the replacement connection AsyncInbox opened, if any (never the caller's own)."""
@@ -288,8 +301,9 @@ class AsyncInbox:
         return results
 
     async def handle_batch(self, messages: Iterable[Message], handler: AsyncHandler) -> list[Result]:
-        """`handle` for many messages: one transaction per chunk of `batch_size`, a savepoint per
-        message. A permanent handler error rolls back to the message's savepoint and is recorded in
+        """`handle` for many messages: one transaction per chunk of `batch_size`, every identity of
+        the chunk claimed in one statement (inbox.claim_batch), a savepoint per handler. A permanent
+        handler error rolls back to the message's savepoint, takes its claim back and is recorded in
         the same transaction (FAILED / QUARANTINED Result, never raised); a transient error re-runs
         the whole chunk. Results in input order."""
         batch = [_core.check_message(m) for m in messages]
@@ -397,31 +411,60 @@ class AsyncInbox:
     async def _handle_batch_attempt(
         self, conn: AConn, messages: Sequence[Message], handler: AsyncHandler
     ) -> list[tuple[Result, BaseException | None]]:
+        """One transaction: every message claimed in one statement (inbox.claim_batch), then each
+        claimed message's handler after a savepoint of its own. A permanent handler error rolls
+        back to that savepoint, takes the claim back (inbox._unclaim) and records the failure, in
+        the same transaction. An identity repeated within the chunk is claimed with inbox.claim
+        once the earlier one is decided."""
         out: list[tuple[Result, BaseException | None]] = []
         async with _autocommit(conn):
             cur = conn.cursor(row_factory=tuple_row)
             xid: str | None = None
             try:
                 begin: Any = queries.BEGIN[conn.isolation_level]
-                for message in messages:
-                    params = _core.claim_params(self.consumer, self.handler_version, message)
-                    if _PIPELINE:
-                        async with conn.pipeline():
-                            await cur.execute(begin, prepare=False)
-                            await cur.execute(queries.SAVEPOINT, prepare=False)
-                            await cur.execute(queries.CLAIM, params, prepare=True)
-                    else:
+                params = (*_core.batch_params(self.consumer, messages), self.handler_version)
+                if _PIPELINE:
+                    async with conn.pipeline():
                         await cur.execute(begin, prepare=False)
+                        await cur.execute(queries.CLAIM_BATCH, params, prepare=True)
+                else:
+                    await cur.execute(begin, prepare=False)
+                    await cur.execute(queries.CLAIM_BATCH, params, prepare=True)
+                rows = await cur.fetchall()
+                assert len(rows) == len(messages), "inbox.claim_batch returned a row per message"
+                opened = False  # a savepoint of an earlier message is open: released with the next one
+
+                async def savepoint() -> None:
+                    nonlocal opened
+                    if opened and _PIPELINE:
+                        async with conn.pipeline():
+                            await cur.execute(queries.RELEASE_SAVEPOINT, prepare=False)
+                            await cur.execute(queries.SAVEPOINT, prepare=False)
+                    else:
+                        if opened:
+                            await cur.execute(queries.RELEASE_SAVEPOINT, prepare=False)
                         await cur.execute(queries.SAVEPOINT, prepare=False)
-                        await cur.execute(queries.CLAIM, params, prepare=True)
-                    begin = queries.RELEASE_SAVEPOINT
-                    row = await cur.fetchone()
-                    assert row is not None
-                    claim = _core.result_from_row(row)
-                    xid = row[9] or xid
+                    opened = True
+
+                for message, row in zip(messages, rows, strict=True):
+                    xid = row[-1] or xid
+                    repeat = row[1] == "repeat"
+                    if repeat:
+                        # Decided by its earlier element: claim it now, inside its savepoint.
+                        params1 = _core.claim_params(self.consumer, self.handler_version, message)
+                        await savepoint()
+                        await cur.execute(queries.CLAIM, params1, prepare=True)
+                        one = await cur.fetchone()
+                        assert one is not None
+                        claim = _core.result_from_row(one)
+                        xid = one[9] or xid
+                    else:
+                        claim = _core.result_from_row(row, 1)
                     if claim.outcome is not Outcome.CLAIMED:
                         out.append((claim, None))
                         continue
+                    if not repeat:
+                        await savepoint()
                     failure = await self._call_handler(conn, handler, message, claim, savepoint=True)
                     if failure is None:
                         applied = Result(
@@ -429,6 +472,13 @@ class AsyncInbox:
                         )
                         out.append((applied, None))
                         continue
+                    if not repeat:
+                        # The claim was made before the savepoint: take it back (a repeat's claim
+                        # was inside it and rolled back with the handler's writes).
+                        await cur.execute(
+                            queries.UNCLAIM, (self.consumer, message.tenant, message.producer, message.message_id),
+                            prepare=True,
+                        )
                     reason, text = _core.failure_reason(failure.error)
                     await cur.execute(
                         queries.RECORD_FAILURE,
@@ -533,6 +583,8 @@ class AsyncInbox:
                 if found is None:
                     raise
                 error, kind = exc, found
+            if kind is TransientKind.POOLER:
+                self._behind_pooler = True  # the next attempt's connection prepares nothing
             if kind is TransientKind.CONFLICT and started is not None:
                 cost.lock_wait += time.monotonic() - started
             self._stats.transient_error(error)
@@ -594,15 +646,19 @@ class AsyncInbox:
     async def _acquire(self) -> AConn:
         """A connection for one attempt: from the pool, or the given one under the lock."""
         if self._pool is not None:
-            return cast(AConn, await self._pool.getconn())
-        await self._lock.acquire()
-        try:
-            conn = self._conn
-            assert conn is not None
-            return await self._reconnect() if conn.closed else conn
-        except BaseException:
-            self._lock.release()
-            raise
+            conn = cast(AConn, await self._pool.getconn())
+        else:
+            await self._lock.acquire()
+            try:
+                given = self._conn
+                assert given is not None
+                conn = await self._reconnect() if given.closed else given
+            except BaseException:
+                self._lock.release()
+                raise
+        if self._behind_pooler and conn.prepare_threshold is not None:
+            pooler.configure(conn)
+        return conn
 
     async def _release(self, conn: AConn) -> None:
         if self._pool is not None:
@@ -644,13 +700,16 @@ class AsyncInbox:
         where = _core.describe(conn.info)
         try:
             async with _autocommit(conn):
-                cur = await conn.execute(queries.SCHEMA_VERSION)
+                cur = await conn.execute(queries.SCHEMA_CHECK, prepare=False)
                 row = await cur.fetchone()
         except psycopg.Error as exc:
             translated = _core.schema_error(exc, where)
             if translated is not None:
                 raise translated from exc
             raise
-        version = _core.check_schema_version(row, where)
+        version = _core.check_schema_version(row[:3] if row else row, where)
+        if row is not None and pooler.differs(conn.info.backend_pid, row[3]):
+            self._behind_pooler = True
+            pooler.configure(conn)
         self._schema_version = version
         return version

@@ -20,6 +20,12 @@ from pginbox.schema.compat import SCHEMA_RELEASE
 
 SCHEMA_VERSION: Final = SCHEMA_RELEASE
 
+# The schema check Inbox and AsyncInbox run on first use: SCHEMA_RELEASE's columns, then the server
+# session's process id (a pooler's differs from the one the client got at login: pginbox.pooler).
+SCHEMA_CHECK: Final = (
+    "SELECT r.version, r.release, r.breaking_since, pg_catalog.pg_backend_pid() FROM inbox.schema_release() r"
+)
+
 # BEGIN honouring the connection's isolation_level (None: the server's default).
 BEGIN: Final[Mapping[IsolationLevel | None, LiteralString]] = {
     None: "BEGIN",
@@ -63,6 +69,22 @@ SELECT r.ordinal, r.outcome, r.payload_sha256, r.stored_sha256, r.handler_versio
        pg_catalog.pg_current_xact_id_if_assigned()::text
   FROM inbox.claim_and_apply_batch(consumer => %s, messages => %s::jsonb) AS r
  ORDER BY r.ordinal
+"""
+
+# params: consumer, messages (Jsonb array), version. Rows in input order; outcome 'repeat': an
+# identity an earlier element holds (claimed with CLAIM once the earlier one is decided).
+CLAIM_BATCH: Final = """
+SELECT r.ordinal, r.outcome, r.payload_sha256, r.stored_sha256, r.handler_version, r.processed_at,
+       r.quarantine_id, r.attempts, r.reason_code, r.error_message,
+       pg_catalog.pg_current_xact_id_if_assigned()::text
+  FROM inbox.claim_batch(consumer => %s, messages => %s::jsonb, version => %s) AS r
+ ORDER BY r.ordinal
+"""
+
+# params: consumer, tenant, producer, message_id. After a handler failed and its writes rolled
+# back to the message's savepoint: takes back the claim CLAIM_BATCH made in this transaction.
+UNCLAIM: Final = """
+SELECT inbox._unclaim(consumer => %s, tenant => %s, producer => %s, message_id => %s)
 """
 
 # params: consumer, producer, message_id, payload (Jsonb), reason_code, error_message,

@@ -9,6 +9,10 @@ Transient: the error says nothing about the message, only about this attempt.
               the backend was terminated, ...), and a psycopg.OperationalError without SQLSTATE
               (the server closed the connection, the connection attempt failed)
   RESOURCES   class 53 (out of memory, disk full, too many connections)
+  POOLER      42P05 duplicate_prepared_statement and 26000 invalid_sql_statement_name: a prepared
+              statement of the client and the server session it was given disagree, which happens
+              behind a transaction pooler (PgBouncer) that hands each transaction another server
+              session (see pginbox.pooler); the clients stop preparing statements when they see it
 
 Everything else is permanent. An exception counts as transient when it, or an exception in its
 chain of explicit causes (`raise ... from exc`), is.
@@ -30,6 +34,11 @@ class TransientKind(enum.Enum):
     TIMEOUT = "timeout"
     CONNECTION = "connection"
     RESOURCES = "resources"
+    POOLER = "pooler"
+
+
+#: SQLSTATEs of a prepared statement the server session does not match (see POOLER above).
+_POOLER_STATES = frozenset({"42P05", "26000"})
 
 
 def _classify_one(exc: BaseException) -> TransientKind | None:
@@ -46,6 +55,8 @@ def _classify_one(exc: BaseException) -> TransientKind | None:
         return TransientKind.CONNECTION
     if state.startswith("53"):
         return TransientKind.RESOURCES
+    if state in _POOLER_STATES:
+        return TransientKind.POOLER
     return None
 
 

@@ -22,6 +22,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import JsonbLoader
 from psycopg_pool import ConnectionPool
 
+from pginbox import pooler
 from pginbox.dispatcher.listener import Listener
 from pginbox.dispatcher.log import kv, log
 from pginbox.dispatcher.queries import CLAIM, EXTEND, IDLE
@@ -86,6 +87,11 @@ class Dispatcher:
     `extra_collectors` are registered on `registry` (served at /metrics by HealthServer);
     `stall_after` is how long (seconds) the loop may go without a round before health() says it
     is stuck [default: max(10, 5 x poll_interval)].
+
+    Behind a transaction pooler (PgBouncer; pginbox.pooler): every pool connection is checked when
+    it is opened and, behind the pooler, prepares no statements; LISTEN needs a session of its own,
+    so `listen_dsn` gives it a direct connection (without one, the dispatcher does not LISTEN behind
+    a pooler and polls every `poll_interval`; health() says so).
     """
 
     def __init__(
@@ -108,9 +114,11 @@ class Dispatcher:
         report_batch: int = 500,
         report_interval: float = 0.005,
         claim_retries: int = 5,
+        listen_dsn: str | None = None,
     ) -> None:
         _check_settings(batch_size, lease, concurrency_per_destination, report_batch, report_interval, claim_retries)
         self.dsn = dsn
+        self.listen_dsn = listen_dsn
         self.name = name
         self._resolve: TransportResolver = dict(transports).get if isinstance(transports, Mapping) else transports
         self.batch_size = batch_size
@@ -149,6 +157,7 @@ class Dispatcher:
         self._last_claim_sqlstate: str | None = None
         self._registered = False
         self._closed = False
+        self._behind_pooler = False
 
     def _open(self, probe_interval: float) -> None:
         """The connections and threads: the pool for claims and reports, the delivery executor, the
@@ -159,16 +168,36 @@ class Dispatcher:
             min_size=1,
             max_size=min(workers, 16) + 1,
             kwargs={"autocommit": True, "application_name": f"pginbox-dispatch:{self.name}"},
+            configure=self._configure_connection,
             open=True,
             name=f"pginbox-dispatch-{self.name}",
         )
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"deliver-{self.name}")
-        self._listener = Listener(self.dsn, self.name, self.stats, probe_interval=probe_interval,
-                                  on_reconnect=self.metrics.reconnects.inc)
+        self._listener = Listener(self.listen_dsn or self.dsn, self.name, self.stats, probe_interval=probe_interval,
+                                  on_reconnect=self.metrics.reconnects.inc, dedicated=self.listen_dsn is not None)
         self._reporter = Reporter(self.name, self._pool, self.stats, self.metrics, batch=self.report_batch,
                                   interval=self.report_interval, on_flushed=self._reports_flushed).start()
 
+    def _configure_connection(self, conn: psycopg.Connection[Any]) -> None:
+        """Every new pool connection: behind a pooler, no prepared statements (pginbox.pooler)."""
+        if pooler.behind_pooler(conn):
+            if not self._behind_pooler:
+                log.info(kv("behind_pooler", dispatcher=self.name,
+                            detail="the claims' connections go through a connection pooler: no prepared statements"))
+            self._behind_pooler = True
+            pooler.configure(conn)
+
     # ------------------------------------------------------------------ public
+
+    @property
+    def behind_pooler(self) -> bool:
+        """True once a claim connection was found to go through a pooler (PgBouncer)."""
+        return self._behind_pooler
+
+    @property
+    def wakeup(self) -> str:
+        """'listen' (LISTEN/NOTIFY wakes the loop) or 'polling' (it claims every poll_interval)."""
+        return "polling" if self._listener.polling_reason is not None else "listen"
 
     @property
     def listen_backend_pid(self) -> int | None:
@@ -186,17 +215,24 @@ class Dispatcher:
         return self._listener.listening
 
     def health(self) -> tuple[bool, dict[str, Any]]:
-        """(healthy, details): healthy while the LISTEN session is up and the loop ran within
-        `stall_after` seconds. details: listening, last_loop_age_seconds (None before the first
+        """(healthy, details): healthy while the LISTEN session is up (or the dispatcher polls by
+        design: behind a pooler without a direct LISTEN connection) and the loop ran within
+        `stall_after` seconds. details: listening, wakeup ('listen' | 'polling'), wakeup_reason
+        (why it polls, else None), behind_pooler, last_loop_age_seconds (None before the first
         round), stall_after_seconds, in_flight, counters (stats.as_dict())."""
         last = self._last_loop
         age = None if last is None else time.monotonic() - last
         listening = self.listening
-        healthy = listening and age is not None and age <= self.stall_after and not self._stop.is_set()
+        reason = self._listener.polling_reason
+        healthy = (listening or reason is not None) and age is not None and age <= self.stall_after \
+            and not self._stop.is_set()
         return healthy, {
             "healthy": healthy,
             "dispatcher": self.name,
             "listening": listening,
+            "wakeup": "polling" if reason is not None else "listen",
+            "wakeup_reason": reason,
+            "behind_pooler": self._behind_pooler,
             "last_loop_age_seconds": None if age is None else round(age, 3),
             "stall_after_seconds": self.stall_after,
             "in_flight": self.in_flight,
@@ -255,7 +291,7 @@ class Dispatcher:
                 if got == _CLAIM_FAILED:
                     self._stop.wait(self._claim_backoff())
                     continue
-                if not self._registered:
+                if not self._registered and self._listener.polling_reason is None:
                     try:
                         self._set_idle(True)
                     except psycopg.Error as exc:  # the poll still runs; register again next round

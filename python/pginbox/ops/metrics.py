@@ -20,6 +20,7 @@ only when it is scraped. Names and labels are listed in docs/metrics.md.
 
 from __future__ import annotations
 
+import datetime
 import json
 import threading
 import time
@@ -41,8 +42,11 @@ __all__ = [
     "DatabaseCollector",
     "InboxCollector",
     "MetricRow",
+    "RowEstimate",
     "configure",
+    "count_messages",
     "fetch_metrics",
+    "message_rows_estimate",
     "rollup",
     "serve",
 ]
@@ -54,6 +58,16 @@ SCRAPE_TIMEOUT_SQL: Final = "SELECT pg_catalog.set_config('statement_timeout', %
 # The rollup a read runs need not wait for its WAL flush: lost in a crash, the next read redoes it
 # (the cursor and the totals commit together). Only for the collector's own transaction.
 SCRAPE_ASYNC_COMMIT_SQL: Final = "SELECT pg_catalog.set_config('synchronous_commit', 'off', true)"
+# What PostgreSQL estimates inbox.message holds, and since when. reltuples is -1 until the table's
+# first ANALYZE or VACUUM (inbox.metrics() reports that as 0); the statistics views say when.
+ROWS_ESTIMATE: Final = """
+SELECT c.reltuples::bigint,
+       greatest(s.last_analyze, s.last_autoanalyze, s.last_vacuum, s.last_autovacuum)
+  FROM pg_catalog.pg_class c
+  LEFT JOIN pg_catalog.pg_stat_all_tables s ON s.relid = c.oid
+ WHERE c.oid = 'inbox.message'::regclass
+"""
+COUNT_MESSAGES: Final = "SELECT count(*) FROM inbox.message"
 # `pginbox metrics rollup | configure` (inbox_operator).
 ROLLUP: Final = "SELECT inbox.metrics_rollup(%(max_rows)s)"
 CONFIGURE: Final = """
@@ -88,6 +102,30 @@ def fetch_metrics(conn: psycopg.Connection[Any], timeout_ms: int | None = None) 
             cur.execute(SCRAPE_TIMEOUT_SQL, (f"{int(timeout_ms)}ms",))
         cur.execute(METRICS_QUERY)
         return [_row(r) for r in cur.fetchall()]
+
+
+@dataclass(frozen=True)
+class RowEstimate:
+    """PostgreSQL's estimate of the rows in inbox.message: `rows` None before the table's first
+    ANALYZE (or VACUUM); `as_of` the last of those, None when unknown (e.g. statistics reset)."""
+
+    rows: int | None
+    as_of: datetime.datetime | None
+
+
+def message_rows_estimate(conn: psycopg.Connection[Any]) -> RowEstimate:
+    """The planner's estimate of inbox.message's rows, and when it was made (no table access)."""
+    row = conn.execute(ROWS_ESTIMATE).fetchone()
+    if row is None or row[0] is None or row[0] < 0:
+        return RowEstimate(None, row[1] if row is not None else None)
+    return RowEstimate(int(row[0]), row[1])
+
+
+def count_messages(conn: psycopg.Connection[Any]) -> int:
+    """The rows of inbox.message, counted (reads the whole table)."""
+    row = conn.execute(COUNT_MESSAGES).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def rollup(conn: psycopg.Connection[Any], max_rows: int | None = None) -> int:

@@ -13,50 +13,84 @@ from typing import Any, Final
 import psycopg
 from psycopg.rows import dict_row
 
-__all__ = ["OUTBOX_STATUSES", "EffectDetails", "discard_effect", "list_effects", "redrive_effect", "show_effect"]
+from pginbox.errors import AmbiguousEffect
+
+__all__ = ["OUTBOX_STATUSES", "AmbiguousEffect", "EffectDetails", "discard_effect", "find_effect", "list_effects",
+           "redrive_effect", "show_effect"]
 
 Row = dict[str, Any]
 
 #: The labels of enum inbox.effect_status (pinned by test_sql_contract).
 OUTBOX_STATUSES: Final = ("pending", "leased", "delivered", "dead", "discarded")
 
+# last_error is an error text: readers (inbox_reader) may not read it (sql/096_reader_grants.sql).
+# The queries name it through {last_error}: the column, or NULL for a role without the grant.
+LAST_ERROR_READABLE: Final = "SELECT pg_catalog.has_column_privilege('inbox.outbox', 'last_error', 'SELECT')"
+
 OUTBOX_LIST: Final = """
-SELECT effect_id, destination, status::text AS status, attempts, ordering_key, created_at, available_at,
-       leased_by, last_status_code, dead_reason::text AS dead_reason, last_error
+SELECT effect_id, consumer, destination, status::text AS status, attempts, ordering_key, created_at, available_at,
+       leased_by, last_status_code, dead_reason::text AS dead_reason, {last_error} AS last_error
   FROM inbox.outbox
- WHERE %(status)s::text IS NULL OR status::text = %(status)s::text
- ORDER BY created_at, order_seq NULLS LAST, effect_id
+ WHERE (%(status)s::text IS NULL OR status::text = %(status)s::text)
+   AND (%(consumer)s::text IS NULL OR consumer = %(consumer)s::text)
+ ORDER BY created_at, order_seq NULLS LAST, effect_id, consumer
  LIMIT %(limit)s
 """
+# The effects an id names: itself, or (when no effect has that id) the ids it begins. At most 11
+# (the CLI lists up to 10 candidates of an ambiguous prefix).
+OUTBOX_MATCHES: Final = """
+(SELECT effect_id, consumer, true AS exact FROM inbox.outbox
+  WHERE effect_id = %(effect_id)s AND (%(consumer)s::text IS NULL OR consumer = %(consumer)s::text)
+  ORDER BY consumer LIMIT 11)
+UNION ALL
+(SELECT effect_id, consumer, false FROM inbox.outbox
+  WHERE effect_id LIKE %(prefix)s AND effect_id <> %(effect_id)s
+    AND (%(consumer)s::text IS NULL OR consumer = %(consumer)s::text)
+  ORDER BY effect_id, consumer LIMIT 11)
+"""
 OUTBOX_SHOW: Final = """
-SELECT effect_id, destination, status::text AS status, attempts, ordering_key, order_seq, blocked, created_at,
-       available_at, lease_token, leased_by, lease_expires_at, last_attempt_at, last_error, last_status_code,
-       last_duration_ms, delivered_at, dead_reason::text AS dead_reason, discarded_at
+SELECT effect_id, consumer, destination, status::text AS status, attempts, ordering_key, order_seq, blocked,
+       created_at, available_at, lease_token, leased_by, lease_expires_at, last_attempt_at, {last_error} AS last_error,
+       last_status_code, last_duration_ms, delivered_at, dead_reason::text AS dead_reason, discarded_at
   FROM inbox.outbox
- WHERE effect_id = %(effect_id)s
+ WHERE effect_id = %(effect_id)s AND consumer = %(consumer)s
 """
 OUTBOX_SHOW_PAYLOAD: Final = """
-SELECT payload, headers, last_response_excerpt FROM inbox.outbox WHERE effect_id = %(effect_id)s
+SELECT payload, headers, last_response_excerpt
+  FROM inbox.outbox
+ WHERE effect_id = %(effect_id)s AND consumer = %(consumer)s
 """
 OUTBOX_REDRIVES: Final = """
-SELECT redrive_id, redriven_by, redriven_at, note, attempts, dead_reason::text AS dead_reason, last_error
+SELECT redrive_id, redriven_by, redriven_at, note, attempts, dead_reason::text AS dead_reason,
+       {last_error} AS last_error
   FROM inbox.outbox_redrive
- WHERE effect_id = %(effect_id)s
+ WHERE effect_id = %(effect_id)s AND consumer = %(consumer)s
  ORDER BY redrive_id
 """
 OUTBOX_REDRIVE: Final = """
-SELECT effect_id, status::text AS status, attempts FROM inbox.redrive_effect(%(effect_id)s, %(note)s)
+SELECT effect_id, consumer, status::text AS status, attempts
+  FROM inbox.redrive_effect(%(effect_id)s, %(note)s, %(consumer)s)
 """
 OUTBOX_DISCARDS: Final = """
-SELECT discard_id, discarded_by, discarded_at, note, attempts, dead_reason, last_error
+SELECT discard_id, discarded_by, discarded_at, note, attempts, dead_reason, {last_error} AS last_error
   FROM inbox.outbox_discard
- WHERE effect_id = %(effect_id)s
+ WHERE effect_id = %(effect_id)s AND consumer = %(consumer)s
  ORDER BY discard_id
 """
 OUTBOX_DISCARD: Final = """
-SELECT effect_id, status::text AS status, attempts, ordering_key, discarded_at
-  FROM inbox.discard_effect(%(effect_id)s, %(note)s)
+SELECT effect_id, consumer, status::text AS status, attempts, ordering_key, discarded_at
+  FROM inbox.discard_effect(%(effect_id)s, %(note)s, %(consumer)s)
 """
+
+
+def _last_error(conn: psycopg.Connection[Any]) -> str:
+    """last_error, or NULL for a role that may not read it."""
+    row = conn.execute(LAST_ERROR_READABLE).fetchone()
+    return "last_error" if row is not None and row[0] else "NULL::text"
+
+
+def _like_prefix(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
 @dataclass
@@ -69,38 +103,71 @@ class EffectDetails:
     discards: list[Row]
 
 
-def list_effects(conn: psycopg.Connection[Any], status: str | None, limit: int) -> list[Row]:
-    """Effects in `status` (None: every status), oldest first."""
+def list_effects(conn: psycopg.Connection[Any], status: str | None, limit: int,
+                 consumer: str | None = None) -> list[Row]:
+    """Effects in `status` (None: every status) of `consumer` (None: every consumer), oldest first.
+    last_error is None for a role that may not read it (inbox_reader)."""
+    query = OUTBOX_LIST.format(last_error=_last_error(conn))
     with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(OUTBOX_LIST, {"status": status, "limit": limit}).fetchall()
+        return cur.execute(query, {"status": status, "consumer": consumer, "limit": limit}).fetchall()
 
 
-def show_effect(conn: psycopg.Connection[Any], effect_id: str, *, with_payload: bool = False) -> EffectDetails | None:
-    """One effect and its audit rows; None when there is no such effect."""
-    params = {"effect_id": effect_id}
+def find_effect(conn: psycopg.Connection[Any], effect_id: str, consumer: str | None = None) -> tuple[str, str] | None:
+    """The (effect_id, consumer) that `effect_id` names: the effect with that id, else the one
+    whose id begins with it (a unique prefix, e.g. copied from a narrow terminal); `consumer`
+    narrows both. None when nothing matches; AmbiguousEffect when several effects do (effect ids
+    are unique per consumer: one id may be held by several consumers)."""
+    params = {"effect_id": effect_id, "consumer": consumer, "prefix": _like_prefix(effect_id)}
+    rows = [(str(r[0]), str(r[1]), bool(r[2])) for r in conn.execute(OUTBOX_MATCHES, params).fetchall()]
+    exact = [(i, c) for i, c, e in rows if e]
+    found = exact or [(i, c) for i, c, e in rows if not e]
+    if not found:
+        return None
+    if len(found) == 1:
+        return found[0]
+    shown = ", ".join(f"{i!r} (consumer {c!r})" for i, c in found[:10]) + (", ..." if len(found) > 10 else "")
+    if exact:
+        message = (f"effect {effect_id!r} is held by several consumers: {shown}; pass --consumer")
+    else:
+        message = (f"{effect_id!r} begins several effect ids: {shown}; pass more of the id"
+                   + ("" if consumer is not None else " or --consumer"))
+    raise AmbiguousEffect(message, found[:10])
+
+
+def show_effect(conn: psycopg.Connection[Any], effect_id: str, *, with_payload: bool = False,
+                consumer: str | None = None) -> EffectDetails | None:
+    """One effect (its id or a unique prefix of it, see find_effect) and its audit rows; None when
+    there is no such effect. last_error is None for a role that may not read it."""
+    found = find_effect(conn, effect_id, consumer)
+    if found is None:
+        return None
+    params = {"effect_id": found[0], "consumer": found[1]}
+    last_error = _last_error(conn)
     with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(OUTBOX_SHOW, params).fetchone()
-        if row is None:
+        row = cur.execute(OUTBOX_SHOW.format(last_error=last_error), params).fetchone()
+        if row is None:  # purged in between
             return None
-        redrives = cur.execute(OUTBOX_REDRIVES, params).fetchall()
-        discards = cur.execute(OUTBOX_DISCARDS, params).fetchall()
+        redrives = cur.execute(OUTBOX_REDRIVES.format(last_error=last_error), params).fetchall()
+        discards = cur.execute(OUTBOX_DISCARDS.format(last_error=last_error), params).fetchall()
         if with_payload:
             extra = cur.execute(OUTBOX_SHOW_PAYLOAD, params).fetchone()
             row.update(extra or {})
     return EffectDetails(row, redrives, discards)
 
 
-def redrive_effect(conn: psycopg.Connection[Any], effect_id: str, note: str) -> Row:
-    """inbox.redrive_effect: a dead effect is sent again (attempts reset, audited)."""
+def redrive_effect(conn: psycopg.Connection[Any], effect_id: str, note: str, consumer: str | None = None) -> Row:
+    """inbox.redrive_effect: a dead effect is sent again (attempts reset, audited). `consumer`
+    None: the only consumer holding that id (P0003 when several do)."""
     with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(OUTBOX_REDRIVE, {"effect_id": effect_id, "note": note}).fetchone()
+        row = cur.execute(OUTBOX_REDRIVE, {"effect_id": effect_id, "note": note, "consumer": consumer}).fetchone()
     assert row is not None
     return row
 
 
-def discard_effect(conn: psycopg.Connection[Any], effect_id: str, note: str) -> Row:
-    """inbox.discard_effect: a dead effect is closed without delivery (audited)."""
+def discard_effect(conn: psycopg.Connection[Any], effect_id: str, note: str, consumer: str | None = None) -> Row:
+    """inbox.discard_effect: a dead effect is closed without delivery (audited). `consumer` as for
+    redrive_effect."""
     with conn.cursor(row_factory=dict_row) as cur:
-        row = cur.execute(OUTBOX_DISCARD, {"effect_id": effect_id, "note": note}).fetchone()
+        row = cur.execute(OUTBOX_DISCARD, {"effect_id": effect_id, "note": note, "consumer": consumer}).fetchone()
     assert row is not None
     return row

@@ -12,8 +12,8 @@ detected by this run (the call returned status stopped_version_changed) or earli
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import psycopg
@@ -31,6 +31,7 @@ __all__ = [
     "add_items",
     "cancel_plan",
     "create_plan",
+    "explain_skip",
     "plan_status",
     "read_items",
     "resolve_plan",
@@ -52,6 +53,17 @@ SELECT p.plan_id FROM inbox.create_replay_plan(%(name)s, %(consumer)s, %(message
 """
 ADD_ITEMS: Final = "SELECT inbox.add_replay_items(%(plan_id)s, %(items)s) AS added"
 RUN_PLAN: Final = "SELECT r.* FROM inbox.run_replay_plan(%(plan_id)s, %(max_items)s) r"
+# In the run's own transaction, after RUN_PLAN: the items it failed or skipped, by reason. Every
+# item a run finishes gets finished_at = now() (its transaction's start) and finished_by =
+# session_user, so earlier runs' items are left out.
+RUN_REASONS: Final = """
+SELECT i.status, coalesce(i.reason_code, '') AS reason_code, count(*) AS items
+  FROM inbox.replay_item i
+ WHERE i.plan_id = %(plan_id)s AND i.status IN ('failed', 'skipped')
+   AND i.finished_at = now() AND i.finished_by = session_user
+ GROUP BY 1, 2
+ ORDER BY 1, 2
+"""
 ACCEPT_VERSION: Final = """
 SELECT p.status FROM inbox.accept_replay_version(%(plan_id)s, %(handler)s::regprocedure, %(version)s, %(note)s) p
 """
@@ -113,9 +125,29 @@ def _execute_one(conn: psycopg.Connection[Any], query: str, params: Mapping[str,
 # --------------------------------------------------------------------------- results
 
 
+#: What each reason_code of a skipped item means (docs/replay.md, "Failures, skips and completion").
+SKIP_REASONS: Final = {
+    "same_version": "the message was processed with the pinned version already: it has that version's effect",
+    "duplicate": "its operation id was claimed already (an earlier run or another runner applied it): "
+                 "the handler did not run",
+    "not_processed": "the original message is no longer processed (changed behind the API)",
+    "message_missing": "the original message is gone (deleted behind the API)",
+    "cancelled": "the plan was cancelled",
+}
+#: What a failed item's reason_code is.
+FAILED_REASON: Final = ("the handler raised (reason: its constraint name or SQLSTATE); the item's writes rolled back "
+                        "and this plan does not retry it: fix the cause, then put it in a new plan")
+
+
+def explain_skip(reason_code: str) -> str:
+    return SKIP_REASONS.get(reason_code, "see docs/replay.md")
+
+
 @dataclass(frozen=True)
 class RunResult:
-    """What run_plan came to: this run's counts (all calls) and the plan's totals after it."""
+    """What run_plan came to: this run's counts (all calls) and the plan's totals after it.
+    `failed_by_reason` / `skipped_by_reason`: this run's failed and skipped items per reason_code
+    (earlier runs' left out); `pending_at_start`: the items pending when the run began."""
 
     plan_id: int
     status: str
@@ -127,13 +159,23 @@ class RunResult:
     applied: int
     failed: int
     skipped: int
+    failed_by_reason: dict[str, int] = field(default_factory=dict)
+    skipped_by_reason: dict[str, int] = field(default_factory=dict)
+    pending_at_start: int | None = None
+
+    @property
+    def done_now(self) -> int:
+        return self.applied_now + self.failed_now + self.skipped_now
 
     def as_json(self) -> Row:
         return {
             "plan_id": self.plan_id,
             "status": self.status,
             "calls": self.calls,
-            "this_run": {"applied": self.applied_now, "failed": self.failed_now, "skipped": self.skipped_now},
+            "this_run": {"applied": self.applied_now, "failed": self.failed_now, "skipped": self.skipped_now,
+                         "failed_by_reason": dict(self.failed_by_reason),
+                         "skipped_by_reason": [{"reason_code": code, "items": n, "meaning": explain_skip(code)}
+                                               for code, n in self.skipped_by_reason.items()]},
             "totals": {
                 "pending": self.pending, "applied": self.applied, "failed": self.failed, "skipped": self.skipped,
             },
@@ -209,19 +251,43 @@ def add_items(conn: psycopg.Connection[Any], plan_id: int, items: Iterable[Row],
     return added
 
 
+def _run_call(conn: psycopg.Connection[Any], plan_id: int, max_items: int) -> tuple[Row, list[Row]]:
+    """One inbox.run_replay_plan call and the reasons of the items it failed or skipped, in one
+    transaction."""
+    params = {"plan_id": plan_id, "max_items": max_items}
+    try:
+        with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(RUN_PLAN, params).fetchone()
+            reasons = cur.execute(RUN_REASONS, params).fetchall()
+    except psycopg.Error as exc:
+        raise _error(exc, f"run replay plan {plan_id}") from exc
+    assert row is not None
+    return row, reasons
+
+
 def run_plan(
-    conn: psycopg.Connection[Any], plan_id: int, *, max_items: int = 100, until_done: bool = False
+    conn: psycopg.Connection[Any], plan_id: int, *, max_items: int = 100, until_done: bool = False,
+    progress: Callable[[RunResult], None] | None = None,
 ) -> RunResult:
     """inbox.run_replay_plan, one transaction per call; with until_done, call again while items are
-    pending and the last call made progress. Raises ReplayStopped when the plan stops."""
+    pending and the last call made progress. Raises ReplayStopped when the plan stops. `progress`
+    is called after each call with the run so far."""
     calls = applied = failed = skipped = 0
+    failed_by: dict[str, int] = {}
+    skipped_by: dict[str, int] = {}
+    pending_at_start: int | None = None
     while True:
-        row = _execute_one(conn, RUN_PLAN, {"plan_id": plan_id, "max_items": max_items},
-                           f"run replay plan {plan_id}")
+        row, reasons = _run_call(conn, plan_id, max_items)
         calls += 1
         applied += row["applied_now"]
         failed += row["failed_now"]
         skipped += row["skipped_now"]
+        for reason in reasons:
+            into = failed_by if reason["status"] == "failed" else skipped_by
+            into[reason["reason_code"]] = into.get(reason["reason_code"], 0) + int(reason["items"])
+        done_now = row["applied_now"] + row["failed_now"] + row["skipped_now"]
+        if pending_at_start is None:
+            pending_at_start = int(row["pending"]) + done_now
         if row["status"] == "stopped_version_changed":
             raise ReplayStopped(
                 f"replay plan {plan_id} stopped: the handler registered for its consumer and message type changed "
@@ -229,11 +295,15 @@ def run_plan(
                 "`pginbox replay accept-version` (or cancels the plan)",
                 sqlstate=SQLSTATE_VERSION_CHANGED,
             )
-        progress = row["applied_now"] + row["failed_now"] + row["skipped_now"]
-        if not until_done or row["pending"] == 0 or progress == 0 or row["status"] != "open":
-            return RunResult(plan_id=plan_id, status=row["status"], calls=calls, applied_now=applied,
-                             failed_now=failed, skipped_now=skipped, pending=row["pending"], applied=row["applied"],
-                             failed=row["failed"], skipped=row["skipped"])
+        result = RunResult(plan_id=plan_id, status=row["status"], calls=calls, applied_now=applied,
+                           failed_now=failed, skipped_now=skipped, pending=row["pending"], applied=row["applied"],
+                           failed=row["failed"], skipped=row["skipped"],
+                           failed_by_reason=dict(sorted(failed_by.items())),
+                           skipped_by_reason=dict(sorted(skipped_by.items())), pending_at_start=pending_at_start)
+        if progress is not None:
+            progress(result)
+        if not until_done or row["pending"] == 0 or done_now == 0 or row["status"] != "open":
+            return result
 
 
 def accept_version(conn: psycopg.Connection[Any], plan_id: int, handler: str, version: str, note: str) -> str:

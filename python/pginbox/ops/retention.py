@@ -1,19 +1,22 @@
-"""Retention from Python: policies, the purge loop (`pginbox purge`) and a background purger
-(`pginbox dispatch --purge-every`). The rules live in SQL (sql/070_retention.sql); this module
-only drives `inbox.announce_purge` and `inbox.purge_batch` with a commit after each call.
+"""Retention from Python: policies, the purge (`pginbox purge`) and a background purger
+(`pginbox dispatch --purge-every`). The rules live in SQL (sql/075_retention.sql): the purge of one
+consumer is one `CALL inbox.purge(...)`, the same procedure cron and pg_cron call.
 
-The purge of one consumer: become its purger (session advisory lock: another purger makes this
-one return BUSY), announce the new cutoff and commit it, call purge_batch until it stops saying
-'waiting' (transactions from before the announcement still run: at most `wait_timeout`, then
-TIMEOUT and nothing more is deleted), then until it says 'done' (at most `max_batches` batches).
+The procedure becomes the consumer's purger (session advisory lock: another purger makes it return
+busy), announces the new cutoff and commits it, waits for the transactions from before the
+announcement (at most `wait_timeout`, then 55P03: status timeout, nothing more deleted), then
+deletes batch after batch with a commit and a NOTICE after each (at most `max_batches`). The
+NOTICEs drive the progress callback; a stop request cancels the CALL (what was committed stays)
+and gives the purger's lock back with inbox.purge_unlock.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -21,9 +24,12 @@ from typing import Any, Final
 import psycopg
 from psycopg.rows import dict_row
 
+from pginbox import pooler
+
 __all__ = [
     "SCENARIOS",
     "PeriodicPurger",
+    "PurgeProgress",
     "PurgeReport",
     "purge",
     "purge_consumer",
@@ -46,14 +52,32 @@ SCENARIOS: Final = (
 
 POLICY_CONSUMERS: Final = "SELECT DISTINCT p.consumer FROM inbox.retention_policy p ORDER BY 1"
 
-ANNOUNCE: Final = """
-SELECT a.policy_producer, a.status, a.purged_before, a.watermark, a.detail
-  FROM inbox.announce_purge(%(consumer)s, %(producer)s) a
+CALL_PURGE: Final = """
+CALL inbox.purge(%(consumer)s, %(producer)s, %(batch_size)s, %(max_batches)s, %(wait_timeout)s, NULL, NULL,
+                 %(pause)s)
+"""
+# The per-batch NOTICE of inbox.purge: 'inbox.purge: consumer C: batch N: D rows deleted, T so far'.
+BATCH_NOTICE: Final = re.compile(r"^inbox\.purge: consumer .*: batch (\d+): (\d+) rows deleted, (\d+) so far$")
+
+# Where the purge stands after a call (per policy; the report takes the latest).
+PURGE_STATE: Final = """
+SELECT max(s.watermark) AS watermark, max(s.purged_before) AS purged_before
+  FROM inbox.purge_state s
+ WHERE s.consumer = %(consumer)s AND (%(producer)s::text IS NULL OR s.producer = %(producer)s::text)
 """
 
-BATCH: Final = """
-SELECT b.policy_producer, b.status, b.rows_deleted, b.purged_before, b.watermark, b.detail
-  FROM inbox.purge_batch(%(consumer)s, %(producer)s, %(batch_size)s) b
+# Before a purge shown on a terminal: about how many rows it will delete (processed rows of the
+# consumer older than the newest cutoff of its policies; holds, quarantine and the outbox floor,
+# which keep some of them, are left out: an estimate, counted through message_purge_idx).
+ROWS_TO_GO: Final = """
+SELECT count(*)
+  FROM inbox.message m
+ WHERE m.consumer = %(consumer)s AND (%(producer)s::text IS NULL OR m.producer = %(producer)s::text)
+   AND m.status = 'processed'
+   AND m.processed_at < (SELECT max(inbox._active_cutoff(r.consumer, r.retention_window))
+                           FROM inbox.retention_status r
+                          WHERE r.consumer = %(consumer)s
+                            AND (%(producer)s::text IS NULL OR r.producer = %(producer)s::text))
 """
 
 UNLOCK: Final = "SELECT inbox.purge_unlock(%(consumer)s)"
@@ -112,6 +136,43 @@ class PurgeReport:
         return out
 
 
+@dataclass(frozen=True)
+class PurgeProgress:
+    """Where a running purge of one consumer stands (after each committed batch). `estimate`: the
+    rows it was expected to delete, counted before it started (None: not counted)."""
+
+    consumer: str
+    batches: int
+    rows_deleted: int
+    seconds: float
+    estimate: int | None = None
+
+    @property
+    def rate(self) -> float | None:
+        """Rows deleted per second so far."""
+        return self.rows_deleted / self.seconds if self.seconds > 0 and self.rows_deleted else None
+
+    @property
+    def rows_left(self) -> int | None:
+        return None if self.estimate is None else max(self.estimate - self.rows_deleted, 0)
+
+    @property
+    def seconds_left(self) -> float | None:
+        """At the rate so far, until the estimated rows are gone (None: no estimate or no rate)."""
+        rate, left = self.rate, self.rows_left
+        return None if rate is None or left is None else left / rate
+
+
+def estimate_rows_to_go(conn: psycopg.Connection[Any], consumer: str, producer: str | None = None) -> int | None:
+    """About how many rows a purge of `consumer` would delete now (see ROWS_TO_GO); None when this
+    role may not count them."""
+    try:
+        row = conn.execute(ROWS_TO_GO, {"consumer": consumer, "producer": producer}).fetchone()
+    except psycopg.errors.InsufficientPrivilege:
+        return None
+    return None if row is None else int(row[0])
+
+
 def _rows(conn: psycopg.Connection[Any], query: str, params: Mapping[str, object]) -> list[dict[str, Any]]:
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(query, params).fetchall()
@@ -125,52 +186,83 @@ def purge_consumer(
     batch_size: int = 5000,
     max_batches: int = 1000,
     wait_timeout: float = 300.0,
-    poll_interval: float = 0.05,
     pause: float = 0.0,
     stop: threading.Event | None = None,
+    progress: Callable[[PurgeProgress], None] | None = None,
+    estimate: int | None = None,
 ) -> PurgeReport:
-    """Purge one consumer (all its policies when producer is None) on an autocommit connection.
-    `pause`: seconds to sleep after each batch, to leave the claims their share of a busy machine."""
+    """Purge one consumer (all its policies when producer is None) with `CALL inbox.purge` on an
+    autocommit connection. `pause`: seconds to sleep after each batch, to leave the claims their
+    share of a busy machine. `progress` is called after each committed batch (from the batch's
+    NOTICE), `estimate` passed on to it. Setting `stop` cancels the call: the batches committed
+    so far stay deleted."""
     if not conn.autocommit:
         raise ValueError("purge_consumer needs an autocommit connection: it commits after every batch")
+    # The purger's session advisory lock spans the batches' transactions: behind a transaction pooler
+    # it would stay on a server session that other clients get (PoolerError, before anything runs).
+    pooler.refuse_pooled(pooler.behind_pooler(conn), "purge (its session-level advisory lock)")
     started = time.monotonic()
     report = PurgeReport(consumer, "done")
+
+    def on_notice(diag: psycopg.errors.Diagnostic) -> None:
+        message = diag.message_primary or ""
+        found = BATCH_NOTICE.match(message)
+        if found is None:
+            if message:
+                report.details.append(message.removeprefix("inbox.purge: "))
+            return
+        report.batches, report.rows_deleted = int(found.group(1)), int(found.group(3))
+        if progress is not None:
+            progress(PurgeProgress(consumer, report.batches, report.rows_deleted,
+                                   time.monotonic() - started, estimate))
+
+    cancelled = threading.Event()
+    finished = threading.Event()
+    calling = threading.Lock()  # a cancel reaches the CALL, never a later statement
+
+    def watch_stop() -> None:
+        assert stop is not None
+        while not finished.is_set():
+            if stop.wait(0.05):
+                with calling:
+                    if not finished.is_set():
+                        cancelled.set()
+                        conn.cancel_safe()
+                return
+
+    watcher = threading.Thread(target=watch_stop, name="pginbox-purge-stop", daemon=True) if stop else None
+    params = {"consumer": consumer, "producer": producer, "batch_size": batch_size, "max_batches": max_batches,
+              "wait_timeout": timedelta(seconds=wait_timeout), "pause": timedelta(seconds=pause)}
+    conn.add_notice_handler(on_notice)
     try:
-        announced = _rows(conn, ANNOUNCE, {"consumer": consumer, "producer": producer})
-        statuses = {row["status"] for row in announced}
-        report.details.extend(f"{row['policy_producer'] or '*'}: {row['status']}: {row['detail']}" for row in announced)
-        if "busy" in statuses or "no_policy" in statuses:
-            report.status = "busy" if "busy" in statuses else "no_policy"
+        if watcher is not None:
+            watcher.start()
+        try:
+            row = conn.execute(CALL_PURGE, params).fetchone()
+        except psycopg.errors.LockNotAvailable as exc:  # 55P03: old transactions outlived wait_timeout
+            report.status = "timeout"
+            report.details.append((exc.diag.message_primary or str(exc)).removeprefix("inbox.purge: "))
             return report
-        deadline = time.monotonic() + wait_timeout
-        while report.batches < max_batches and not (stop is not None and stop.is_set()):
-            rows = _rows(conn, BATCH, {"consumer": consumer, "producer": producer, "batch_size": batch_size})
-            statuses = {row["status"] for row in rows}
-            deleted = sum(int(row["rows_deleted"]) for row in rows)
-            report.rows_deleted += deleted
-            for row in rows:
-                report.watermark = max(filter(None, (report.watermark, row["watermark"])), default=None)
-                report.purged_before = max(filter(None, (report.purged_before, row["purged_before"])), default=None)
-            if deleted > 0:
-                report.batches += 1
-                if pause > 0:
-                    time.sleep(pause)
-                continue
-            if statuses & {"waiting", "uncommitted"}:
-                if time.monotonic() > deadline:
-                    report.status = "timeout"
-                    report.details.extend(f"{row['policy_producer'] or '*'}: {row['detail']}" for row in rows
-                                          if row["status"] == "waiting")
-                    return report
-                time.sleep(poll_interval)
-                continue
-            break
-        if report.rows_deleted > 0:
-            report.status = "purged"
-        elif announced and all(row["status"] == "inactive" for row in announced):
-            report.status = "inactive"
+        except psycopg.errors.QueryCanceled:
+            if not cancelled.is_set():
+                raise
+            report.details.append("stopped")
+            report.status = "purged" if report.rows_deleted > 0 else "done"
+            return report
+        finally:
+            with calling:
+                finished.set()
+        assert row is not None
+        report.rows_deleted, report.status = int(row[0] or 0), str(row[1])
+        if report.status in ("purged", "done", "inactive"):
+            state = _rows(conn, PURGE_STATE, {"consumer": consumer, "producer": producer})
+            if state:
+                report.watermark, report.purged_before = state[0]["watermark"], state[0]["purged_before"]
         return report
     finally:
+        conn.remove_notice_handler(on_notice)
+        if watcher is not None:
+            watcher.join(5)
         report.seconds = round(time.monotonic() - started, 3)
         if not conn.closed and not conn.broken:
             _rows(conn, UNLOCK, {"consumer": consumer})
@@ -185,8 +277,13 @@ def purge(
     wait_timeout: float = 300.0,
     pause: float = 0.0,
     stop: threading.Event | None = None,
+    progress: Callable[[PurgeProgress], None] | None = None,
+    estimate: bool = False,
 ) -> list[PurgeReport]:
-    """Purge the named consumer, or every consumer that has a retention policy."""
+    """Purge the named consumer, or every consumer that has a retention policy. `progress`: see
+    purge_consumer; `estimate`: count the rows to go of each consumer before purging it (for the
+    progress: it reads the consumer's old rows once)."""
+    pooler.refuse_pooled(pooler.behind_pooler(conn), "purge (its session-level advisory lock)")
     consumers: Sequence[str]
     if consumer is not None:
         consumers = [consumer]
@@ -194,7 +291,8 @@ def purge(
         consumers = [row["consumer"] for row in _rows(conn, POLICY_CONSUMERS, {})]
     return [
         purge_consumer(conn, name, batch_size=batch_size, max_batches=max_batches, wait_timeout=wait_timeout,
-                       pause=pause, stop=stop)
+                       pause=pause, stop=stop, progress=progress,
+                       estimate=estimate_rows_to_go(conn, name) if estimate else None)
         for name in consumers
     ]
 

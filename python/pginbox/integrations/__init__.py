@@ -1,0 +1,1 @@
+"""Integrations with other Python database toolkits (optional extras)."""
