@@ -26,8 +26,9 @@ its subclasses, pass through unchanged where the docs say so).
         OutboxDemoRefused
 
 Not here, on purpose: the retry loop's internal signals (pginbox.client.shared.Transient and
-CommitUnknown, pginbox.integrations.sqlalchemy._Failed, never raised to a caller) and the
-exceptions the demo's own handlers raise (they play the part of an application's errors).
+CommitUnknown, pginbox.integrations.sqlalchemy._Failed, never raised to a caller), the consumer's
+signal to dead-letter one message (pginbox.consumer.core.BadInput, caught where it is raised) and
+the exceptions the demo's own handlers raise (they play the part of an application's errors).
 """
 
 from __future__ import annotations
