@@ -420,17 +420,20 @@ BEGIN
         IF item ? 'produced_at' AND jsonb_typeof(item -> 'produced_at') NOT IN ('string', 'null') THEN
             RAISE EXCEPTION '%.produced_at must be a timestamp string', what USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        PERFORM inbox._check_identity(what, _batch_messages.consumer, item ->> 'producer', item ->> 'message_id',
-                                      coalesce(item ->> 'tenant', ''));
-        IF item ->> 'message_type' IS NOT NULL THEN
-            PERFORM inbox._check_message_type(what, item ->> 'message_type');
-        END IF;
         ordinal := i + 1;
         producer := item ->> 'producer';
         message_id := item ->> 'message_id';
         message_type := item ->> 'message_type';
         payload := item -> 'payload';
         tenant := coalesce(item ->> 'tenant', '');
+        -- The inlined fast checks; the raising functions (which name what is wrong) only when one
+        -- says no: each call of those sets their search_path, per element that would add up.
+        IF inbox._identity_ok(_batch_messages.consumer, producer, message_id, tenant) IS NOT TRUE THEN
+            PERFORM inbox._check_identity(what, _batch_messages.consumer, producer, message_id, tenant);
+        END IF;
+        IF message_type IS NOT NULL AND (inbox._blank(message_type) OR pg_catalog.octet_length(message_type) > 128) THEN
+            PERFORM inbox._check_message_type(what, message_type);
+        END IF;
         produced_at := (item ->> 'produced_at')::timestamptz;
         RETURN NEXT;
     END LOOP;
@@ -711,7 +714,6 @@ GRANT EXECUTE ON FUNCTION inbox._begin_apply(text, text, text, text, jsonb, text
     inbox.claim_and_apply(text, text, text, text, jsonb, text, timestamptz),
     inbox.claim_and_apply_batch(text, jsonb),
     inbox.claim_batch(text, jsonb, text),
-    inbox._batch_messages(text, text, jsonb, boolean),
     inbox._begin_apply_batch(text, jsonb, text),
     inbox._unclaim(text, text, text, text),
     inbox._is_transient(text),

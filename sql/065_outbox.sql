@@ -411,7 +411,9 @@ BEGIN
                                     octet_length(payload_text), enqueue_effect.headers,
                                     enqueue_effect.ordering_key, enqueue_effect.available_at);
     END IF;
-    IF enqueue_effect.consumer IS NOT NULL THEN
+    -- The raising check (its own search_path: a GUC level per call) only when the inlined one says no.
+    IF enqueue_effect.consumer OPERATOR(pg_catalog.=) ''
+       OR pg_catalog.octet_length(enqueue_effect.consumer) OPERATOR(pg_catalog.>) 128 THEN
         PERFORM inbox._check_text('inbox.enqueue_effect', 'consumer', enqueue_effect.consumer, 128);
     END IF;
     -- max_effect_delay is at least 1 second: an effect due now (the default) skips the lookup.
