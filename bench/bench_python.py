@@ -154,8 +154,9 @@ def main() -> None:
             conn.execute(SETUP)
             # 0.2.0: the consumer is bound to the role that runs it, as in production (an unbound
             # superuser takes the slower refusal path of the authorization check before its bypass).
-            conn.execute("DO $$ BEGIN IF to_regprocedure('inbox.bind_consumer(text, regrole, text[], text)') IS NOT NULL"
-                         " THEN PERFORM inbox.bind_consumer('bench', current_user::regrole, note => 'benchmark');"
+            conn.execute("DO $$ BEGIN"
+                         " IF to_regprocedure('inbox.bind_consumer(text, regrole, text[], text)') IS NOT NULL THEN"
+                         " PERFORM inbox.bind_consumer('bench', current_user::regrole, note => 'benchmark');"
                          " END IF; END $$")
             conn.execute("VACUUM ANALYZE")
 
