@@ -11,6 +11,7 @@ service holding only inbox_consumer. Outbox attacks are in test_outbox_trust.py.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -134,6 +135,21 @@ def test_tenant_bindings_and_unknown_consumers(conn: Conn, login_role: Callable[
     with pytest.raises(errors.UndefinedObject):
         conn.execute("SELECT inbox.claim('scratch2', 'p', 'm', '{}')")
     assert scalar(conn, "SELECT count(*) FROM inbox.binding_change WHERE action = 'configure_security'") == 1
+
+
+def test_a_binding_to_a_dropped_role_matches_nobody(conn: Conn) -> None:
+    """A binding names a role by OID. Once that role is dropped the binding matches nobody, not
+    even a superuser under strict_consumers (a superuser is a member of every OID it is asked
+    about, so the role's existence is what decides)."""
+    ghost = f"ghost_{uuid.uuid4().hex[:8]}"
+    conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(ghost)))
+    conn.execute("SELECT inbox.bind_consumer('haunted', %s::regrole, note => 'test')", (ghost,))
+    conn.execute("SELECT inbox.configure_security(strict_consumers => true, note => 'test')")
+    assert scalar(conn, "SELECT outcome FROM inbox.claim('haunted', 'p', 'm1', '{}')") == "claimed"
+    conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(ghost)))
+    with pytest.raises(errors.InsufficientPrivilege, match="may not act as consumer 'haunted'"):
+        conn.execute("SELECT inbox.claim('haunted', 'p', 'm2', '{}')")
+    assert scalar(conn, "SELECT count(*) FROM inbox.message WHERE consumer = 'haunted'") == 1
 
 
 # ---------------------------------------------------------------------------- 4. confused deputy
