@@ -8,7 +8,7 @@ import socket
 
 import psycopg
 import pytest
-from helpers_brokers import NATS_URL, RABBIT_URL, reachable
+from helpers_brokers import NATS_URL, RABBIT_URL, require
 from test_demo import run_demo
 
 pytestmark = pytest.mark.timeout(180)
@@ -21,8 +21,8 @@ def closed_port() -> int:
 
 
 def test_act4_runs_on_both_brokers(db_dsn: str) -> None:
-    if not (reachable(RABBIT_URL) and reachable(NATS_URL)):
-        pytest.skip("RabbitMQ or NATS is not reachable")
+    require("rabbitmq")
+    require("nats")
     env = {**os.environ, "PGINBOX_DEMO_RABBITMQ_URL": RABBIT_URL, "PGINBOX_DEMO_NATS_URL": NATS_URL}
     result = run_demo("--act", "4", "--dsn", db_dsn, env=env)
     out = result.stdout
