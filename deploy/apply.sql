@@ -196,9 +196,18 @@ $$;
 COMMENT ON FUNCTION inbox.register_handler(text, text, regprocedure, text) IS
     'Bind a SQL handler function (payload jsonb[, ctx inbox.message_context]) to a consumer and message type';
 
+-- A function that would run with rights no consumer has: SECURITY DEFINER and owned by a role with
+-- the inbox owner's rights. Inlined by the planner into the hot paths' handler lookups.
+CREATE OR REPLACE FUNCTION inbox._privileged_definer(prosecdef boolean, proowner oid) RETURNS boolean
+    LANGUAGE sql STABLE PARALLEL SAFE
+    RETURN prosecdef AND pg_catalog.pg_has_role(proowner, 'inbox_owner', 'MEMBER');
+COMMENT ON FUNCTION inbox._privileged_definer(boolean, oid) IS
+    'internal: SECURITY DEFINER and owned by a role with the inbox owner''s rights (a handler that must not run)';
+
 -- A registered handler is checked again at every call: it may have been dropped, or altered into a
 -- SECURITY DEFINER function owned by a role with the inbox owner's rights, since it was registered.
--- One syscache-backed probe of pg_proc.
+-- One syscache-backed probe of pg_proc. The hot paths look the handler up in pg_proc with the same
+-- rule (inbox._privileged_definer) and call this only when that lookup says no, for the error.
 CREATE OR REPLACE FUNCTION inbox._check_handler(fn text, handler regprocedure, consumer text, message_type text)
     RETURNS void
     LANGUAGE plpgsql STABLE
@@ -207,7 +216,7 @@ AS $$
 DECLARE
     definer_with_inbox_rights boolean;
 BEGIN
-    SELECT p.prosecdef AND pg_has_role(p.proowner, 'inbox_owner', 'MEMBER') INTO definer_with_inbox_rights
+    SELECT inbox._privileged_definer(p.prosecdef, p.proowner) INTO definer_with_inbox_rights
       FROM pg_proc p WHERE p.oid = _check_handler.handler;
     IF NOT FOUND THEN
         RAISE EXCEPTION '%: the handler function (OID %) registered for consumer % and message type % no longer exists',
@@ -240,6 +249,8 @@ DECLARE
     settings inbox.consumer_config;
     version text;
     hash bytea;
+    authorized boolean;
+    handler_refused boolean;
     plan inbox._handler_call;
 BEGIN
     IF inbox._identity_ok(_begin_apply.consumer, _begin_apply.producer, _begin_apply.message_id,
@@ -251,31 +262,38 @@ BEGIN
        OR pg_catalog.octet_length(_begin_apply.message_type) > 128 THEN
         PERFORM inbox._check_message_type('inbox.claim_and_apply', _begin_apply.message_type);
     END IF;
-    IF NOT inbox._may_act_as(_begin_apply.consumer, _begin_apply.tenant) THEN
+    -- One query: may the caller act as the consumer (inbox._acting_as, inlined), the handler, and
+    -- the consumer's settings (NULL when unconfigured). The handler as it is now, not as it was
+    -- registered: dropped since, or turned into a SECURITY DEFINER function of a role with the inbox
+    -- owner's rights (it would run with rights no consumer has); inbox._check_handler raises that.
+    -- The errors come in the order they always had: authorization, clock, handler.
+    SELECT a.allowed, h.handler, h.handler_version, h.takes_context,
+           p.oid IS NULL OR inbox._privileged_definer(p.prosecdef, p.proowner),
+           c.consumer, c.hash_exclude_keys, c.max_payload_bytes, c.store_payloads, c.last_active_at, c.purge_watermark
+      INTO authorized, plan.handler, version, plan.takes_context, handler_refused,
+           settings.consumer, settings.hash_exclude_keys, settings.max_payload_bytes, settings.store_payloads,
+           settings.last_active_at, settings.purge_watermark
+      FROM inbox._acting_as(_begin_apply.consumer, _begin_apply.tenant) a
+      LEFT JOIN inbox.handler h ON h.consumer = _begin_apply.consumer AND h.message_type = _begin_apply.message_type
+      LEFT JOIN pg_catalog.pg_proc p ON p.oid = h.handler
+      LEFT JOIN inbox.consumer_config c ON c.consumer = h.consumer;
+    IF authorized IS NOT TRUE THEN
         PERFORM inbox._authorize('inbox.claim_and_apply', _begin_apply.consumer, _begin_apply.tenant);
     END IF;
     IF _begin_apply.produced_at > now() THEN
         PERFORM inbox._check_produced_at('inbox.claim_and_apply', _begin_apply.consumer, _begin_apply.producer,
                                          _begin_apply.produced_at);
     END IF;
-    -- One query for the handler and the consumer's settings (NULL when unconfigured).
-    SELECT h.handler, h.handler_version, h.takes_context,
-           c.consumer, c.hash_exclude_keys, c.max_payload_bytes, c.store_payloads, c.last_active_at, c.purge_watermark
-      INTO plan.handler, version, plan.takes_context,
-           settings.consumer, settings.hash_exclude_keys, settings.max_payload_bytes, settings.store_payloads,
-           settings.last_active_at, settings.purge_watermark
-      FROM inbox.handler h
-      LEFT JOIN inbox.consumer_config c ON c.consumer = h.consumer
-     WHERE h.consumer = _begin_apply.consumer AND h.message_type = _begin_apply.message_type;
-    IF NOT FOUND THEN
+    IF plan.handler IS NULL THEN
         RAISE EXCEPTION 'inbox.claim_and_apply: no handler registered for consumer % and message type %',
             pg_catalog.quote_literal(_begin_apply.consumer), pg_catalog.quote_literal(_begin_apply.message_type)
             USING ERRCODE = 'undefined_object',
                   HINT = 'An operator registers one: SELECT inbox.register_handler(consumer, message_type, ''f(jsonb)''::regprocedure, version).';
     END IF;
-    -- The handler as it is now, not as it was registered: dropped since, or turned into a SECURITY
-    -- DEFINER function of a role with the inbox owner's rights (it would run with rights no consumer has).
-    PERFORM inbox._check_handler('inbox.claim_and_apply', plan.handler, _begin_apply.consumer, _begin_apply.message_type);
+    IF handler_refused THEN
+        PERFORM inbox._check_handler('inbox.claim_and_apply', plan.handler, _begin_apply.consumer,
+                                     _begin_apply.message_type);
+    END IF;
     IF settings.consumer IS NULL THEN
         settings := inbox._default_settings(_begin_apply.consumer);
     END IF;
@@ -370,11 +388,12 @@ $$;
 COMMENT ON FUNCTION inbox.claim_and_apply(text, text, text, text, jsonb, text, timestamptz) IS
     'Claim and run the registered handler in one call: applied | duplicate | conflict | failed | quarantined';
 
--- Up to 64 messages in one transaction, each in its own subtransaction (more would overflow the
--- per-backend subtransaction cache and slow every snapshot). The shape and identity of every
--- element are validated before the first is applied (inbox._batch_messages); an unknown message
--- type or an oversize payload raises when its element's turn comes. Either way the call fails as a
+-- Up to 64 messages in one transaction: when a handler fails, each runs in its own subtransaction
+-- (more would overflow the per-backend subtransaction cache and slow every snapshot). Every element
+-- is validated, authorized and checked before the first is claimed; a bad one fails the call as a
 -- whole, so the caller's transaction keeps nothing of it. An empty array returns no rows.
+-- inbox._batch_messages is the element-by-element validation: _begin_apply_batch checks the whole
+-- batch in one query and calls it only when that finds a fault, for the error naming the first one.
 CREATE OR REPLACE FUNCTION inbox._batch_messages(fn text, consumer text, messages jsonb, types_required boolean)
     RETURNS TABLE (ordinal integer, producer text, message_id text, message_type text, payload jsonb, tenant text,
                    produced_at timestamptz)
@@ -443,18 +462,36 @@ $$;
 COMMENT ON FUNCTION inbox._batch_messages(text, text, jsonb, boolean) IS
     'internal: the validated elements of a claim_and_apply_batch or claim_batch call, in order (raises on the first bad one)';
 
+-- One element of a batch, as the definer half hands it to the invoker half: the message, the
+-- handler to call (claim_and_apply_batch) and what its claim came to. Dropped and created again
+-- with the one function that returns it, so that this script runs again over itself (a rework).
+DROP FUNCTION IF EXISTS inbox._begin_apply_batch(text, jsonb, text);
+DROP TYPE IF EXISTS inbox._batch_step;
+CREATE TYPE inbox._batch_step AS (
+    ordinal integer,
+    tenant text,
+    producer text,
+    message_id text,
+    message_type text,
+    payload jsonb,
+    produced_at timestamptz,
+    handler regprocedure,
+    takes_context boolean,
+    claim inbox.delivery_result
+);
+COMMENT ON TYPE inbox._batch_step IS 'internal: one element of a batch, its handler and its claim';
+
 -- The definer half of the batch: every element validated, authorized and hashed first, then ONE
 -- INSERT ... SELECT ... ON CONFLICT DO NOTHING claims all the identities the batch holds once (the
 -- set-based claim: 50 single claims cost 1.9x a bare update's time, one statement 3.4x). Returns a
--- row per element, in order: 'claimed' with the handler call to make, or the outcome already
+-- step per element, in order: 'claimed' with the handler call to make, or the outcome already
 -- decided (duplicate, conflict, quarantined, expired), or 'repeat' for an identity an earlier
 -- element of the same batch holds (decided after that one's handler ran, by claim_and_apply).
+-- The checks run over the whole batch at once, in set-based queries; only when one of them says no
+-- does an element-by-element pass run, which raises the error of the first element at fault, in
+-- the order the checks always had (shape and identity, authorization, handler, clock, size).
 CREATE OR REPLACE FUNCTION inbox._begin_apply_batch(consumer text, messages jsonb, claim_version text)
-    RETURNS TABLE (ordinal integer, tenant text, producer text, message_id text, message_type text, payload jsonb,
-                   produced_at timestamptz, handler regprocedure, takes_context boolean, claim_outcome text,
-                   claim_payload_sha256 text, claim_stored_sha256 text, claim_handler_version text,
-                   claim_processed_at timestamptz, claim_quarantine_id bigint, claim_attempts integer,
-                   claim_reason_code text, claim_error_message text)
+    RETURNS SETOF inbox._batch_step
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$
@@ -462,38 +499,108 @@ DECLARE
     -- claim_version NULL: claim_and_apply_batch (every message type has a registered handler, whose
     -- version the claims carry); else claim_batch (no handlers; the claims carry claim_version).
     fn constant text := CASE WHEN claim_version IS NULL THEN 'inbox.claim_and_apply_batch' ELSE 'inbox.claim_batch' END;
+    with_handlers constant boolean := claim_version IS NULL;
     settings inbox.consumer_config;
     n integer;
+    shapes_ok boolean;
+    handlers_ok boolean;
+    deliveries_ok boolean;
     tenants text[];
     producers text[];
     ids text[];
     types text[];
     payloads jsonb[];
+    produced_texts text[];
     produced timestamptz[];
     handlers regprocedure[];
     versions text[];
     contexts boolean[];
     hashes bytea[];
     firsts boolean[];
-    claimed text[];
+    handler_types text[];
+    handler_fns regprocedure[];
+    handler_versions text[];
+    handler_contexts boolean[];
+    versions_ok boolean;
+    inserted text[];
+    claimed boolean[];
+    claims inbox.delivery_result[];
     claim inbox.delivery_result;
     one text;
     i integer;
 BEGIN
-    -- Parsed and shape-checked once (inbox._batch_messages raises on the first bad element).
-    SELECT count(*)::integer, array_agg(m.tenant ORDER BY m.ordinal), array_agg(m.producer ORDER BY m.ordinal),
-           array_agg(m.message_id ORDER BY m.ordinal), array_agg(m.message_type ORDER BY m.ordinal),
-           array_agg(m.payload ORDER BY m.ordinal), array_agg(m.produced_at ORDER BY m.ordinal),
-           array_agg(h.handler ORDER BY m.ordinal),
-           array_agg(coalesce(_begin_apply_batch.claim_version, h.handler_version) ORDER BY m.ordinal),
-           array_agg(h.takes_context ORDER BY m.ordinal), array_agg(m.first ORDER BY m.ordinal)
-      INTO n, tenants, producers, ids, types, payloads, produced, handlers, versions, contexts, firsts
-      FROM (SELECT b.*, row_number() OVER (PARTITION BY b.tenant, b.producer, b.message_id ORDER BY b.ordinal) = 1
-                   AS first
-              FROM inbox._batch_messages(fn, _begin_apply_batch.consumer, _begin_apply_batch.messages,
-                                         _begin_apply_batch.claim_version IS NULL) b) m
-      LEFT JOIN inbox.handler h ON _begin_apply_batch.claim_version IS NULL
-                               AND h.consumer = _begin_apply_batch.consumer AND h.message_type = m.message_type;
+    -- The array and the consumer (inbox._batch_messages names what is wrong).
+    IF jsonb_typeof(_begin_apply_batch.messages) IS DISTINCT FROM 'array'
+       OR inbox._identity_ok(_begin_apply_batch.consumer, '-', '-', '') IS NOT TRUE THEN
+        PERFORM FROM inbox._batch_messages(fn, _begin_apply_batch.consumer, _begin_apply_batch.messages, with_handlers);
+    END IF;
+    IF jsonb_array_length(_begin_apply_batch.messages) > 64 THEN
+        PERFORM FROM inbox._batch_messages(fn, _begin_apply_batch.consumer, _begin_apply_batch.messages, with_handlers);
+    END IF;
+    settings := inbox._settings(_begin_apply_batch.consumer);
+    -- Every element at once: its fields, its hash, whether its shape and identity pass
+    -- inbox._batch_messages and its size the limit, and whether it is the first element with its
+    -- identity. Aggregated from the rows in order (one sort, in the subquery: no joins here).
+    SELECT count(*)::integer, bool_and(m.shape_ok),
+           bool_and(coalesce(inbox._payload_size(m.payload) <= settings.max_payload_bytes, false)),
+           array_agg(m.tenant), array_agg(m.producer), array_agg(m.message_id), array_agg(m.message_type),
+           array_agg(m.payload), array_agg(m.produced_text),
+           array_agg(inbox.payload_hash(m.payload, settings.hash_exclude_keys)), array_agg(m.first)
+      INTO n, shapes_ok, deliveries_ok, tenants, producers, ids, types, payloads, produced_texts, hashes, firsts
+      FROM (SELECT e.o, e.tenant, e.producer, e.message_id, e.message_type, e.payload, e.produced_text,
+                   coalesce(jsonb_typeof(e.item) = 'object'
+                            AND jsonb_typeof(e.item -> 'producer') = 'string'
+                            AND jsonb_typeof(e.item -> 'message_id') = 'string'
+                            AND (NOT with_handlers OR jsonb_typeof(e.item -> 'message_type') = 'string')
+                            AND jsonb_typeof(coalesce(e.item -> 'message_type', '""')) IN ('string', 'null')
+                            AND jsonb_typeof(coalesce(e.item -> 'tenant', '""')) = 'string'
+                            AND e.item ? 'payload'
+                            AND (NOT e.item ? 'produced_at' OR jsonb_typeof(e.item -> 'produced_at') IN ('string', 'null'))
+                            AND inbox._identity_ok(_begin_apply_batch.consumer, e.producer, e.message_id, e.tenant)
+                            AND (e.message_type IS NULL
+                                 OR NOT (inbox._blank(e.message_type) OR octet_length(e.message_type) > 128)),
+                            false) AS shape_ok,
+                   row_number() OVER (PARTITION BY e.tenant, e.producer, e.message_id ORDER BY e.o) = 1 AS first
+              FROM (SELECT x.o, x.item, coalesce(x.item ->> 'tenant', '') AS tenant, x.item ->> 'producer' AS producer,
+                           x.item ->> 'message_id' AS message_id, x.item ->> 'message_type' AS message_type,
+                           x.item -> 'payload' AS payload, x.item ->> 'produced_at' AS produced_text
+                      FROM jsonb_array_elements(_begin_apply_batch.messages) WITH ORDINALITY x(item, o)) e
+             ORDER BY e.o) m;  -- the aggregates take the rows in this order (no join, no grouping)
+    -- The handlers: looked up once per message type the batch holds (each with whether it may
+    -- still run and whether its version passes), then spread over the elements.
+    IF with_handlers THEN
+        SELECT array_agg(h.message_type), array_agg(h.handler), array_agg(h.handler_version), array_agg(h.takes_context),
+               bool_and(p.oid IS NOT NULL AND NOT inbox._privileged_definer(p.prosecdef, p.proowner)),
+               bool_and(coalesce(inbox._delivery_ok(0, settings.max_payload_bytes, h.handler_version), false))
+          INTO handler_types, handler_fns, handler_versions, handler_contexts, handlers_ok, versions_ok
+          FROM inbox.handler h
+          LEFT JOIN pg_proc p ON p.oid = h.handler
+         WHERE h.consumer = _begin_apply_batch.consumer AND h.message_type = ANY (ARRAY(SELECT DISTINCT unnest(types)));
+        IF cardinality(handler_types) = 1 AND handler_types[1] = ALL (types) THEN
+            -- One message type (the usual batch).
+            handlers := array_fill(handler_fns[1], ARRAY[n]);
+            versions := array_fill(handler_versions[1], ARRAY[n]);
+            contexts := array_fill(handler_contexts[1], ARRAY[n]);
+        ELSE
+            SELECT array_agg(handler_fns[x.k]), array_agg(handler_versions[x.k]), array_agg(handler_contexts[x.k])
+              INTO handlers, versions, contexts
+              FROM (SELECT array_position(handler_types, t) AS k FROM unnest(types) t) x;
+            -- A message type without a handler: the error below names it.
+            handlers_ok := handlers_ok AND array_position(handlers, NULL) IS NULL;
+        END IF;
+    ELSE
+        handlers := array_fill(NULL::regprocedure, ARRAY[n]);
+        versions := array_fill(_begin_apply_batch.claim_version, ARRAY[n]);
+        contexts := array_fill(NULL::boolean, ARRAY[n]);
+        handlers_ok := true;
+        versions_ok := inbox._delivery_ok(0, settings.max_payload_bytes, _begin_apply_batch.claim_version);
+    END IF;
+    deliveries_ok := deliveries_ok AND versions_ok;
+    IF shapes_ok IS NOT TRUE AND n > 0 THEN
+        -- Raises at the first element at fault.
+        PERFORM FROM inbox._batch_messages(fn, _begin_apply_batch.consumer, _begin_apply_batch.messages, with_handlers);
+    END IF;
+    produced := produced_texts::timestamptz[];  -- in order: the first unreadable one raises
     IF n = 0 THEN
         -- An empty batch writes nothing, but answers an unbound role as any call does.
         IF NOT inbox._may_act_as(_begin_apply_batch.consumer, NULL) THEN
@@ -508,36 +615,36 @@ BEGIN
             PERFORM inbox._authorize(fn, _begin_apply_batch.consumer, one);
         END IF;
     END LOOP;
-    i := CASE WHEN _begin_apply_batch.claim_version IS NULL THEN array_position(handlers, NULL) END;
-    IF i IS NOT NULL THEN
-        RAISE EXCEPTION '%: no handler registered for consumer % and message type %', fn,
-            quote_literal(_begin_apply_batch.consumer), quote_literal(types[i])
-            USING ERRCODE = 'undefined_object',
-                  HINT = 'An operator registers one: SELECT inbox.register_handler(consumer, message_type, ''f(jsonb)''::regprocedure, version).';
+    IF with_handlers AND handlers_ok IS NOT TRUE THEN
+        i := array_position(handlers, NULL);
+        IF i IS NOT NULL THEN
+            RAISE EXCEPTION '%: no handler registered for consumer % and message type %', fn,
+                quote_literal(_begin_apply_batch.consumer), quote_literal(types[i])
+                USING ERRCODE = 'undefined_object',
+                      HINT = 'An operator registers one: SELECT inbox.register_handler(consumer, message_type, ''f(jsonb)''::regprocedure, version).';
+        END IF;
+        FOR i IN SELECT min(x.i)::integer FROM unnest(handlers) WITH ORDINALITY x(h, i) GROUP BY x.h ORDER BY 1 LOOP
+            PERFORM inbox._check_handler(fn, handlers[i], _begin_apply_batch.consumer, types[i]);
+        END LOOP;
     END IF;
-    FOR i IN SELECT min(x.i)::integer FROM unnest(handlers) WITH ORDINALITY x(h, i) WHERE x.h IS NOT NULL GROUP BY x.h
-    LOOP
-        PERFORM inbox._check_handler(fn, handlers[i], _begin_apply_batch.consumer, types[i]);
-    END LOOP;
-    settings := inbox._settings(_begin_apply_batch.consumer);
-    FOR i IN 1 .. n LOOP
-        IF produced[i] > now() THEN
-            PERFORM inbox._check_produced_at(fn, _begin_apply_batch.consumer, producers[i], produced[i]);
-        END IF;
-        IF inbox._delivery_ok(inbox._payload_size(payloads[i]), settings.max_payload_bytes, versions[i]) IS NOT TRUE THEN
-            PERFORM inbox._check_delivery(fn, inbox._payload_size(payloads[i]), settings.max_payload_bytes, versions[i]);
-        END IF;
-    END LOOP;
-    hashes := ARRAY(SELECT inbox.payload_hash(x.p, settings.hash_exclude_keys)
-                      FROM unnest(payloads) WITH ORDINALITY x(p, i) ORDER BY x.i);
+    IF now() < ANY (produced) OR deliveries_ok IS NOT TRUE THEN
+        FOR i IN 1 .. n LOOP
+            IF produced[i] > now() THEN
+                PERFORM inbox._check_produced_at(fn, _begin_apply_batch.consumer, producers[i], produced[i]);
+            END IF;
+            IF inbox._delivery_ok(inbox._payload_size(payloads[i]), settings.max_payload_bytes, versions[i]) IS NOT TRUE THEN
+                PERFORM inbox._check_delivery(fn, inbox._payload_size(payloads[i]), settings.max_payload_bytes, versions[i]);
+            END IF;
+        END LOOP;
+    END IF;
     IF settings.last_active_at IS NULL OR settings.last_active_at < now() - '60 seconds'::interval THEN
         PERFORM inbox._heartbeat(_begin_apply_batch.consumer);
     END IF;
     PERFORM set_config('inbox.consumer', _begin_apply_batch.consumer, true);
 
     -- The claim of every identity the batch holds, in one statement (repeats within the batch are
-    -- claimed later, after the first one's handler ran). claimed: the ordinals it inserted.
-    WITH inserted AS (
+    -- claimed later, after the first one's handler ran). claimed: per element, did it insert the row.
+    WITH claims AS (
         INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version,
                                    produced_at, processed_at)
         SELECT _begin_apply_batch.consumer, x.t, x.p, x.m, x.h, x.v, x.pa, now()
@@ -545,37 +652,45 @@ BEGIN
          WHERE x.f
         ON CONFLICT ON CONSTRAINT message_pkey DO NOTHING
         RETURNING message.tenant, message.producer, message.message_id)
-    SELECT array_agg(i.tenant || E'\n' || i.producer || E'\n' || i.message_id) INTO claimed FROM inserted i;
+    SELECT array_agg(c.tenant || E'\n' || c.producer || E'\n' || c.message_id) INTO inserted FROM claims c;
+    IF cardinality(inserted) = cardinality(array_positions(firsts, true)) THEN
+        claimed := firsts;  -- every first element inserted its row
+    ELSE
+        claimed := ARRAY(SELECT x.f AND x.t || E'\n' || x.p || E'\n' || x.m = ANY (inserted)
+                           FROM unnest(tenants, producers, ids, firsts) WITH ORDINALITY x(t, p, m, f, o) ORDER BY x.o);
+    END IF;
 
-    FOR i IN 1 .. n LOOP
-        ordinal := i; tenant := tenants[i]; producer := producers[i]; message_id := ids[i];
-        message_type := types[i]; payload := payloads[i]; produced_at := produced[i];
-        handler := handlers[i]; takes_context := contexts[i];
-        claim := NULL;
-        IF NOT firsts[i] THEN
-            claim := ROW('repeat', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::inbox.delivery_result;
-        ELSIF tenants[i] || E'\n' || producers[i] || E'\n' || ids[i] = ANY (claimed) THEN
-            -- Produced before the purge watermark: maybe purged already, so expired, not new.
-            IF produced[i] < settings.purge_watermark THEN
+    -- The elements that were not simply claimed: repeats, identities claimed before (duplicate,
+    -- conflict, quarantined), and those produced before the purge watermark (maybe purged already,
+    -- so expired, not new). The others' claims are made up in the query below.
+    claims := array_fill(NULL::inbox.delivery_result, ARRAY[n]);
+    IF false = ANY (claimed) OR settings.purge_watermark > ANY (produced) THEN
+        FOR i IN 1 .. n LOOP
+            IF NOT firsts[i] THEN
+                claims[i] := ROW('repeat', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::inbox.delivery_result;
+            ELSIF NOT claimed[i] THEN
+                claims[i] := inbox._claim_core(_begin_apply_batch.consumer, tenants[i], producers[i], ids[i], hashes[i],
+                                               versions[i], produced[i], payloads[i], NULL, settings.store_payloads);
+            ELSIF produced[i] < settings.purge_watermark THEN
                 claim := inbox._expire_check(_begin_apply_batch.consumer, tenants[i], producers[i], ids[i], hashes[i],
                                              versions[i], produced[i], types[i], payloads[i], NULL,
                                              settings.store_payloads);
+                IF claim.outcome IS NOT NULL THEN
+                    claims[i] := claim;
+                END IF;
             END IF;
-            IF claim.outcome IS NULL THEN
-                claim := ROW('claimed', encode(hashes[i], 'hex'), NULL, versions[i], now(), NULL, NULL, NULL,
-                             NULL)::inbox.delivery_result;
-            END IF;
-        ELSE
-            claim := inbox._claim_core(_begin_apply_batch.consumer, tenants[i], producers[i], ids[i], hashes[i],
-                                       versions[i], produced[i], payloads[i], NULL, settings.store_payloads);
-        END IF;
-        claim_outcome := claim.outcome; claim_payload_sha256 := claim.payload_sha256;
-        claim_stored_sha256 := claim.stored_sha256; claim_handler_version := claim.handler_version;
-        claim_processed_at := claim.processed_at; claim_quarantine_id := claim.quarantine_id;
-        claim_attempts := claim.attempts; claim_reason_code := claim.reason_code;
-        claim_error_message := claim.error_message;
-        RETURN NEXT;
-    END LOOP;
+        END LOOP;
+    END IF;
+    RETURN QUERY
+        SELECT x.o::integer, x.t, x.p, x.m, x.ty, x.pl, x.pa, x.h, x.c,
+               CASE WHEN x.r_outcome IS NULL
+                    THEN ROW('claimed', encode(x.hs, 'hex'), NULL, x.v, now(), NULL, NULL, NULL, NULL)::inbox.delivery_result
+                    ELSE ROW(x.r_outcome, x.r_sha, x.r_stored, x.r_version, x.r_at, x.r_qid, x.r_attempts, x.r_reason,
+                             x.r_error)::inbox.delivery_result END
+          FROM unnest(tenants, producers, ids, types, payloads, produced, handlers, contexts, hashes, versions, claims)
+               WITH ORDINALITY x(t, p, m, ty, pl, pa, h, c, hs, v, r_outcome, r_sha, r_stored, r_version, r_at, r_qid,
+                                 r_attempts, r_reason, r_error, o)
+         ORDER BY x.o;
 END
 $$;
 COMMENT ON FUNCTION inbox._begin_apply_batch(text, jsonb, text) IS
@@ -612,62 +727,83 @@ CREATE OR REPLACE FUNCTION inbox.claim_and_apply_batch(consumer text, messages j
     LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 AS $$
 DECLARE
-    step record;
+    steps inbox._batch_step[];
+    step inbox._batch_step;
+    results inbox.delivery_result[];
     result inbox.delivery_result;
-    handler_running boolean;
+    context inbox.message_context;
+    n integer;
+    isolated boolean := false;
     err_state text;
     err_message text;
     err_constraint text;
 BEGIN
-    -- Every element is validated, authorized and claimed before the first handler runs (the set
-    -- of steps is materialized); each handler then runs in its own subtransaction.
-    FOR step IN SELECT * FROM inbox._begin_apply_batch(claim_and_apply_batch.consumer, claim_and_apply_batch.messages,
-                                                       NULL)
-    LOOP
-        result := ROW(step.claim_outcome, step.claim_payload_sha256, step.claim_stored_sha256,
-                      step.claim_handler_version, step.claim_processed_at, step.claim_quarantine_id,
-                      step.claim_attempts, step.claim_reason_code, step.claim_error_message)::inbox.delivery_result;
-        IF result.outcome OPERATOR(pg_catalog.=) 'repeat' THEN
-            result := inbox.claim_and_apply(claim_and_apply_batch.consumer, step.producer, step.message_id,
-                                            step.message_type, step.payload, step.tenant, step.produced_at);
-        ELSIF result.outcome OPERATOR(pg_catalog.=) 'claimed' THEN
-            handler_running := false;
-            BEGIN
-                handler_running := true;
-                PERFORM inbox._run_handler(step.handler, step.takes_context, step.payload,
-                                           ROW(step.tenant, claim_and_apply_batch.consumer, step.producer,
-                                               step.message_id, step.message_type, step.produced_at,
-                                               result.handler_version)::inbox.message_context);
-                result.outcome := 'applied';
-            EXCEPTION WHEN OTHERS OR assert_failure THEN
-                GET STACKED DIAGNOSTICS err_state = RETURNED_SQLSTATE, err_message = MESSAGE_TEXT,
-                                        err_constraint = CONSTRAINT_NAME;
-                IF NOT handler_running OR inbox._is_transient(err_state) THEN
-                    RAISE;
+    -- Every element is validated, authorized and claimed before the first handler runs.
+    steps := ARRAY(SELECT b FROM inbox._begin_apply_batch(claim_and_apply_batch.consumer, claim_and_apply_batch.messages,
+                                                          NULL) b);
+    n := pg_catalog.cardinality(steps);
+    results := pg_catalog.array_fill(NULL::inbox.delivery_result, ARRAY[n]);
+    -- The handlers run in one subtransaction first. Should one of them fail, that subtransaction
+    -- (every handler's writes, and the repeats' claims) is rolled back and the batch runs again with
+    -- each handler in its own subtransaction, as claim_and_apply runs it: the others' work is kept,
+    -- the failed one's claim taken back and its failure recorded. A batch without failures pays for
+    -- one subtransaction, not one per message.
+    LOOP  -- at most two passes
+        BEGIN
+            FOR i IN 1 .. n LOOP
+                step := steps[i];
+                result := step.claim;
+                IF result.outcome OPERATOR(pg_catalog.=) 'repeat' THEN
+                    result := inbox.claim_and_apply(claim_and_apply_batch.consumer, step.producer, step.message_id,
+                                                    step.message_type, step.payload, step.tenant, step.produced_at);
+                ELSIF result.outcome OPERATOR(pg_catalog.=) 'claimed' THEN
+                    context := ROW(step.tenant, claim_and_apply_batch.consumer, step.producer, step.message_id,
+                                   step.message_type, step.produced_at, result.handler_version)::inbox.message_context;
+                    IF NOT isolated THEN
+                        PERFORM inbox._run_handler(step.handler, step.takes_context, step.payload, context);
+                        result.outcome := 'applied';
+                    ELSE
+                        BEGIN
+                            PERFORM inbox._run_handler(step.handler, step.takes_context, step.payload, context);
+                            result.outcome := 'applied';
+                        EXCEPTION WHEN OTHERS OR assert_failure THEN
+                            GET STACKED DIAGNOSTICS err_state = RETURNED_SQLSTATE, err_message = MESSAGE_TEXT,
+                                                    err_constraint = CONSTRAINT_NAME;
+                            IF inbox._is_transient(err_state) THEN
+                                RAISE;
+                            END IF;
+                            -- The handler's writes rolled back with its subtransaction; the claim was
+                            -- made before it: take it back, then record the failure, as
+                            -- claim_and_apply does.
+                            PERFORM inbox._unclaim(claim_and_apply_batch.consumer, step.tenant, step.producer,
+                                                   step.message_id);
+                            result := inbox.record_failure(claim_and_apply_batch.consumer, step.producer,
+                                                           step.message_id, step.payload,
+                                                           inbox._reason_code(err_state, err_constraint),
+                                                           err_message, result.handler_version, step.tenant,
+                                                           step.message_type);
+                        END;
+                    END IF;
                 END IF;
-                -- The handler's writes rolled back with its subtransaction; the claim was made before
-                -- it: take it back, then record the failure, as claim_and_apply does.
-                PERFORM inbox._unclaim(claim_and_apply_batch.consumer, step.tenant, step.producer, step.message_id);
-                result := inbox.record_failure(claim_and_apply_batch.consumer, step.producer, step.message_id,
-                                               step.payload, inbox._reason_code(err_state, err_constraint),
-                                               err_message, result.handler_version, step.tenant, step.message_type);
-            END;
-        END IF;
-        ordinal := step.ordinal;
-        tenant := step.tenant;
-        producer := step.producer;
-        message_id := step.message_id;
-        outcome := result.outcome;
-        payload_sha256 := result.payload_sha256;
-        stored_sha256 := result.stored_sha256;
-        handler_version := result.handler_version;
-        processed_at := result.processed_at;
-        quarantine_id := result.quarantine_id;
-        attempts := result.attempts;
-        reason_code := result.reason_code;
-        error_message := result.error_message;
-        RETURN NEXT;
+                results[i] := result;
+            END LOOP;
+            EXIT;  -- the passes
+        EXCEPTION WHEN OTHERS OR assert_failure THEN
+            -- A transient error is the caller's to retry with the whole transaction; in the
+            -- isolated pass every other error is raised as claim_and_apply raises it.
+            GET STACKED DIAGNOSTICS err_state = RETURNED_SQLSTATE;
+            IF isolated OR inbox._is_transient(err_state) THEN
+                RAISE;
+            END IF;
+            isolated := true;
+        END;
     END LOOP;
+    RETURN QUERY
+        SELECT x.o, x.t, x.p, x.m, x.r_outcome, x.r_sha, x.r_stored, x.r_version, x.r_at, x.r_qid, x.r_attempts,
+               x.r_reason, x.r_error
+          FROM unnest(steps, results)
+               AS x(o, t, p, m, ty, pl, pa, h, c, cl, r_outcome, r_sha, r_stored, r_version, r_at, r_qid, r_attempts,
+                    r_reason, r_error);
 END
 $$;
 COMMENT ON FUNCTION inbox.claim_and_apply_batch(text, jsonb) IS
@@ -694,9 +830,9 @@ BEGIN
             HINT = 'The version of the code that will apply these messages; ''unversioned'' if you do not track it.';
     END IF;
     RETURN QUERY
-        SELECT b.ordinal, b.tenant, b.producer, b.message_id, b.claim_outcome, b.claim_payload_sha256,
-               b.claim_stored_sha256, b.claim_handler_version, b.claim_processed_at, b.claim_quarantine_id,
-               b.claim_attempts, b.claim_reason_code, b.claim_error_message
+        SELECT b.ordinal, b.tenant, b.producer, b.message_id, (b.claim).outcome, (b.claim).payload_sha256,
+               (b.claim).stored_sha256, (b.claim).handler_version, (b.claim).processed_at, (b.claim).quarantine_id,
+               (b.claim).attempts, (b.claim).reason_code, (b.claim).error_message
           FROM inbox._begin_apply_batch(claim_batch.consumer, claim_batch.messages, claim_batch.version) b;
 END
 $$;

@@ -19,26 +19,34 @@ CREATE OR REPLACE FUNCTION inbox._consumer_base(consumer text) RETURNS text
     RETURN pg_catalog.split_part(consumer, '@', 1);
 COMMENT ON FUNCTION inbox._consumer_base(text) IS 'internal: the name a versioned consumer is bound under';
 
--- True when session_user is a member of a role bound to the consumer (or to its base name) for the
--- tenant (NULL tenant: any binding). PL/pgSQL, so that its one query is planned once per session
--- (a SQL function with a subquery is not inlined, and would be planned again in every
--- transaction). Parameters qualified with the function's name: a column of the same name would
--- win otherwise.
+-- The rule: may session_user act as the consumer (or its base name) for the tenant (NULL tenant:
+-- any binding)? It must be a member of a role bound to it. A one-row SQL function with a
+-- standard body: the planner inlines it into the query that calls it (claim_and_apply's handler
+-- lookup asks in the same query), and its names were resolved when it was created.
+CREATE OR REPLACE FUNCTION inbox._acting_as(consumer text, tenant text) RETURNS TABLE (allowed boolean)
+    LANGUAGE sql STABLE
+BEGIN ATOMIC
+    SELECT EXISTS (
+        SELECT 1 FROM inbox.consumer_binding b
+         WHERE b.consumer OPERATOR(pg_catalog.=) ANY (ARRAY[_acting_as.consumer, inbox._consumer_base(_acting_as.consumer)])
+           AND (b.tenants IS NULL OR _acting_as.tenant IS NULL OR _acting_as.tenant OPERATOR(pg_catalog.=) ANY (b.tenants))
+           AND pg_catalog.pg_has_role(session_user, b.role, 'MEMBER')
+           -- A dropped role matches nobody (a superuser is a member of any OID). pg_get_userbyid
+           -- looks the OID up in the role cache and names a missing one 'unknown (OID=n)'; a role
+           -- that calls itself so only locks itself out. (A subplan on pg_roles cost 2 us of every
+           -- claim; as a join, the planner called pg_has_role for every role of the cluster.)
+           AND pg_catalog.pg_get_userbyid(b.role) OPERATOR(pg_catalog.<>)
+               ('unknown (OID=' OPERATOR(pg_catalog.||) b.role::pg_catalog.text OPERATOR(pg_catalog.||) ')'));
+END;
+COMMENT ON FUNCTION inbox._acting_as(text, text) IS 'internal: the authorization rule, inlined into the queries that ask it';
+
+-- The rule as a boolean, for the callers that ask it alone. PL/pgSQL, so that its one query is
+-- planned once per session.
 CREATE OR REPLACE FUNCTION inbox._may_act_as(consumer text, tenant text) RETURNS boolean
     LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
-    RETURN EXISTS (
-        SELECT 1 FROM inbox.consumer_binding b
-         WHERE b.consumer OPERATOR(pg_catalog.=) ANY (ARRAY[_may_act_as.consumer,
-                                                             inbox._consumer_base(_may_act_as.consumer)])
-           AND (b.tenants IS NULL OR _may_act_as.tenant IS NULL
-                OR _may_act_as.tenant OPERATOR(pg_catalog.=) ANY (b.tenants))
-           AND pg_catalog.pg_has_role(session_user, b.role, 'MEMBER')
-           -- A dropped role matches nobody (a superuser is a member of any OID). OFFSET 0 keeps this
-           -- a subplan run only for the bindings session_user is a member of; as a join, the
-           -- planner called pg_has_role for every role of the cluster (17 us of a 44 us claim).
-           AND EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid OPERATOR(pg_catalog.=) b.role OFFSET 0));
+    RETURN (SELECT a.allowed FROM inbox._acting_as(_may_act_as.consumer, _may_act_as.tenant) a);
 END
 $$;
 COMMENT ON FUNCTION inbox._may_act_as(text, text) IS 'internal: may session_user act as the consumer (for the tenant)?';

@@ -345,11 +345,13 @@ GRANT EXECUTE ON FUNCTION inbox._begin_apply(text, text, text, text, jsonb, text
 
 DROP FUNCTION inbox.claim_batch(text, jsonb, text);
 DROP FUNCTION inbox._begin_apply_batch(text, jsonb, text);
+DROP TYPE inbox._batch_step;
 DROP FUNCTION inbox._unclaim(text, text, text, text);
 DROP FUNCTION inbox._generate_dispatcher();
 DROP FUNCTION inbox._run_handler(regprocedure, boolean, jsonb, inbox.message_context);
 DROP FUNCTION inbox._batch_messages(text, text, jsonb, boolean);
 DROP FUNCTION inbox._check_handler(text, regprocedure, text, text);
+DROP FUNCTION inbox._privileged_definer(boolean, oid);
 DROP FUNCTION inbox._is_transient(text);
 
 COMMIT;

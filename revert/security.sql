@@ -8,6 +8,7 @@ DROP FUNCTION inbox._check_note(text, text);
 DROP FUNCTION inbox._check_operator_run(text, text, regprocedure, text, boolean);
 DROP FUNCTION inbox._authorize(text, text, text);
 DROP FUNCTION inbox._may_act_as(text, text);
+DROP FUNCTION inbox._acting_as(text, text);
 DROP FUNCTION inbox._consumer_base(text);
 
 COMMIT;

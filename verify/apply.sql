@@ -40,9 +40,10 @@ SELECT 'inbox._is_transient(text)'::regprocedure, 'inbox._batch_messages(text, t
        'inbox._check_handler(text, regprocedure, text, text)'::regprocedure,
        'inbox._run_handler(regprocedure, boolean, jsonb, inbox.message_context)'::regprocedure,
        'inbox._generate_dispatcher()'::regprocedure, 'inbox._begin_apply_batch(text, jsonb, text)'::regprocedure,
+       'inbox._privileged_definer(boolean, oid)'::regprocedure, 'inbox._batch_step'::regtype,
        'inbox.claim_batch(text, jsonb, text)'::regprocedure,
        'inbox._unclaim(text, text, text, text)'::regprocedure;
-SELECT 1 / (p.prosrc LIKE '%inbox._may_act_as(%')::integer FROM pg_catalog.pg_proc p
+SELECT 1 / (p.prosrc LIKE '%inbox._acting_as(%')::integer FROM pg_catalog.pg_proc p
  WHERE p.oid = 'inbox._begin_apply(text, text, text, text, jsonb, text, timestamptz)'::regprocedure;
 
 ROLLBACK;

@@ -1,7 +1,7 @@
 -- Verify pginbox:security
 BEGIN;
 
-SELECT 'inbox._consumer_base(text)'::regprocedure, 'inbox._may_act_as(text, text)'::regprocedure,
+SELECT 'inbox._consumer_base(text)'::regprocedure, 'inbox._may_act_as(text, text)'::regprocedure, 'inbox._acting_as(text, text)'::regprocedure,
        'inbox._authorize(text, text, text)'::regprocedure, 'inbox._check_note(text, text)'::regprocedure,
        'inbox._check_operator_run(text, text, regprocedure, text, boolean)'::regprocedure;
 SELECT 1 / (pg_catalog.has_function_privilege('inbox_operator', f, 'EXECUTE')

@@ -7,7 +7,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(128);
+SELECT plan(135);
 
 -- ------------------------------------------------------------------ fixtures
 \ir write_counter.psql
@@ -447,6 +447,37 @@ SELECT is((SELECT count(*)::integer FROM inbox.claim_and_apply_batch('tap-b',
                                                    'payload', jsonb_build_object('account', 'acc-64', 'amount', 1)))
                  FROM generate_series(1, 64) i)) WHERE outcome = 'applied'),
           64, 'batch: 64 messages are accepted');
+-- The handlers of a batch run in one subtransaction; when one fails, that subtransaction rolls back
+-- and every handler runs again in its own. Runs are counted by the sequence, subtransactions by the
+-- xmin of the rows the handlers wrote.
+SELECT tapdom.calls() AS calls_a \gset
+CREATE TEMP TABLE batch_ok AS SELECT * FROM inbox.claim_and_apply_batch('tap-b', $$[
+    {"producer": "p", "message_id": "s1", "message_type": "credit", "payload": {"account": "acc-s1", "amount": 1}},
+    {"producer": "p", "message_id": "s2", "message_type": "credit", "payload": {"account": "acc-s2", "amount": 2}},
+    {"producer": "p", "message_id": "s3", "message_type": "credit", "payload": {"account": "acc-s3", "amount": 3}}
+]$$);
+SELECT is((SELECT count(DISTINCT xmin::text)::integer FROM tapdom.account WHERE id IN ('acc-s1', 'acc-s2', 'acc-s3')), 1,
+          'batch without a failure: the three handlers wrote in one subtransaction');
+SELECT is(tapdom.calls() - :calls_a, 3::bigint, 'batch without a failure: each handler ran once');
+SELECT tapdom.calls() AS calls_b \gset
+CREATE TEMP TABLE batch_fail AS SELECT * FROM inbox.claim_and_apply_batch('tap-b', $$[
+    {"producer": "p", "message_id": "f1", "message_type": "credit", "payload": {"account": "acc-f1", "amount": 1}},
+    {"producer": "p", "message_id": "f2", "message_type": "fail", "payload": {"n": 9}},
+    {"producer": "p", "message_id": "f3", "message_type": "credit", "payload": {"account": "acc-f3", "amount": 3}},
+    {"producer": "p", "message_id": "f1", "message_type": "credit", "payload": {"account": "acc-f1", "amount": 1}}
+]$$);
+SELECT is((SELECT array_agg(outcome ORDER BY ordinal) FROM batch_fail), ARRAY['applied', 'failed', 'applied', 'duplicate'],
+          'batch with a failure: every outcome as in single claims');
+SELECT is((SELECT string_agg(id || '=' || balance, ',' ORDER BY id) FROM tapdom.account
+            WHERE id IN ('acc-f1', 'acc-f3', 'written-by-fail-9')),
+          'acc-f1=1,acc-f3=3', 'batch with a failure: the others applied once each (their first run rolled back), the failed one''s writes gone');
+SELECT is(tapdom.calls() - :calls_b, 5::bigint,
+          'batch with a failure: the handlers up to the failing one ran twice (f1, f2), then f3 once');
+SELECT is((SELECT count(DISTINCT xmin::text)::integer FROM tapdom.account WHERE id IN ('acc-f1', 'acc-f3')), 2,
+          'batch with a failure: the second pass ran each handler in its own subtransaction');
+SELECT is((SELECT count(*)::integer FROM inbox.message WHERE consumer = 'tap-b' AND message_id IN ('f1', 'f2', 'f3')), 2,
+          'batch with a failure: f1 and f3 claimed once each, f2 not claimed');
+
 -- Document-by-test: the contract says 1..64 elements; an empty array is accepted and returns no rows.
 SELECT is((SELECT count(*)::integer FROM inbox.claim_and_apply_batch('tap-b', '[]')), 0,
           'batch: an empty array returns no rows');
