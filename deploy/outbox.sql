@@ -405,6 +405,7 @@ DECLARE
     payload_text text := enqueue_effect.payload::text;
     stored_payload jsonb;
     stored_destination text;
+    wake boolean;
 BEGIN
     IF inbox._effect_ok(enqueue_effect.effect_id, enqueue_effect.destination, octet_length(payload_text),
                         enqueue_effect.headers, enqueue_effect.ordering_key, enqueue_effect.available_at) IS NOT TRUE THEN
@@ -426,10 +427,11 @@ BEGIN
                   DETAIL = 'An effect that waits that long holds back the purge of its consumer''s messages.',
                   HINT = 'Enqueue it closer to its time, or an operator raises the limit: inbox.configure_security(max_effect_delay => ...).';
     END IF;
-    -- Who may enqueue what: the consumer's binding (inbox._may_act_as), the destination's (or the
-    -- settings, when anonymous). _authorize_enqueue (through inbox._authorize) has the last word.
+    -- Who may enqueue what: the consumer's binding (inbox._acting_as, inlined into this one query),
+    -- the destination's (or the settings, when anonymous). _authorize_enqueue (through
+    -- inbox._authorize) has the last word.
     IF NOT (CASE WHEN who IS NULL THEN (SELECT s.anonymous_enqueue FROM inbox.security_settings s)
-                 ELSE inbox._may_act_as(who, NULL)
+                 ELSE (SELECT a.allowed FROM inbox._acting_as(who, NULL) a)
             END
             AND EXISTS (SELECT FROM inbox.destination_binding d
                          WHERE d.destination = enqueue_effect.destination
@@ -439,17 +441,19 @@ BEGIN
     who := coalesce(who, '');
     -- A purge may delete the existing row between our INSERT and our SELECT: then try again.
     FOR round IN 1..3 LOOP
+        -- Wake the idle dispatchers: their registrations go and a notification is queued, both
+        -- with this transaction's commit (nothing if it rolls back). A dispatcher registering idle
+        -- after this check and before the commit is not notified: its early claims after
+        -- registering (20 ms, then doubling up to its poll interval) find the effect
+        -- (tests/python/test_outbox_signal.py). One probe of an empty table under load, made by
+        -- the INSERT itself (RETURNING) rather than by a statement of its own.
         INSERT INTO inbox.outbox (effect_id, destination, payload, headers, ordering_key, available_at, consumer)
         VALUES (enqueue_effect.effect_id, enqueue_effect.destination, enqueue_effect.payload, enqueue_effect.headers,
                 enqueue_effect.ordering_key, enqueue_effect.available_at, who)
-        ON CONFLICT ON CONSTRAINT outbox_pkey DO NOTHING;
+        ON CONFLICT ON CONSTRAINT outbox_pkey DO NOTHING
+        RETURNING enqueue_effect.available_at <= now() AND EXISTS (SELECT FROM inbox.outbox_waiter) INTO wake;
         IF FOUND THEN
-            -- Wake the idle dispatchers: their registrations go and a notification is queued, both
-            -- with this transaction's commit (nothing if it rolls back). A dispatcher registering
-            -- idle after this check and before the commit is not notified: its early claims after
-            -- registering (20 ms, then doubling up to its poll interval) find the effect
-            -- (tests/python/test_outbox_signal.py). One probe of an empty table under load.
-            IF enqueue_effect.available_at <= now() AND EXISTS (SELECT FROM inbox.outbox_waiter) THEN
+            IF wake THEN
                 PERFORM inbox._wake_dispatchers();
             END IF;
             RETURN true;
