@@ -651,11 +651,13 @@ BEGIN
          WHERE x.f
         ON CONFLICT ON CONSTRAINT message_pkey DO NOTHING
         RETURNING message.tenant, message.producer, message.message_id)
-    SELECT array_agg(c.tenant || E'\n' || c.producer || E'\n' || c.message_id) INTO inserted FROM claims c;
+    SELECT coalesce(array_agg(c.tenant || E'\n' || c.producer || E'\n' || c.message_id), '{}') INTO inserted
+      FROM claims c;
     IF cardinality(inserted) = cardinality(array_positions(firsts, true)) THEN
         claimed := firsts;  -- every first element inserted its row
     ELSE
-        claimed := ARRAY(SELECT x.f AND x.t || E'\n' || x.p || E'\n' || x.m = ANY (inserted)
+        -- Not claimed unless its row is among those inserted: never NULL, which would read as claimed.
+        claimed := ARRAY(SELECT x.f AND coalesce(x.t || E'\n' || x.p || E'\n' || x.m = ANY (inserted), false)
                            FROM unnest(tenants, producers, ids, firsts) WITH ORDINALITY x(t, p, m, f, o) ORDER BY x.o);
     END IF;
 
@@ -663,11 +665,11 @@ BEGIN
     -- conflict, quarantined), and those produced before the purge watermark (maybe purged already,
     -- so expired, not new). The others' claims are made up in the query below.
     claims := array_fill(NULL::inbox.delivery_result, ARRAY[n]);
-    IF false = ANY (claimed) OR settings.purge_watermark > ANY (produced) THEN
+    IF (true = ALL (claimed)) IS NOT TRUE OR settings.purge_watermark > ANY (produced) THEN
         FOR i IN 1 .. n LOOP
-            IF NOT firsts[i] THEN
+            IF firsts[i] IS NOT TRUE THEN
                 claims[i] := ROW('repeat', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::inbox.delivery_result;
-            ELSIF NOT claimed[i] THEN
+            ELSIF claimed[i] IS NOT TRUE THEN
                 claims[i] := inbox._claim_core(_begin_apply_batch.consumer, tenants[i], producers[i], ids[i], hashes[i],
                                                versions[i], produced[i], payloads[i], NULL, settings.store_payloads);
             ELSIF produced[i] < settings.purge_watermark THEN

@@ -7,7 +7,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(135);
+SELECT plan(139);
 
 -- ------------------------------------------------------------------ fixtures
 \ir write_counter.psql
@@ -477,6 +477,23 @@ SELECT is((SELECT count(DISTINCT xmin::text)::integer FROM tapdom.account WHERE 
           'batch with a failure: the second pass ran each handler in its own subtransaction');
 SELECT is((SELECT count(*)::integer FROM inbox.message WHERE consumer = 'tap-b' AND message_id IN ('f1', 'f2', 'f3')), 2,
           'batch with a failure: f1 and f3 claimed once each, f2 not claimed');
+
+-- The whole batch delivered again (a consumer that crashed before its ack): nothing is claimed,
+-- every element is a duplicate, no handler runs. (0.2.0 candidate: an empty set of inserted rows
+-- read as NULL once, and NULL as claimed: every message was applied twice.)
+SELECT tapdom.calls() AS calls_c \gset
+SELECT is((SELECT array_agg(outcome ORDER BY ordinal) FROM inbox.claim_and_apply_batch('tap-b', $$[
+    {"producer": "p", "message_id": "s1", "message_type": "credit", "payload": {"account": "acc-s1", "amount": 1}},
+    {"producer": "p", "message_id": "s2", "message_type": "credit", "payload": {"account": "acc-s2", "amount": 2}},
+    {"producer": "p", "message_id": "s3", "message_type": "credit", "payload": {"account": "acc-s3", "amount": 3}}
+]$$)), ARRAY['duplicate', 'duplicate', 'duplicate'], 'a batch delivered again: every element a duplicate');
+SELECT is(tapdom.calls() - :calls_c, 0::bigint, 'a batch delivered again: no handler ran');
+SELECT is((SELECT string_agg(id || '=' || balance, ',' ORDER BY id) FROM tapdom.account WHERE id IN ('acc-s1', 'acc-s2', 'acc-s3')),
+          'acc-s1=1,acc-s2=2,acc-s3=3', 'a batch delivered again: every balance as after the first delivery');
+SELECT is((SELECT array_agg(outcome ORDER BY ordinal) FROM inbox.claim_batch('tap-b', $$[
+    {"producer": "p", "message_id": "s1", "payload": {"account": "acc-s1", "amount": 1}},
+    {"producer": "p", "message_id": "s2", "payload": {"account": "acc-s2", "amount": 9}}
+]$$, 'b1')), ARRAY['duplicate', 'conflict'], 'claim_batch of identities all claimed before: duplicate, conflict, nothing claimed');
 
 -- Document-by-test: the contract says 1..64 elements; an empty array is accepted and returns no rows.
 SELECT is((SELECT count(*)::integer FROM inbox.claim_and_apply_batch('tap-b', '[]')), 0,
