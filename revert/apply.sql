@@ -348,6 +348,7 @@ DROP FUNCTION inbox._begin_apply_batch(text, jsonb, text);
 DROP TYPE inbox._batch_step;
 DROP FUNCTION inbox._unclaim(text, text, text, text);
 DROP FUNCTION inbox._generate_dispatcher();
+DROP FUNCTION inbox._run_handler_batch(regprocedure, boolean, jsonb[], inbox.message_context[]);
 DROP FUNCTION inbox._run_handler(regprocedure, boolean, jsonb, inbox.message_context);
 DROP FUNCTION inbox._batch_messages(text, text, jsonb, boolean);
 DROP FUNCTION inbox._check_handler(text, regprocedure, text, text);

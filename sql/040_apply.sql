@@ -67,7 +67,26 @@ $$;
 COMMENT ON FUNCTION inbox._run_handler(regprocedure, boolean, jsonb, inbox.message_context) IS
     'internal: calls a registered handler with the caller''s rights (claim_and_apply, repair, replay plans); generated';
 
--- Writes inbox._run_handler again with one static call per registered handler. The calls are
+-- The handlers of a batch with one handler, in one statement: claim_and_apply_batch's common case.
+-- Generated like inbox._run_handler (one static call per registered handler, over the array, in
+-- order); a handler that is not registered falls back to inbox._run_handler per element.
+CREATE OR REPLACE FUNCTION inbox._run_handler_batch(handler regprocedure, takes_context boolean, payloads jsonb[],
+                                                    contexts inbox.message_context[])
+    RETURNS void
+    LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+AS $$
+BEGIN
+    -- generated:begin (inbox._generate_dispatcher)
+    -- generated:end
+    FOR i IN 1 .. pg_catalog.cardinality(payloads) LOOP
+        PERFORM inbox._run_handler(handler, takes_context, payloads[i], contexts[i]);
+    END LOOP;
+END
+$$;
+COMMENT ON FUNCTION inbox._run_handler_batch(regprocedure, boolean, jsonb[], inbox.message_context[]) IS
+    'internal: calls one registered handler for every payload of a batch, in order, with the caller''s rights; generated';
+
+-- Writes inbox._run_handler (and _run_handler_batch) again with one static call per registered handler. The calls are
 -- composed from regprocedure (PostgreSQL's own quoting of the function's schema and name; under
 -- this function's pinned search_path every name comes out schema-qualified), the OIDs as literals.
 -- Serialized by an advisory lock, so that two registrations cannot race on the definition.
@@ -77,6 +96,7 @@ CREATE OR REPLACE FUNCTION inbox._generate_dispatcher() RETURNS integer
 AS $generate$
 DECLARE
     branches text := '';
+    batch_branches text := '';
     handlers integer := 0;
     h record;
 BEGIN
@@ -88,6 +108,9 @@ BEGIN
         branches := branches || format(
             E'    IF handler::oid OPERATOR(pg_catalog.=) %s::oid THEN\n        PERFORM %s(payload%s);\n        RETURN;\n    END IF;\n',
             h.handler::oid, h.handler::regproc, CASE WHEN h.takes_context THEN ', context' ELSE '' END);
+        batch_branches := batch_branches || format(
+            E'    IF handler::oid OPERATOR(pg_catalog.=) %s::oid THEN\n        PERFORM %s(payloads[i]%s) FROM pg_catalog.generate_subscripts(payloads, 1) AS i ORDER BY i;\n        RETURN;\n    END IF;\n',
+            h.handler::oid, h.handler::regproc, CASE WHEN h.takes_context THEN ', contexts[i]' ELSE '' END);
         handlers := handlers + 1;
     END LOOP;
     EXECUTE format($body$
@@ -107,11 +130,26 @@ BEGIN
 END
 $fn$
 $body$, branches);
+    EXECUTE format($body$
+CREATE OR REPLACE FUNCTION inbox._run_handler_batch(handler regprocedure, takes_context boolean, payloads jsonb[],
+                                                    contexts inbox.message_context[])
+    RETURNS void
+    LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+AS $fn$
+BEGIN
+    -- generated:begin (inbox._generate_dispatcher)
+%s    -- generated:end
+    FOR i IN 1 .. pg_catalog.cardinality(payloads) LOOP
+        PERFORM inbox._run_handler(handler, takes_context, payloads[i], contexts[i]);
+    END LOOP;
+END
+$fn$
+$body$, batch_branches);
     RETURN handlers;
 END
 $generate$;
 COMMENT ON FUNCTION inbox._generate_dispatcher() IS
-    'internal: writes inbox._run_handler with a static call per registered handler (register_handler calls it)';
+    'internal: writes inbox._run_handler and inbox._run_handler_batch with a static call per registered handler (register_handler calls it)';
 
 -- Binds a SQL function to (consumer, message_type). The function takes (payload jsonb) or
 -- (payload jsonb, ctx inbox.message_context); its result is ignored. It runs with the rights of
@@ -735,6 +773,7 @@ DECLARE
     context inbox.message_context;
     n integer;
     isolated boolean := false;
+    all_applied boolean := false;
     err_state text;
     err_message text;
     err_constraint text;
@@ -743,6 +782,35 @@ BEGIN
     steps := ARRAY(SELECT b FROM inbox._begin_apply_batch(claim_and_apply_batch.consumer, claim_and_apply_batch.messages,
                                                           NULL) b);
     n := pg_catalog.cardinality(steps);
+    -- Every element claimed, one handler for all (the usual batch): the handlers in one statement
+    -- (inbox._run_handler_batch), in one subtransaction.
+    IF (SELECT pg_catalog.bool_and((s.claim).outcome OPERATOR(pg_catalog.=) 'claimed'
+                                   AND s.handler::oid OPERATOR(pg_catalog.=) (steps[1]).handler::oid)
+          FROM pg_catalog.unnest(steps) s) THEN
+        BEGIN
+            PERFORM inbox._run_handler_batch(
+                (steps[1]).handler, (steps[1]).takes_context, ARRAY(SELECT s.payload FROM pg_catalog.unnest(steps) s),
+                CASE WHEN (steps[1]).takes_context
+                     THEN ARRAY(SELECT ROW(s.tenant, claim_and_apply_batch.consumer, s.producer, s.message_id,
+                                           s.message_type, s.produced_at, (s.claim).handler_version)::inbox.message_context
+                                  FROM pg_catalog.unnest(steps) s) END);
+            all_applied := true;
+        EXCEPTION WHEN OTHERS OR assert_failure THEN
+            GET STACKED DIAGNOSTICS err_state = RETURNED_SQLSTATE;
+            IF inbox._is_transient(err_state) THEN
+                RAISE;
+            END IF;
+            isolated := true;  -- one failed: each in its own subtransaction below
+        END;
+        IF all_applied THEN
+            RETURN QUERY
+                SELECT s.ordinal, s.tenant, s.producer, s.message_id, 'applied'::text, (s.claim).payload_sha256,
+                       (s.claim).stored_sha256, (s.claim).handler_version, (s.claim).processed_at,
+                       (s.claim).quarantine_id, (s.claim).attempts, (s.claim).reason_code, (s.claim).error_message
+                  FROM pg_catalog.unnest(steps) s;
+            RETURN;
+        END IF;
+    END IF;
     results := pg_catalog.array_fill(NULL::inbox.delivery_result, ARRAY[n]);
     -- The handlers run in one subtransaction first. Should one of them fail, that subtransaction
     -- (every handler's writes, and the repeats' claims) is rolled back and the batch runs again with
@@ -856,6 +924,7 @@ GRANT EXECUTE ON FUNCTION inbox._begin_apply(text, text, text, text, jsonb, text
     inbox._unclaim(text, text, text, text),
     inbox._is_transient(text),
     inbox._run_handler(regprocedure, boolean, jsonb, inbox.message_context),
+    inbox._run_handler_batch(regprocedure, boolean, jsonb[], inbox.message_context[]),
     inbox._check_identity(text, text, text, text, text),
     inbox._check_message_type(text, text) TO inbox_consumer;
 

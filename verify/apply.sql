@@ -39,6 +39,7 @@ $verify$;
 SELECT 'inbox._is_transient(text)'::regprocedure, 'inbox._batch_messages(text, text, jsonb, boolean)'::regprocedure,
        'inbox._check_handler(text, regprocedure, text, text)'::regprocedure,
        'inbox._run_handler(regprocedure, boolean, jsonb, inbox.message_context)'::regprocedure,
+       'inbox._run_handler_batch(regprocedure, boolean, jsonb[], inbox.message_context[])'::regprocedure,
        'inbox._generate_dispatcher()'::regprocedure, 'inbox._begin_apply_batch(text, jsonb, text)'::regprocedure,
        'inbox._privileged_definer(boolean, oid)'::regprocedure, 'inbox._batch_step'::regtype,
        'inbox.claim_batch(text, jsonb, text)'::regprocedure,

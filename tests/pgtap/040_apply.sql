@@ -7,7 +7,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(139);
+SELECT plan(144);
 
 -- ------------------------------------------------------------------ fixtures
 \ir write_counter.psql
@@ -595,6 +595,26 @@ CREATE FUNCTION tapdom.unregistered(p jsonb) RETURNS void LANGUAGE sql
 SELECT lives_ok($$SELECT inbox._run_handler('tapdom.unregistered(jsonb)', false, '{}', NULL)$$,
                 'static dispatch: a handler nobody registered falls back to EXECUTE');
 SELECT is((SELECT count(*)::integer FROM tapdom.ctx_log WHERE payload ? 'unregistered'), 1, 'and it ran once');
+
+-- The batch's common case (every element claimed, one handler): inbox._run_handler_batch calls it
+-- for every payload in one statement, generated the same way.
+SELECT ok((SELECT prosrc FROM pg_proc WHERE oid = 'inbox._run_handler_batch(regprocedure, boolean, jsonb[], inbox.message_context[])'::regprocedure)
+          LIKE '%PERFORM tapdom.credit(payloads[i]) FROM pg_catalog.generate_subscripts(payloads, 1) AS i ORDER BY i;%',
+          'static batch dispatch: one statement calls tapdom.credit(jsonb) for every payload');
+DELETE FROM tapdom.ctx_log;
+SELECT is((SELECT array_agg(outcome ORDER BY ordinal) FROM inbox.claim_and_apply_batch('tap-b', $$[
+    {"producer": "q", "message_id": "k1", "message_type": "ctx", "payload": {"k": 1}, "tenant": "t9"},
+    {"producer": "q", "message_id": "k2", "message_type": "ctx", "payload": {"k": 2}},
+    {"producer": "r", "message_id": "k3", "message_type": "ctx", "payload": {"k": 3}, "produced_at": "2024-01-01T00:00:00Z"}
+]$$)), ARRAY['applied', 'applied', 'applied'], 'static batch dispatch: a one-handler batch is applied');
+SELECT is((SELECT string_agg(format('%s/%s/%s/%s/%s', payload ->> 'k', (ctx).tenant, (ctx).producer, (ctx).message_id,
+                                    (ctx).produced_at IS NOT NULL), ',' ORDER BY payload ->> 'k')
+             FROM tapdom.ctx_log),
+          '1/t9/q/k1/f,2//q/k2/f,3//r/k3/t',
+          'static batch dispatch: each handler call gets its own payload and context, once');
+SELECT lives_ok($$SELECT inbox._run_handler_batch('tapdom.unregistered(jsonb)', false, ARRAY['{}', '{}']::jsonb[], NULL)$$,
+                'static batch dispatch: a handler nobody registered falls back to a call per payload');
+SELECT is((SELECT count(*)::integer FROM tapdom.ctx_log WHERE payload ? 'unregistered'), 2, 'and it ran once per payload');
 
 SELECT * FROM finish();
 ROLLBACK;

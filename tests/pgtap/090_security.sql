@@ -120,7 +120,7 @@ SELECT set_eq(format($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.
                                  '_reason_code', 'payload_hash', 'schema_version', 'schema_release', 'enqueue_effect',
                                  'effect_id',
                                  '_check_text', 'versioned_consumer', '_is_transient',
-                                 '_run_handler', '_blank', '_begin_apply_batch', '_unclaim'], 1),
+                                 '_run_handler', '_run_handler_batch', '_blank', '_begin_apply_batch', '_unclaim'], 1),
         ('inbox_operator', ARRAY['register_handler', 'configure_consumer', 'repair', 'discard', 'release',
                                  '_begin_repair', '_repair_failed', '_reason_code', 'payload_hash',
                                  'schema_version', 'schema_release', 'configure_destination', 'redrive_effect',
