@@ -8,8 +8,8 @@ SELECT 'inbox._delivery_ok(integer, integer, text)'::regprocedure, 'inbox._check
        'inbox._identity_ok(text, text, text, text)'::regprocedure, 'inbox._blank(text)'::regprocedure,
        'inbox._payload_size(jsonb)'::regprocedure, 'inbox._default_clock_tolerance()'::regprocedure,
        'inbox._check_produced_at(text, text, text, timestamptz)'::regprocedure;
--- 0.2.0: claims are authorized (the claim asks inbox._may_act_as), readers get no hash function.
-SELECT 1 / (p.prosrc LIKE '%inbox._may_act_as(%')::integer FROM pg_catalog.pg_proc p
+-- 0.2.0: claims are authorized (the claim asks inbox._acting_as), readers get no hash function.
+SELECT 1 / (p.prosrc LIKE '%inbox._acting_as(%')::integer FROM pg_catalog.pg_proc p
  WHERE p.oid = 'inbox.claim(text, text, text, jsonb, text, text, timestamptz)'::regprocedure;
 SELECT 1 / (NOT pg_catalog.has_function_privilege('inbox_reader', 'inbox.payload_hash(jsonb, text[])', 'EXECUTE'))::integer;
 
