@@ -12,7 +12,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(455);
+SELECT plan(456);
 
 -- ------------------------------------------------------------------ fixtures
 \ir write_counter.psql
@@ -1274,6 +1274,12 @@ UPDATE inbox.outbox SET discarded_at = now() - interval '2 days' WHERE effect_id
 SELECT is(inbox.purge_delivered_effects('1 day'), 1, 'purge: deletes the discarded effect');
 SELECT is((SELECT array_agg((consumer, status)::text) FROM inbox.outbox WHERE effect_id = 'dup'), ARRAY['(tx-a,pending)'],
           'purge: another consumer''s effect under the same id stays');
+
+-- enqueue_effect plans its statements once per session: with custom plans its authorization query
+-- was planned again at every call (4x the CPU of an enqueue once the outbox held rows).
+SELECT ok((SELECT 'plan_cache_mode=force_generic_plan' = ANY (p.proconfig) FROM pg_proc p
+            WHERE p.oid = 'inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz, text)'::regprocedure),
+          'enqueue_effect: generic plans only (SET plan_cache_mode = force_generic_plan)');
 
 SELECT * FROM finish();
 ROLLBACK;
