@@ -870,7 +870,7 @@ BEGIN
     RETURN QUERY
         SELECT x.o, x.t, x.p, x.m, x.r_outcome, x.r_sha, x.r_stored, x.r_version, x.r_at, x.r_qid, x.r_attempts,
                x.r_reason, x.r_error
-          FROM unnest(steps, results)
+          FROM ROWS FROM (pg_catalog.unnest(steps), pg_catalog.unnest(results))
                AS x(o, t, p, m, ty, pl, pa, h, c, cl, r_outcome, r_sha, r_stored, r_version, r_at, r_qid, r_attempts,
                     r_reason, r_error);
 END
