@@ -312,7 +312,7 @@ CREATE OR REPLACE FUNCTION inbox.claim(
     SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    authorized boolean;
+    lookup record;
     settings inbox.consumer_config;
     hash bytea;
     expired inbox.delivery_result;
@@ -321,19 +321,17 @@ BEGIN
         PERFORM inbox._check_identity('inbox.claim', claim.consumer, claim.producer, claim.message_id, claim.tenant);
     END IF;
     -- One query: may the caller act as the consumer (inbox._acting_as, inlined), and its settings.
-    SELECT a.allowed, c.consumer, c.hash_exclude_keys, c.max_attempts, c.store_payloads, c.max_payload_bytes,
-           c.last_active_at, c.purge_watermark
-      INTO authorized, settings.consumer, settings.hash_exclude_keys, settings.max_attempts, settings.store_payloads,
-           settings.max_payload_bytes, settings.last_active_at, settings.purge_watermark
+    SELECT a.allowed, c AS settings INTO lookup
       FROM inbox._acting_as(claim.consumer, claim.tenant) a
       LEFT JOIN inbox.consumer_config c ON c.consumer = claim.consumer;
-    IF authorized IS NOT TRUE THEN
+    IF lookup.allowed IS NOT TRUE THEN
         PERFORM inbox._authorize('inbox.claim', claim.consumer, claim.tenant);
     END IF;
     IF claim.produced_at > now() THEN
         PERFORM inbox._check_produced_at('inbox.claim', claim.consumer, claim.producer, claim.produced_at);
     END IF;
-    IF settings.consumer IS NULL THEN
+    settings := lookup.settings;
+    IF settings IS NULL THEN
         settings := inbox._default_settings(claim.consumer);
     END IF;
     IF inbox._delivery_ok(inbox._payload_size(claim.payload), settings.max_payload_bytes, claim.handler_version)

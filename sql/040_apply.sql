@@ -286,8 +286,7 @@ DECLARE
     settings inbox.consumer_config;
     version text;
     hash bytea;
-    authorized boolean;
-    handler_refused boolean;
+    lookup record;
     plan inbox._handler_call;
 BEGIN
     IF inbox._identity_ok(_begin_apply.consumer, _begin_apply.producer, _begin_apply.message_id,
@@ -305,33 +304,34 @@ BEGIN
     -- owner's rights (it would run with rights no consumer has); inbox._check_handler raises that.
     -- The errors come in the order they always had: authorization, clock, handler.
     SELECT a.allowed, h.handler, h.handler_version, h.takes_context,
-           p.oid IS NULL OR inbox._privileged_definer(p.prosecdef, p.proowner),
-           c.consumer, c.hash_exclude_keys, c.max_payload_bytes, c.store_payloads, c.last_active_at, c.purge_watermark
-      INTO authorized, plan.handler, version, plan.takes_context, handler_refused,
-           settings.consumer, settings.hash_exclude_keys, settings.max_payload_bytes, settings.store_payloads,
-           settings.last_active_at, settings.purge_watermark
+           p.oid IS NULL OR inbox._privileged_definer(p.prosecdef, p.proowner) AS refused, c AS settings
+      INTO lookup
       FROM inbox._acting_as(_begin_apply.consumer, _begin_apply.tenant) a
       LEFT JOIN inbox.handler h ON h.consumer = _begin_apply.consumer AND h.message_type = _begin_apply.message_type
       LEFT JOIN pg_catalog.pg_proc p ON p.oid = h.handler
       LEFT JOIN inbox.consumer_config c ON c.consumer = h.consumer;
-    IF authorized IS NOT TRUE THEN
+    IF lookup.allowed IS NOT TRUE THEN
         PERFORM inbox._authorize('inbox.claim_and_apply', _begin_apply.consumer, _begin_apply.tenant);
     END IF;
     IF _begin_apply.produced_at > now() THEN
         PERFORM inbox._check_produced_at('inbox.claim_and_apply', _begin_apply.consumer, _begin_apply.producer,
                                          _begin_apply.produced_at);
     END IF;
-    IF plan.handler IS NULL THEN
+    IF lookup.handler IS NULL THEN
         RAISE EXCEPTION 'inbox.claim_and_apply: no handler registered for consumer % and message type %',
             pg_catalog.quote_literal(_begin_apply.consumer), pg_catalog.quote_literal(_begin_apply.message_type)
             USING ERRCODE = 'undefined_object',
                   HINT = 'An operator registers one: SELECT inbox.register_handler(consumer, message_type, ''f(jsonb)''::regprocedure, version).';
     END IF;
-    IF handler_refused THEN
-        PERFORM inbox._check_handler('inbox.claim_and_apply', plan.handler, _begin_apply.consumer,
+    IF lookup.refused THEN
+        PERFORM inbox._check_handler('inbox.claim_and_apply', lookup.handler, _begin_apply.consumer,
                                      _begin_apply.message_type);
     END IF;
-    IF settings.consumer IS NULL THEN
+    plan.handler := lookup.handler;
+    plan.takes_context := lookup.takes_context;
+    version := lookup.handler_version;
+    settings := lookup.settings;
+    IF settings IS NULL THEN
         settings := inbox._default_settings(_begin_apply.consumer);
     END IF;
     IF inbox._delivery_ok(inbox._payload_size(_begin_apply.payload), settings.max_payload_bytes, version) IS NOT TRUE THEN
