@@ -7,7 +7,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(86);
+SELECT plan(87);
 
 -- ------------------------------------------------------------------ schema, tables, types
 SELECT has_schema('inbox', 'schema inbox exists');
@@ -77,8 +77,9 @@ SELECT col_not_null('inbox', 'quarantine_decision', 'note', 'every decision has 
 
 -- ------------------------------------------------------------------ keys
 -- The claim key is the concurrency control: INSERT ... ON CONFLICT ON CONSTRAINT message_pkey.
-SELECT col_is_pk('inbox', 'message', ARRAY['consumer', 'tenant', 'producer', 'message_id'],
-                 'the claim key is (consumer, tenant, producer, message_id)');
+SELECT col_is_pk('inbox', 'message', ARRAY['message_id', 'consumer', 'tenant', 'producer'],
+                 'the claim key is (message_id, consumer, tenant, producer): led by the column that tells identities apart');
+SELECT ok(to_regclass('inbox.message_key_building') IS NULL, 'no half-built claim key is left behind');
 SELECT index_is_primary('inbox', 'message', 'message_pkey', 'the claim key is the constraint message_pkey');
 SELECT col_is_pk('inbox', 'attempt', ARRAY['consumer', 'tenant', 'producer', 'message_id'],
                  'inbox.attempt is keyed by the identity');
