@@ -560,7 +560,10 @@ DECLARE
     handler_versions text[];
     handler_contexts boolean[];
     versions_ok boolean;
-    inserted text[];
+    inserted integer;
+    inserted_tenants text[];
+    inserted_producers text[];
+    inserted_ids text[];
     claimed boolean[];
     claims inbox.delivery_result[];
     claim inbox.delivery_result;
@@ -577,14 +580,14 @@ BEGIN
     END IF;
     settings := inbox._settings(_begin_apply_batch.consumer);
     -- Every element at once: its fields, its hash, whether its shape and identity pass
-    -- inbox._batch_messages and its size the limit, and whether it is the first element with its
-    -- identity. Aggregated from the rows in order (one sort, in the subquery: no joins here).
+    -- inbox._batch_messages and its size the limit. Aggregated from the rows in order (the
+    -- subquery's ORDER BY: no joins here).
     SELECT count(*)::integer, bool_and(m.shape_ok),
            bool_and(coalesce(inbox._payload_size(m.payload) <= settings.max_payload_bytes, false)),
            array_agg(m.tenant), array_agg(m.producer), array_agg(m.message_id), array_agg(m.message_type),
            array_agg(m.payload), array_agg(m.produced_text),
-           array_agg(inbox.payload_hash(m.payload, settings.hash_exclude_keys)), array_agg(m.first)
-      INTO n, shapes_ok, deliveries_ok, tenants, producers, ids, types, payloads, produced_texts, hashes, firsts
+           array_agg(inbox.payload_hash(m.payload, settings.hash_exclude_keys))
+      INTO n, shapes_ok, deliveries_ok, tenants, producers, ids, types, payloads, produced_texts, hashes
       FROM (SELECT e.o, e.tenant, e.producer, e.message_id, e.message_type, e.payload, e.produced_text,
                    coalesce(jsonb_typeof(e.item) = 'object'
                             AND jsonb_typeof(e.item -> 'producer') = 'string'
@@ -597,8 +600,7 @@ BEGIN
                             AND inbox._identity_ok(_begin_apply_batch.consumer, e.producer, e.message_id, e.tenant)
                             AND (e.message_type IS NULL
                                  OR NOT (inbox._blank(e.message_type) OR octet_length(e.message_type) > 128)),
-                            false) AS shape_ok,
-                   row_number() OVER (PARTITION BY e.tenant, e.producer, e.message_id ORDER BY e.o) = 1 AS first
+                            false) AS shape_ok
               FROM (SELECT x.o, x.item, coalesce(x.item ->> 'tenant', '') AS tenant, x.item ->> 'producer' AS producer,
                            x.item ->> 'message_id' AS message_id, x.item ->> 'message_type' AS message_type,
                            x.item -> 'payload' AS payload, x.item ->> 'produced_at' AS produced_text
@@ -680,24 +682,33 @@ BEGIN
     END IF;
     PERFORM set_config('inbox.consumer', _begin_apply_batch.consumer, true);
 
-    -- The claim of every identity the batch holds, in one statement (repeats within the batch are
-    -- claimed later, after the first one's handler ran). claimed: per element, did it insert the row.
+    -- The claim of every identity the batch holds, in one statement, in the batch's order: a repeat
+    -- of an identity within the batch meets the row its first element inserted and inserts nothing
+    -- (ON CONFLICT DO NOTHING skips rows that conflict with rows the same statement inserted); it is
+    -- claimed later, after the first one's handler ran. claimed: per element, did it insert the row.
     WITH claims AS (
         INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version,
                                    produced_at, processed_at)
         SELECT _begin_apply_batch.consumer, x.t, x.p, x.m, x.h, x.v, x.pa, now()
-          FROM unnest(tenants, producers, ids, hashes, versions, produced, firsts) x(t, p, m, h, v, pa, f)
-         WHERE x.f
+          FROM unnest(tenants, producers, ids, hashes, versions, produced) x(t, p, m, h, v, pa)
         ON CONFLICT ON CONSTRAINT message_pkey DO NOTHING
         RETURNING message.tenant, message.producer, message.message_id)
-    SELECT coalesce(array_agg(c.tenant || E'\n' || c.producer || E'\n' || c.message_id), '{}') INTO inserted
+    SELECT count(*)::integer, array_agg(c.tenant), array_agg(c.producer), array_agg(c.message_id)
+      INTO inserted, inserted_tenants, inserted_producers, inserted_ids
       FROM claims c;
-    IF cardinality(inserted) = cardinality(array_positions(firsts, true)) THEN
-        claimed := firsts;  -- every first element inserted its row
+    IF inserted = n THEN
+        -- Every element inserted its row: n distinct identities, none claimed before (the usual batch).
+        firsts := array_fill(true, ARRAY[n]);
+        claimed := firsts;
     ELSE
-        -- Not claimed unless its row is among those inserted: never NULL, which would read as claimed.
-        claimed := ARRAY(SELECT x.f AND coalesce(x.t || E'\n' || x.p || E'\n' || x.m = ANY (inserted), false)
-                           FROM unnest(tenants, producers, ids, firsts) WITH ORDINALITY x(t, p, m, f, o) ORDER BY x.o);
+        -- Which element is the first with its identity, and which of those inserted their row: not
+        -- claimed unless its row is among those inserted (never NULL, which would read as claimed).
+        SELECT array_agg(y.f ORDER BY y.o),
+               array_agg(y.f AND EXISTS (SELECT 1 FROM unnest(inserted_tenants, inserted_producers, inserted_ids) i(t, p, m)
+                                          WHERE i.t = y.t AND i.p = y.p AND i.m = y.m) ORDER BY y.o)
+          INTO firsts, claimed
+          FROM (SELECT x.o, x.t, x.p, x.m, row_number() OVER (PARTITION BY x.t, x.p, x.m ORDER BY x.o) = 1 AS f
+                  FROM unnest(tenants, producers, ids) WITH ORDINALITY x(t, p, m, o)) y;
     END IF;
 
     -- The elements that were not simply claimed: repeats, identities claimed before (duplicate,

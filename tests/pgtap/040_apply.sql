@@ -7,7 +7,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(144);
+SELECT plan(148);
 
 -- ------------------------------------------------------------------ fixtures
 \ir write_counter.psql
@@ -494,6 +494,23 @@ SELECT is((SELECT array_agg(outcome ORDER BY ordinal) FROM inbox.claim_batch('ta
     {"producer": "p", "message_id": "s1", "payload": {"account": "acc-s1", "amount": 1}},
     {"producer": "p", "message_id": "s2", "payload": {"account": "acc-s2", "amount": 9}}
 ]$$, 'b1')), ARRAY['duplicate', 'conflict'], 'claim_batch of identities all claimed before: duplicate, conflict, nothing claimed');
+
+-- Which elements a partly claimed batch inserted is decided on the identity's columns, not on a
+-- string made of them: (producer 'p', id E'q\nn1') and (producer E'p\nq', id 'n1') join to the
+-- same text with a newline between the parts. The first was claimed before; the second is new.
+SELECT is((SELECT outcome FROM inbox.claim_and_apply('tap-b', 'p', E'q\nn1', 'credit', '{"account": "acc-n1", "amount": 1}')),
+          'applied', 'batch identities: the first of two look-alike identities applied alone');
+SELECT tapdom.calls() AS calls_n \gset
+SELECT is((SELECT array_agg(outcome ORDER BY ordinal) FROM inbox.claim_and_apply_batch('tap-b', $$[
+    {"producer": "p\nq", "message_id": "n1", "message_type": "credit", "payload": {"account": "acc-n2", "amount": 2}},
+    {"producer": "p", "message_id": "q\nn1", "message_type": "credit", "payload": {"account": "acc-n1", "amount": 1}},
+    {"producer": "p", "message_id": "n3", "message_type": "credit", "payload": {"account": "acc-n3", "amount": 3}},
+    {"producer": "p", "message_id": "n3", "message_type": "credit", "payload": {"account": "acc-n3", "amount": 3}}
+]$$)), ARRAY['applied', 'duplicate', 'applied', 'duplicate'],
+          'batch identities: a look-alike claimed before is a duplicate, the new one and a repeat within the batch as usual');
+SELECT is(tapdom.calls() - :calls_n, 2::bigint, 'batch identities: only the two new messages ran their handler');
+SELECT is((SELECT string_agg(id || '=' || balance, ',' ORDER BY id) FROM tapdom.account WHERE id IN ('acc-n1', 'acc-n2', 'acc-n3')),
+          'acc-n1=1,acc-n2=2,acc-n3=3', 'batch identities: every balance applied once');
 
 -- Document-by-test: the contract says 1..64 elements; an empty array is accepted and returns no rows.
 SELECT is((SELECT count(*)::integer FROM inbox.claim_and_apply_batch('tap-b', '[]')), 0,
