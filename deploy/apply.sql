@@ -690,7 +690,8 @@ BEGIN
         INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version,
                                    produced_at, processed_at)
         SELECT _begin_apply_batch.consumer, x.t, x.p, x.m, x.h, x.v, x.pa, now()
-          FROM unnest(tenants, producers, ids, hashes, versions, produced) x(t, p, m, h, v, pa)
+          FROM unnest(tenants, producers, ids, hashes, versions, produced) WITH ORDINALITY x(t, p, m, h, v, pa, o)
+         ORDER BY x.o  -- the first element of an identity inserts its row, whatever the plan
         ON CONFLICT ON CONSTRAINT message_pkey DO NOTHING
         RETURNING message.tenant, message.producer, message.message_id)
     SELECT count(*)::integer, array_agg(c.tenant), array_agg(c.producer), array_agg(c.message_id)
