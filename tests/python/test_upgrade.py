@@ -7,7 +7,8 @@ the schema a fresh build from sql/ makes. Reverting to the release keeps the dat
 Run twice: on this checkout (HEAD), and on a *rework drill* — a copy of the project in which
 `sqitch rework` changed three functions changes after the tag, the way every release after the
 first ships a fix — so the upgrade path is exercised even when HEAD is the release itself.
-A third test shows what this guards against: a released script edited in place (the layout before
+A fourth test cancels the concurrent build of the claim key (change message_key) halfway and
+deploys again. A third test shows what this guards against: a released script edited in place (the layout before
 v0.1.0) is refused by sync_deploy.py --check, and a database deployed before the edit does not
 pick it up, which the catalog comparison catches.
 """
@@ -553,3 +554,64 @@ def test_a_released_script_edited_in_place_is_caught(pg_base: str, fresh_db: tup
         drop_database(pg_base, fresh)
     assert expected != upgraded
     assert "(a fix, edited in place)" in dump_diff(expected, upgraded, "sql/", "upgraded")
+
+
+def test_an_interrupted_build_of_the_claim_key_is_taken_over_by_the_next_deploy(fresh_db: tuple[str, str]) -> None:
+    """message_key builds the new claim key with CREATE INDEX CONCURRENTLY, outside a transaction: a
+    build cancelled halfway leaves an invalid index behind. Deploying again drops it, builds the key
+    and swaps it in; every identity is still there and still a unique key."""
+    _, dsn = fresh_db
+    changes = plan_entries(REPO_ROOT)
+    before = changes[changes.index("message_key") - 1]
+    sqitch.deploy(dsn, to_change=before, project=REPO_ROOT)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version)"
+            " SELECT 'c' || g % 3, '', 'p', gen_random_uuid()::text, sha256(g::text::bytea), 'v1'"
+            " FROM generate_series(1, 3000) g")
+
+    # A transaction holding a lock on the table makes the build wait; the build is then cancelled.
+    with psycopg.connect(dsn) as holder, psycopg.connect(dsn, autocommit=True) as builder, \
+            psycopg.connect(dsn, autocommit=True) as watcher:
+        holder.execute("LOCK TABLE inbox.message IN ROW EXCLUSIVE MODE")
+        pid = builder.info.backend_pid
+        failure: list[BaseException] = []
+
+        def build() -> None:
+            try:
+                builder.execute("CREATE UNIQUE INDEX CONCURRENTLY message_key_building"
+                                " ON inbox.message (message_id, consumer, tenant, producer)")
+            except psycopg.errors.QueryCanceled as exc:
+                failure.append(exc)
+
+        thread = threading.Thread(target=build)
+        thread.start()
+        deadline = time.monotonic() + 30
+        waiting = "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s"
+        while watcher.execute(waiting, (pid,)).fetchone() != (True,):
+            assert time.monotonic() < deadline, "the concurrent build never waited for the lock holder"
+            time.sleep(0.05)
+        watcher.execute("SELECT pg_cancel_backend(%s)", (pid,))
+        thread.join(30)
+        holder.rollback()
+    assert failure, "the build was not cancelled"
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT indisvalid FROM pg_index WHERE indexrelid = 'inbox.message_key_building'::regclass"
+                            ).fetchone() == (False,)
+
+    sqitch.deploy(dsn, project=REPO_ROOT)
+    sqitch.verify(dsn, project=REPO_ROOT)
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT to_regclass('inbox.message_key_building')").fetchone() == (None,)
+        assert conn.execute(
+            "SELECT pg_get_constraintdef(c.oid), i.indisvalid, i.indisunique FROM pg_constraint c"
+            " JOIN pg_index i ON i.indexrelid = c.conindid"
+            " WHERE c.conrelid = 'inbox.message'::regclass AND c.contype = 'p'").fetchone() == (
+            "PRIMARY KEY (message_id, consumer, tenant, producer)", True, True)
+        assert conn.execute("SELECT count(*), count(DISTINCT message_id) FROM inbox.message").fetchone() == (3000, 3000)
+        # The key still refuses a second row for an identity (a claim's ON CONFLICT relies on it).
+        row = conn.execute("SELECT consumer, tenant, producer, message_id FROM inbox.message LIMIT 1").fetchone()
+        assert row is not None
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            conn.execute("INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256,"
+                         " handler_version) VALUES (%s, %s, %s, %s, '\\x00', 'v1')", row)
