@@ -7,10 +7,10 @@ the schema a fresh build from sql/ makes. Reverting to the release keeps the dat
 Run twice: on this checkout (HEAD), and on a *rework drill* — a copy of the project in which
 `sqitch rework` changed three functions changes after the tag, the way every release after the
 first ships a fix — so the upgrade path is exercised even when HEAD is the release itself.
-A fourth test cancels the concurrent build of the claim key (change message_key) halfway and
-deploys again. A third test shows what this guards against: a released script edited in place (the layout before
+A third test shows what this guards against: a released script edited in place (the layout before
 v0.1.0) is refused by sync_deploy.py --check, and a database deployed before the edit does not
-pick it up, which the catalog comparison catches.
+pick it up, which the catalog comparison catches. The last one cancels the concurrent build of the
+claim key (change message_key) halfway and deploys again.
 """
 
 from __future__ import annotations
