@@ -354,10 +354,12 @@ BEGIN
      WHERE c.relnamespace = 'inbox'::regnamespace AND c.relkind = 'r'
        AND c.relname IN ('message', 'attempt', 'quarantine', 'outbox', 'metric_event');
 
+    -- No sample before the table's first ANALYZE or VACUUM (reltuples -1): 0 would read as an empty
+    -- inbox. (0.1.0 reported 0.)
     RETURN QUERY
     SELECT 'pginbox_inbox_rows_estimate', 'gauge', 'Rows in inbox.message, as estimated by the last ANALYZE',
-           '{}'::jsonb, greatest(c.reltuples, 0)::double precision
-      FROM pg_class c WHERE c.oid = 'inbox.message'::regclass;
+           '{}'::jsonb, c.reltuples::double precision
+      FROM pg_class c WHERE c.oid = 'inbox.message'::regclass AND c.reltuples >= 0;
 
     -- Retention (inbox.retention_status, per consumer and policy producer; '' is the consumer's
     -- default policy) and how far back each producer's identities reach: from the first identity

@@ -17,6 +17,8 @@ SELECT 1 / count(*) FROM pg_catalog.pg_trigger
  WHERE tgrelid = 'inbox.attempt'::regclass AND tgname = 'attempt_count_failure_insert';
 SELECT 1 / count(*) FROM pg_catalog.pg_trigger
  WHERE tgrelid = 'inbox.attempt'::regclass AND tgname = 'attempt_count_failure_update';
+-- 0.2.0: no rows estimate before the first ANALYZE.
+SELECT 1 / (pg_catalog.pg_get_functiondef('inbox.metrics()'::regprocedure) LIKE '%c.reltuples >= 0%')::integer;
 -- Grants: readers read metrics, operators also configure and roll up, consumers do neither.
 SELECT 1 / (pg_catalog.has_function_privilege('inbox_reader', 'inbox.metrics()', 'EXECUTE')
             AND pg_catalog.has_function_privilege('inbox_operator', 'inbox.metrics()', 'EXECUTE')

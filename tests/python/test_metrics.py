@@ -370,6 +370,9 @@ def test_stats_is_honest_about_the_row_estimate(conn: Conn, db_dsn: str) -> None
     text = _stats(db_dsn).stdout
     assert "inbox_rows_estimate: no estimate (inbox.message not analyzed yet" in text
     assert "inbox_rows_estimate: 0" not in text
+    # The exported gauge has no sample either (0.1.0 exported 0: an empty inbox).
+    estimate = "SELECT value FROM inbox.metrics() WHERE metric = 'pginbox_inbox_rows_estimate'"
+    assert conn.execute(estimate).fetchall() == []
     with login_role(conn, db_dsn, "inbox_reader") as reader_dsn:
         counted = json.loads(_stats(reader_dsn, "--json", "--count").stdout)["inbox"]
         assert counted["inbox_rows"] == 4000 and counted["inbox_rows_estimate"] is None
@@ -378,6 +381,7 @@ def test_stats_is_honest_about_the_row_estimate(conn: Conn, db_dsn: str) -> None
     conn.execute("ANALYZE inbox.message")
     after = json.loads(_stats(db_dsn, "--json").stdout)["inbox"]
     assert after["inbox_rows_estimate"] == 4000
+    assert conn.execute(estimate).fetchall() == [(4000,)]
     analyzed = datetime.datetime.fromisoformat(after["inbox_rows_estimate_at"])
     assert abs((datetime.datetime.now(datetime.UTC) - analyzed).total_seconds()) < 60
     assert "inbox_rows_estimate: 4000 (ANALYZE/VACUUM at " in _stats(db_dsn).stdout
