@@ -59,7 +59,7 @@ SCRAPE_TIMEOUT_SQL: Final = "SELECT pg_catalog.set_config('statement_timeout', %
 # (the cursor and the totals commit together). Only for the collector's own transaction.
 SCRAPE_ASYNC_COMMIT_SQL: Final = "SELECT pg_catalog.set_config('synchronous_commit', 'off', true)"
 # What PostgreSQL estimates inbox.message holds, and since when. reltuples is -1 until the table's
-# first ANALYZE or VACUUM (inbox.metrics() reports that as 0); the statistics views say when.
+# first ANALYZE or VACUUM (inbox.metrics() then has no sample for it); the statistics views say when.
 ROWS_ESTIMATE: Final = """
 SELECT c.reltuples::bigint,
        greatest(s.last_analyze, s.last_autoanalyze, s.last_vacuum, s.last_autovacuum)
