@@ -5,7 +5,7 @@
 -- and a B-tree compares keys column by column: with consumer, tenant and producer first, every
 -- comparison went through three equal text columns before reaching the one that differs, and
 -- reached the fourth column of a tuple whose widths vary by walking it. Led by message_id, most
--- comparisons end at the first column. (A set-based claim of 50 took 16% less CPU in one session.)
+-- comparisons end at the first column. (claim_batch of 50: about 20% less CPU, bench/bench_cpu_ab.py.)
 -- Queries by consumer alone (the purge, the metrics rollup, configure_consumer) use
 -- message_purge_idx (consumer, processed_at), as they did.
 --
