@@ -27,10 +27,25 @@ from pathlib import Path
 
 import psycopg
 from bench_claim import GRANTS, SETUP
-from benchlib import ROOT, SERVICE_ROLE
+from benchlib import ROOT, SERVICE_ROLE, create_service_role, deploy_sql
 
 from pginbox.devtools.cluster import Cluster
 
+# One call per transaction. The batches differ only in the function and its last argument.
+BATCH = """
+CREATE PROCEDURE bench_{name}(n integer) LANGUAGE plpgsql AS $$
+BEGIN
+    FOR i IN 1 .. n LOOP
+        PERFORM count(*) FROM inbox.{function}('bench', (
+            SELECT jsonb_agg(jsonb_build_object('producer', 'shop', 'message_id', gen_random_uuid()::text,
+                                                'message_type', 'credit',
+                                                'payload', jsonb_build_object('account', 1 + (i * 50 + g) % 100000,
+                                                                              'amount', 1)) ORDER BY g)
+              FROM generate_series(1, 50) g){extra});
+        COMMIT;
+    END LOOP;
+END $$;
+"""
 PROCEDURES = """
 CREATE PROCEDURE bench_apply(n integer) LANGUAGE plpgsql AS $$
 BEGIN
@@ -40,29 +55,8 @@ BEGIN
         COMMIT;
     END LOOP;
 END $$;
-CREATE PROCEDURE bench_batch(n integer) LANGUAGE plpgsql AS $$
-BEGIN
-    FOR i IN 1 .. n LOOP
-        PERFORM count(*) FROM inbox.claim_and_apply_batch('bench', (
-            SELECT jsonb_agg(jsonb_build_object('producer', 'shop', 'message_id', gen_random_uuid()::text,
-                                                'message_type', 'credit',
-                                                'payload', jsonb_build_object('account', 1 + (i * 50 + g) % 100000,
-                                                                              'amount', 1)) ORDER BY g)
-              FROM generate_series(1, 50) g));
-        COMMIT;
-    END LOOP;
-END $$;
-CREATE PROCEDURE bench_claim_batch(n integer) LANGUAGE plpgsql AS $$
-BEGIN
-    FOR i IN 1 .. n LOOP
-        PERFORM count(*) FROM inbox.claim_batch('bench', (
-            SELECT jsonb_agg(jsonb_build_object('producer', 'shop', 'message_id', gen_random_uuid()::text,
-                                                'payload', jsonb_build_object('account', 1 + (i * 50 + g) % 100000,
-                                                                              'amount', 1)) ORDER BY g)
-              FROM generate_series(1, 50) g), 'v1');
-        COMMIT;
-    END LOOP;
-END $$;
+""" + BATCH.format(name="batch", function="claim_and_apply_batch", extra="") + BATCH.format(
+    name="claim_batch", function="claim_batch", extra=", 'v1'") + """
 GRANT EXECUTE ON PROCEDURE bench_apply(integer), bench_batch(integer), bench_claim_batch(integer) TO {role};
 """
 
@@ -74,14 +68,6 @@ SELECT 'bench', '', 'shop', gen_random_uuid()::text, sha256(g::text::bytea), 'v1
 """
 
 WORKLOADS = {"apply": ("bench_apply", 3000), "batch": ("bench_batch", 300), "claim_batch": ("bench_claim_batch", 300)}
-
-
-def deploy(dsn: str, sql_dir: Path) -> None:
-    for module in sorted(sql_dir.glob("*.sql")):
-        done = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", str(module)],
-                              check=False, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise SystemExit(f"deploying {module} failed:\n{done.stderr}")
 
 
 def backend_cpu_ns(pid: int) -> int:
@@ -105,26 +91,19 @@ def main() -> None:
         cluster.ensure()
         cluster.start()
         try:
-            with psycopg.connect(cluster.dsn("postgres"), autocommit=True) as conn:
-                roles_made = False
-                for db, sql_dir in (("base", base_sql / "sql"), ("head", ROOT / "sql")):
-                    cluster.create_database(db)
-                    dsn = cluster.dsn(db)
-                    deploy(dsn, sql_dir)
-                    if not roles_made:
-                        conn.execute(f"CREATE ROLE {SERVICE_ROLE} LOGIN IN ROLE inbox_consumer")  # type: ignore[arg-type]
-                        roles_made = True
-                    with psycopg.connect(dsn, autocommit=True) as c:
-                        c.execute(SETUP % {"accounts": 100_000})  # type: ignore[arg-type]
-                        c.execute("SELECT inbox.bind_consumer('bench', %s::regrole, note => 'benchmark')",
-                                  (SERVICE_ROLE,))
-                        c.execute(GRANTS.replace("{role}", SERVICE_ROLE))  # type: ignore[arg-type]
-                        c.execute(PROCEDURES.replace("{role}", SERVICE_ROLE))  # type: ignore[arg-type]
-                        started = time.monotonic()
-                        c.execute(LOAD, {"rows": args.rows})
-                        c.execute("VACUUM ANALYZE")
-                        print(f"{db}: sql/ of {args.base if db == 'base' else 'this checkout'}, "
-                              f"{args.rows:,} identities loaded in {time.monotonic() - started:.0f}s", flush=True)
+            for db, sql_dir in (("base", base_sql / "sql"), ("head", ROOT / "sql")):
+                cluster.create_database(db)
+                dsn = cluster.dsn(db)
+                deploy_sql(dsn, sql_dir)
+                with psycopg.connect(dsn, autocommit=True) as c:
+                    c.execute(SETUP % {"accounts": 100_000})  # type: ignore[arg-type]
+                create_service_role(dsn, "bench", GRANTS + PROCEDURES, create=db == "base")
+                with psycopg.connect(dsn, autocommit=True) as c:
+                    started = time.monotonic()
+                    c.execute(LOAD, {"rows": args.rows})
+                    c.execute("VACUUM ANALYZE")
+                    print(f"{db}: sql/ of {args.base if db == 'base' else 'this checkout'}, "
+                          f"{args.rows:,} identities loaded in {time.monotonic() - started:.0f}s", flush=True)
             sessions = {}
             for db in ("base", "head"):
                 c = psycopg.connect(cluster.dsn(db).replace("user=postgres", f"user={SERVICE_ROLE}"), autocommit=True)

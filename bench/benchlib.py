@@ -16,6 +16,15 @@ sys.path.insert(0, str(ROOT / "python"))
 from pginbox.devtools.cluster import Cluster  # noqa: E402
 
 
+def deploy_sql(dsn: str, sql_dir: Path = ROOT / "sql") -> None:
+    """sql_dir/*.sql deployed in name order with psql (the readable current state, built directly)."""
+    for module in sorted(sql_dir.glob("*.sql")):
+        done = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", str(module)],
+                              check=False, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"deploying {module} failed:\n{done.stderr}")
+
+
 @contextmanager
 def bench_database(sql_dir: Path = ROOT / "sql", prefix: str = "pginbox-bench-") -> Iterator[tuple[Cluster, str]]:
     """Yield (cluster, dsn of database `bench`) with sql_dir/*.sql deployed in name order."""
@@ -27,11 +36,7 @@ def bench_database(sql_dir: Path = ROOT / "sql", prefix: str = "pginbox-bench-")
         try:
             cluster.create_database("bench")
             dsn = cluster.dsn("bench")
-            for module in sorted(sql_dir.glob("*.sql")):
-                done = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", str(module)],
-                                      check=False, capture_output=True, text=True)
-                if done.returncode != 0:
-                    raise SystemExit(f"deploying {module} failed:\n{done.stderr}")
+            deploy_sql(dsn, sql_dir)
             yield cluster, dsn
         finally:
             cluster.stop("fast")
@@ -67,13 +72,15 @@ def run_pgbench(cluster: Cluster, script: str, clients: int, seconds: int, *, db
 SERVICE_ROLE = "bench_svc"
 
 
-def create_service_role(dsn: str, consumer: str = "bench", grants: str = "") -> None:
+def create_service_role(dsn: str, consumer: str = "bench", grants: str = "", *, create: bool = True) -> None:
     """A LOGIN role as a real service has it: member of inbox_consumer only, bound to `consumer`
-    (authorization on, as in production), plus `grants` (SQL run as the superuser, {role} replaced)."""
+    (authorization on, as in production), plus `grants` (SQL run as the superuser, {role} replaced).
+    create=False: the role exists (made for another database of the cluster); bind and grant only."""
     import psycopg
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"CREATE ROLE {SERVICE_ROLE} LOGIN IN ROLE inbox_consumer")  # type: ignore[arg-type]
+        if create:
+            conn.execute(f"CREATE ROLE {SERVICE_ROLE} LOGIN IN ROLE inbox_consumer")  # type: ignore[arg-type]
         conn.execute("SELECT inbox.bind_consumer(%s, %s::regrole, note => 'benchmark service')",
                      (consumer, SERVICE_ROLE))
         if grants:
