@@ -258,6 +258,14 @@ def test_sigstop_past_the_lease_then_sigcont_its_late_report_is_fenced_and_count
             " WHERE effect_id = 'fx-paused' AND report = 'complete'"
         ).fetchone()
         assert fenced == (first_token, "pginbox-dispatch:paused", "delivered")
+        # The refusal is committed by the report's transaction; the reporter counts it once that
+        # call has returned, so the counter can trail the row by a moment.
+        def fenced_count() -> float:
+            status, metrics = paused.health("/metrics")
+            assert status == 200
+            return metric(metrics, "pginbox_dispatcher_fenced_out_total", 'report="complete"')
+
+        assert wait_until(lambda: fenced_count() >= 1.0)
         status, metrics = paused.health("/metrics")
         assert status == 200
         assert metric(metrics, "pginbox_dispatcher_fenced_out_total", 'report="complete"') == 1.0
