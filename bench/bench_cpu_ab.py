@@ -10,10 +10,15 @@ costs count; synchronous_commit off, so the disk does not):
   apply        inbox.claim_and_apply, one message (a new random UUID) and the credit handler
   batch        inbox.claim_and_apply_batch, 50 messages
   claim_batch  inbox.claim_batch, 50 messages (no handlers)
+  enqueue      UPDATE account (one row), then inbox.enqueue_effect (consumer 'bench', destination
+               'webhook', bound to both), as bench_outbox_signal.py's transaction
+  plain        the same transaction inserting into a plain outbox table (bench_outbox_signal.py's
+               baseline; the same in both databases: a check of the noise)
 The backend's CPU time (/proc/<pid>/schedstat) over each run is divided by the calls; the runs of
 base and head alternate, and the medians of --runs runs are reported.
 
 Usage:  .venv/bin/python bench/bench_cpu_ab.py [--base b2ab4df] [--rows 1000000] [--runs 7]
+            [--only apply batch claim_batch enqueue plain]
 """
 
 from __future__ import annotations
@@ -57,7 +62,40 @@ BEGIN
 END $$;
 """ + BATCH.format(name="batch", function="claim_and_apply_batch", extra="") + BATCH.format(
     name="claim_batch", function="claim_batch", extra=", 'v1'") + """
-GRANT EXECUTE ON PROCEDURE bench_apply(integer), bench_batch(integer), bench_claim_batch(integer) TO {role};
+CREATE TABLE plain_outbox (
+    effect_id text NOT NULL, consumer text NOT NULL, destination text NOT NULL, payload jsonb NOT NULL,
+    headers jsonb NOT NULL DEFAULT '{}', ordering_key text, status text NOT NULL DEFAULT 'pending',
+    attempts integer NOT NULL DEFAULT 0, available_at timestamptz NOT NULL DEFAULT now(),
+    created_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (effect_id, consumer));
+CREATE INDEX plain_outbox_due ON plain_outbox (available_at) WHERE status = 'pending';
+SELECT inbox.bind_destination('webhook', 'bench', 'benchmark');
+CREATE PROCEDURE bench_enqueue(n integer) LANGUAGE plpgsql AS $$
+DECLARE
+    run text := gen_random_uuid()::text;
+BEGIN
+    FOR i IN 1 .. n LOOP
+        UPDATE account SET balance = balance + 1 WHERE id = 1 + (i * 7919) % 100000;
+        PERFORM inbox.enqueue_effect(run || '-' || i, 'webhook',
+                                     jsonb_build_object('account', 1 + (i * 7919) % 100000, 'amount', 1),
+                                     consumer => 'bench');
+        COMMIT;
+    END LOOP;
+END $$;
+CREATE PROCEDURE bench_plain(n integer) LANGUAGE plpgsql AS $$
+DECLARE
+    run text := gen_random_uuid()::text;
+BEGIN
+    FOR i IN 1 .. n LOOP
+        UPDATE account SET balance = balance + 1 WHERE id = 1 + (i * 7919) % 100000;
+        INSERT INTO plain_outbox (effect_id, consumer, destination, payload)
+        VALUES (run || '-' || i, 'bench', 'webhook',
+                jsonb_build_object('account', 1 + (i * 7919) % 100000, 'amount', 1));
+        COMMIT;
+    END LOOP;
+END $$;
+GRANT SELECT, INSERT ON plain_outbox TO {role};
+GRANT EXECUTE ON PROCEDURE bench_apply(integer), bench_batch(integer), bench_claim_batch(integer),
+                           bench_enqueue(integer), bench_plain(integer) TO {role};
 """
 
 LOAD = """
@@ -67,11 +105,13 @@ SELECT 'bench', '', 'shop', gen_random_uuid()::text, sha256(g::text::bytea), 'v1
   FROM generate_series(1, %(rows)s) g, LATERAL (SELECT now() - interval '1 day' AS t) ts
 """
 
-WORKLOADS = {"apply": ("bench_apply", 3000), "batch": ("bench_batch", 300), "claim_batch": ("bench_claim_batch", 300)}
+WORKLOADS = {"apply": ("bench_apply", 3000), "batch": ("bench_batch", 300), "claim_batch": ("bench_claim_batch", 300),
+             "enqueue": ("bench_enqueue", 5000), "plain": ("bench_plain", 5000)}
 
 
 def backend_cpu_ns(pid: int) -> int:
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+
 
 
 def main() -> None:
@@ -79,7 +119,10 @@ def main() -> None:
     parser.add_argument("--base", default="b2ab4df", help="git revision to compare this checkout with")
     parser.add_argument("--rows", type=int, default=1_000_000, help="identities in inbox.message before the runs")
     parser.add_argument("--runs", type=int, default=7, help="runs of each workload per database")
+    parser.add_argument("--only", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS),
+                        help="workloads to run (default: all)")
     args = parser.parse_args()
+    workloads = {name: WORKLOADS[name] for name in args.only}
 
     with tempfile.TemporaryDirectory(prefix="pginbox-bench-ab-") as tmp:
         Path(tmp).chmod(0o755)
@@ -112,7 +155,7 @@ def main() -> None:
                 assert row is not None
                 sessions[db] = (c, int(row[0]))
             samples: dict[tuple[str, str], list[float]] = {}
-            for name, (procedure, calls) in WORKLOADS.items():
+            for name, (procedure, calls) in workloads.items():
                 for c, _ in sessions.values():
                     c.execute(f"CALL {procedure}(%s)", (calls // 10,))  # type: ignore[arg-type]  # warm up
                 for _ in range(args.runs):
@@ -127,11 +170,11 @@ def main() -> None:
 
     print(f"\nbackend CPU per transaction, median of {args.runs} runs (min..max), {args.rows:,} identities:")
     print(f"  {'workload':12s} {'base ' + args.base:>26s} {'this checkout':>26s} {'change':>8s}")
-    for name in WORKLOADS:
+    for name in workloads:
         base, head = samples[(name, "base")], samples[(name, "head")]
         mb, mh = statistics.median(base), statistics.median(head)
-        print(f"  {name:12s} {mb:9.0f} us ({min(base):5.0f}..{max(base):5.0f})"
-              f" {mh:9.0f} us ({min(head):5.0f}..{max(head):5.0f}) {100 * (mh / mb - 1):+7.1f}%")
+        print(f"  {name:12s} {mb:9.1f} us ({min(base):5.1f}..{max(base):5.1f})"
+              f" {mh:9.1f} us ({min(head):5.1f}..{max(head):5.1f}) {100 * (mh / mb - 1):+7.1f}%")
 
 
 if __name__ == "__main__":
