@@ -4,9 +4,9 @@ identity with inbox.message at 10k, 1M and 10M rows.
 One private cluster (fsync on), one database per size, each holding that many remembered
 identities with random UUID message ids (as real producers send), inserted through the primary
 key in random order as claims would, with processed_at rising as in a live inbox (so the indexes
-are as full as a live inbox's, not as a fresh CREATE INDEX would make them), then VACUUM ANALYZE. Bytes per identity = the table with its
-indexes and TOAST (pg_total_relation_size) / rows, measured after the load; the heap and each
-index are shown apart.
+are as full as a live inbox's, not as a fresh CREATE INDEX would make them), then VACUUM ANALYZE.
+Bytes per identity = the table with its indexes and TOAST (pg_total_relation_size) / rows,
+measured after the load; the heap and each index are shown apart.
 
 Throughput: pgbench (-M prepared, 8 clients) runs inbox.claim_and_apply with a new random UUID
 per message and a one-row business UPDATE as the handler, as a LOGIN role bound to the consumer
