@@ -51,6 +51,7 @@ FILES: Sequence[tuple[str, str]] = (
     ("python/pginbox/client/async_inbox.py", "python/pginbox/client/inbox.py"),
     ("tests/python/test_library_async.py", "tests/python/test_library.py"),
     ("tests/python/_library_child_async.py", "tests/python/_library_child.py"),
+    ("python/pginbox/integrations/sqlalchemy_async.py", "python/pginbox/integrations/sqlalchemy.py"),
 )
 
 #: Names and attributes. The choices that are not a mere "Async" prefix say why.
@@ -59,6 +60,10 @@ NAMES: dict[str, str] = {
     "AsyncHandler": "Handler",
     "AsyncConnection": "Connection",
     "AsyncConnectionPool": "ConnectionPool",
+    # SQLAlchemy's asyncio flavour (pginbox.integrations.sqlalchemy_async)
+    "AsyncSession": "Session",
+    "AsyncSQLAlchemyInbox": "SQLAlchemyInbox",
+    "AsyncSQLAlchemyHandler": "SQLAlchemyHandler",
     "AsyncCursor": "Cursor",
     "AsyncPipeline": "Pipeline",
     "AsyncIterator": "Iterator",
@@ -87,6 +92,12 @@ DOTTED: dict[str, str] = {
 #: Identifiers renamed inside strings and comments (whole words).
 TEXT: dict[str, str] = {
     "AsyncInbox": "Inbox",
+    "AsyncSQLAlchemyInbox": "SQLAlchemyInbox",
+    "AsyncSQLAlchemyHandler": "SQLAlchemyHandler",
+    "AsyncSession": "Session",
+    "AsyncSessions": "Sessions",
+    "create_async_engine": "create_engine",
+    "AsyncConnections": "Connections",
     "AsyncHandler": "Handler",
     "AsyncConnectionPool": "ConnectionPool",
     "AsyncConnection": "Connection",

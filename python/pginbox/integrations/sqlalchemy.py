@@ -1,7 +1,10 @@
-"""`SQLAlchemyInbox`: schema `inbox` from SQLAlchemy 2.x (psycopg 3 driver, `postgresql+psycopg://`).
-Install with the extra: `pip install pginbox[sqlalchemy]`. Guide: docs/sqlalchemy.md.
+# Generated from sqlalchemy_async.py by python/tools/async_to_sync.py: DO NOT EDIT.
+# Edit python/pginbox/integrations/sqlalchemy_async.py, then run the script (tests/run checks this file).
+"""`SQLAlchemyInbox`: schema `inbox` from SQLAlchemy 2.x (psycopg 3 driver, `postgresql+psycopg://`,
+engines from create_engine). Install with the extra: `pip install pginbox[sqlalchemy]`.
+Guide: docs/sqlalchemy.md.
 
-In the caller's transaction (a Session or a Connection; nothing is committed here):
+In the caller's transaction (the Session or Connection given; nothing is committed here):
 
     claim(target, message)            inbox.claim                  -> Result (CLAIMED, DUPLICATE, ...)
     apply(target, message)            inbox.claim_and_apply        -> Result
@@ -42,7 +45,7 @@ from pginbox.sql_limits import MAX_BATCH
 
 __all__ = ["SQLAlchemyHandler", "SQLAlchemyInbox", "Target"]
 
-#: A Session (the handler gets it: its ORM writes commit with the claim) or a Connection.
+#: The Session (the handler gets it: its ORM writes commit with the claim) or Connection to use.
 Target = Session | Connection
 T = TypeVar("T")
 #: handler(target, message): runs in the transaction that holds the claim; raising rolls back both.
@@ -108,7 +111,7 @@ def _lost(exc: BaseException) -> bool:
 def _dbapi(target: Target) -> psycopg.Connection[Any]:
     """The psycopg connection under `target` (in its current transaction)."""
     conn = target.connection() if isinstance(target, Session) else target
-    raw: object = conn.connection.dbapi_connection
+    raw: object = conn.connection.driver_connection
     if not isinstance(raw, psycopg.Connection):
         raise PginboxError(
             "SQLAlchemyInbox needs the psycopg (3) driver: create the engine with a "
@@ -208,7 +211,7 @@ class SQLAlchemyInbox:
         self, target: Target, message: Message, handler: SQLAlchemyHandler, *, raise_on_failure: bool | None = None
     ) -> Result:
         """Claim `message` and run `handler(target, message)` in the transaction that holds the
-        claim (a Session: flushed, so ORM writes commit with the claim); commit when it returns.
+        claim (a session is flushed, so ORM writes commit with the claim); commit when it returns.
         As pginbox.Inbox.handle: a permanent handler error rolls back, is recorded in a new
         transaction (FAILED / QUARANTINED, or re-raised with raise_on_failure); transient errors
         re-run the whole transaction; a COMMIT whose answer was lost is resolved with
@@ -266,8 +269,9 @@ class SQLAlchemyInbox:
     def _check_idle(target: Target) -> None:
         if target.in_transaction():
             raise PginboxError(
-                "the Session or Connection given to SQLAlchemyInbox.handle is inside a transaction: handle runs "
-                "its own transactions (commit or roll back first; or use claim/apply in your own transaction)"
+                "the Session or Connection given to SQLAlchemyInbox.handle is inside a "
+                "transaction: handle runs its own transactions (commit or roll back first; or use claim/apply "
+                "in your own transaction)"
             )
 
     def _record_start(self, target: Target, message: Message) -> Result | None:
