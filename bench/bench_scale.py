@@ -15,6 +15,7 @@ deleted and vacuumed away after it, so each database keeps its size. The ratios 
 the per-round ratios to the smallest size.
 
 Usage:  .venv/bin/python bench/bench_scale.py [--sizes 10000,1000000,10000000] [--seconds 10] [--rounds 3]
+            [--shared-buffers 2GB]
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import psycopg
 from benchlib import ROOT, SERVICE_ROLE, bench_database, create_service_role, run_pgbench
+from psycopg import sql
 
 ACCOUNTS = 100_000
 LOAD_CHUNK = 500_000
@@ -92,11 +94,24 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=10, help="duration of each pgbench run")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--shared-buffers", metavar="SIZE",
+                        help="shared_buffers of the cluster (e.g. 2GB; default: PostgreSQL's 128MB, in which the "
+                             "1 GB primary key of 10M identities does not fit)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
 
     with bench_database() as (cluster, dsn):
+        if args.shared_buffers:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(sql.SQL("ALTER SYSTEM SET shared_buffers = {}").format(sql.Literal(args.shared_buffers)))
+            cluster.stop("fast")
+            cluster.start()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            settings = conn.execute(
+                "SELECT current_setting('shared_buffers'), current_setting('max_wal_size')").fetchone()
+        assert settings is not None
+        print(f"cluster: shared_buffers {settings[0]}, max_wal_size {settings[1]}", flush=True)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(SETUP % {"accounts": ACCOUNTS})  # type: ignore[arg-type]
         create_service_role(dsn, "bench", GRANTS)
