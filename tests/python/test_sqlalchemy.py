@@ -291,10 +291,10 @@ def test_a_commit_whose_answer_is_lost_is_resolved(engine: Engine, db_dsn: str, 
     assert entries(engine)[m.message_id] == 1
 
 
-@pytest.fixture
-def bound_engines(engine: Engine, domain: Conn, login_role: Callable[..., str]) -> Iterator[tuple[Engine, Engine]]:
-    """(an engine of a LOGIN role bound to consumer 'billing', one of a role that is not)."""
-    engines = []
+def service_dsns(domain: Conn, login_role: Callable[..., str]) -> tuple[str, str]:
+    """DSNs of two LOGIN roles holding inbox_consumer and the ledger's grants: the first bound to
+    consumer 'billing', the second not (test_sqlalchemy_async.py uses them too)."""
+    dsns = []
     for bind in (True, False):
         dsn = login_role("inbox_consumer")
         role = conninfo_to_dict(dsn)["user"]
@@ -302,7 +302,14 @@ def bound_engines(engine: Engine, domain: Conn, login_role: Callable[..., str]) 
         domain.execute(f'GRANT USAGE ON SEQUENCE wallet_entry_id_seq TO "{role}"')
         if bind:
             domain.execute("SELECT inbox.bind_consumer('billing', %s::regrole, note => 'test')", (role,))
-        engines.append(engine_for(dsn))
+        dsns.append(dsn)
+    return dsns[0], dsns[1]
+
+
+@pytest.fixture
+def bound_engines(engine: Engine, domain: Conn, login_role: Callable[..., str]) -> Iterator[tuple[Engine, Engine]]:
+    """(an engine of a LOGIN role bound to consumer 'billing', one of a role that is not)."""
+    engines = [engine_for(dsn) for dsn in service_dsns(domain, login_role)]
     yield engines[0], engines[1]
     for e in engines:
         e.dispose()

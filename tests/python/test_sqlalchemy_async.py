@@ -24,11 +24,10 @@ import psycopg
 import pytest
 from helpers_inbox import canonical_sha256, failed_attempts, inbox_rows, setup_domain
 from helpers_library import CommitDroppingProxy
-from psycopg.conninfo import conninfo_to_dict
 from sqlalchemy import func, insert, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
-from test_sqlalchemy import Base, Entry, Wallet, url_for
+from test_sqlalchemy import Base, Entry, Wallet, service_dsns, url_for
 
 from pginbox import Message, Outcome, PginboxError, RetriesExhausted, RetryPolicy
 from pginbox.integrations.sqlalchemy_async import AsyncSQLAlchemyInbox
@@ -278,15 +277,7 @@ async def bound_engines(
     engine: AsyncEngine, domain: Conn, login_role: Callable[..., str]
 ) -> AsyncIterator[tuple[AsyncEngine, AsyncEngine]]:
     """(an engine of a LOGIN role bound to consumer 'billing', one of a role that is not)."""
-    engines = []
-    for bind in (True, False):
-        dsn = login_role("inbox_consumer")
-        role = conninfo_to_dict(dsn)["user"]
-        domain.execute(f'GRANT ALL ON wallet, wallet_entry TO "{role}"')
-        domain.execute(f'GRANT USAGE ON SEQUENCE wallet_entry_id_seq TO "{role}"')
-        if bind:
-            domain.execute("SELECT inbox.bind_consumer('billing', %s::regrole, note => 'test')", (role,))
-        engines.append(async_engine_for(dsn))
+    engines = [async_engine_for(dsn) for dsn in service_dsns(domain, login_role)]
     yield engines[0], engines[1]
     for e in engines:
         await e.dispose()
