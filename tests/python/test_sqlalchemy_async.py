@@ -15,6 +15,7 @@ consumer and message.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -29,7 +30,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from test_sqlalchemy import Base, Entry, Wallet, service_dsns, url_for
 
-from pginbox import Message, Outcome, PginboxError, RetriesExhausted, RetryPolicy
+from pginbox import HandlerProtocolError, Message, Outcome, PginboxError, RetriesExhausted, RetryPolicy
 from pginbox.integrations.sqlalchemy_async import AsyncSQLAlchemyInbox
 
 pytestmark = pytest.mark.anyio
@@ -161,6 +162,30 @@ async def test_a_failing_handler_is_rolled_back_and_recorded(engine: AsyncEngine
     assert held.outcome is Outcome.QUARANTINED and held.quarantine_id is not None
     assert failed_attempts(domain, m.message_id) == 3 and failed_attempts(domain, taken.message_id) == 1
     assert await entries(engine) == {"other": 1, "": 0}  # nothing of the failed attempts committed
+
+
+async def test_a_handler_that_swallows_a_database_error_or_ends_the_transaction(
+    engine: AsyncEngine, domain: Conn
+) -> None:
+    """The state of psycopg's AsyncConnection under the session (failed transaction) and of the
+    session's transaction (ended by the handler) are read through the asyncio layers."""
+    inbox = AsyncSQLAlchemyInbox(consumer="billing")
+
+    async def swallows(session: AsyncSession, msg: Message) -> None:
+        await credit(session, msg)
+        await session.flush()  # nothing left for the final flush to trip over
+        with contextlib.suppress(DBAPIError):
+            await (await session.connection()).exec_driver_sql("SELECT 1 / 0")
+
+    async def commits(session: AsyncSession, msg: Message) -> None:
+        await session.commit()
+
+    async with AsyncSession(engine) as s:
+        swallowed = await inbox.handle(s, message(uid()), swallows)
+        with pytest.raises(HandlerProtocolError, match="ended the transaction"):
+            await inbox.handle(s, message(uid()), commits)
+    assert swallowed.outcome is Outcome.FAILED and swallowed.reason_code == "25P02"
+    assert await entries(engine) == {"": 0}
 
 
 async def test_transient_errors_are_retried_and_never_recorded(engine: AsyncEngine, domain: Conn) -> None:
