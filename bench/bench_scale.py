@@ -51,7 +51,7 @@ GRANTS = "GRANT SELECT, UPDATE ON account TO {role};"
 # (payload hash, handler version, timestamps), one per transaction's processed_at. processed_at
 # rises through the whole load, chunk after chunk, as it does in a live inbox (until 2026-12-03
 # every chunk started again at the same time: the purge index then split its pages in the middle,
-# not at its right end, and showed 34-47 bytes per identity instead of what a live inbox keeps).
+# not at its right end, and took up to 47 bytes per identity where a live inbox's takes about 32).
 LOAD = """
 INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version,
                            produced_at, received_at, processed_at)

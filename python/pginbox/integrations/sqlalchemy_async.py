@@ -14,7 +14,7 @@ In the caller's transaction (the AsyncSession or AsyncConnection given; nothing 
     apply_batch(target, messages)     inbox.claim_and_apply_batch  -> list[Result], input order
     record_failure(target, message, error)  inbox.record_failure   -> Result (FAILED / QUARANTINED)
 
-In transactions of its own, like `pginbox.Inbox.handle`:
+In transactions of its own, like `pginbox.AsyncInbox.handle`:
 
     handle(target, message, handler)  claim, handler(target, message), flush, COMMIT
 
