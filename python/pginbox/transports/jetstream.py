@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pginbox.errors import BrokerError
-from pginbox.transports.aioloop import LoopThread
+from pginbox.transports.aioloop import LoopThread, LoopTransport
 from pginbox.transports.protocol import DeliveryReport
 
 try:
@@ -41,7 +41,9 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 __all__ = ["JetStreamTransport"]
 
 
-class JetStreamTransport:
+class JetStreamTransport(LoopTransport):
+    CONFIRM = "PubAck"
+
     def __init__(
         self,
         url: str,
@@ -64,22 +66,6 @@ class JetStreamTransport:
         self._loop = LoopThread(f"nats-{destination or 'destination'}")
         self._nc: Client | None = None
         self._lock: asyncio.Lock | None = None
-
-    def deliver(self, effect: Any) -> DeliveryReport:
-        report = self.deliver_batch([effect])[0]
-        if report.error is not None and report.error.startswith("ambiguous"):
-            raise BrokerError(report.error)
-        return report
-
-    def deliver_batch(self, effects: Sequence[Any]) -> list[DeliveryReport]:
-        try:
-            return self._loop.run(self._publish_all(effects), self.timeout + 5.0)
-        except TimeoutError:
-            return [DeliveryReport.failed(f"ambiguous: no PubAck within {self.timeout:g} s", retryable=True)
-                    for _ in effects]
-
-    def close(self) -> None:
-        self._loop.close(self._close())
 
     async def _close(self) -> None:
         nc, self._nc = self._nc, None

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pginbox.errors import BrokerError
-from pginbox.transports.aioloop import LoopThread
+from pginbox.transports.aioloop import LoopThread, LoopTransport
 from pginbox.transports.protocol import DeliveryReport
 
 try:
@@ -48,7 +48,7 @@ _CONNECTION_ERRORS = (aiormq.exceptions.AMQPConnectionError, aiormq.exceptions.C
                       ConnectionError, OSError, aio_pika.exceptions.ChannelClosed)
 
 
-class RabbitMQTransport:
+class RabbitMQTransport(LoopTransport):
     def __init__(
         self,
         url: str,
@@ -77,22 +77,6 @@ class RabbitMQTransport:
         self._lock: asyncio.Lock | None = None
         self._connection: AbstractConnection | None = None
         self._channel: AbstractChannel | None = None
-
-    def deliver(self, effect: Any) -> DeliveryReport:
-        report = self.deliver_batch([effect])[0]
-        if report.error is not None and report.error.startswith("ambiguous"):
-            raise BrokerError(report.error)
-        return report
-
-    def deliver_batch(self, effects: Sequence[Any]) -> list[DeliveryReport]:
-        try:
-            return self._loop.run(self._publish_all(effects), self.timeout + 5.0)
-        except TimeoutError:
-            return [DeliveryReport.failed(f"ambiguous: no confirm within {self.timeout:g} s", retryable=True)
-                    for _ in effects]
-
-    def close(self) -> None:
-        self._loop.close(self._close())
 
     async def _close(self) -> None:
         connection, self._connection, self._channel = self._connection, None, None
