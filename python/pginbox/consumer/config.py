@@ -39,7 +39,7 @@ from typing import Any, Final
 from pginbox.errors import ConsumerConfigError
 from pginbox.sql_limits import MAX_BATCH
 
-__all__ = ["DEFAULT_SOURCES", "ConsumeConfig", "IdentitySource", "broker_of", "load_consume_config"]
+__all__ = ["DEFAULT_SOURCES", "ConsumeConfig", "IdentitySource", "broker_of", "load_consume_config", "safe_url"]
 
 RABBITMQ: Final = "rabbitmq"
 NATS: Final = "nats"
@@ -93,13 +93,22 @@ class IdentitySource:
         )
 
 
+def safe_url(url: str) -> str:
+    """The broker URL without its user and password, for messages and logs."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = rest.split("@", 1)[1]
+    return f"{scheme}{sep}{rest}"
+
+
 def broker_of(url: str) -> str:
     scheme = url.partition("://")[0].lower()
     if scheme in ("amqp", "amqps"):
         return RABBITMQ
     if scheme in ("nats", "tls", "nats+tls"):
         return NATS
-    raise ConsumerConfigError(f"consume url {url!r}: expected amqp(s)://... (RabbitMQ) or nats://... (NATS JetStream)")
+    raise ConsumerConfigError(
+        f"consume url {safe_url(url)!r}: expected amqp(s)://... (RabbitMQ) or nats://... (NATS JetStream)")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from pginbox.consumer.config import ConsumeConfig
+from pginbox.consumer.config import ConsumeConfig, safe_url
 from pginbox.consumer.core import REASON_HEADER, SQLSTATE_HEADER, Delivery
 from pginbox.errors import BrokerError
 
@@ -45,7 +45,7 @@ async def connect_nats(url: str, timeout: float = 5.0) -> Client:
             timeout,
         )
     except (*_ERRORS, TimeoutError) as exc:
-        raise BrokerError(f"NATS {_safe_url(url)}: cannot connect ({type(exc).__name__}: {exc})") from exc
+        raise BrokerError(f"NATS {safe_url(url)}: cannot connect ({type(exc).__name__}: {exc})") from exc
 
 
 class JetStreamBroker:
@@ -84,7 +84,7 @@ class JetStreamBroker:
     async def fetch(self, max_messages: int, timeout: float) -> list[Delivery]:
         nc = self._nc
         if nc is None or nc.is_closed:
-            raise BrokerError(f"NATS connection to {_safe_url(self.config.url)} closed")
+            raise BrokerError(f"NATS connection to {safe_url(self.config.url)} closed")
         if not nc.is_connected:  # nats-py is reconnecting: wait
             await asyncio.sleep(timeout)
             return []
@@ -138,10 +138,3 @@ class JetStreamBroker:
         if nc is not None and not nc.is_closed:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(nc.close(), 5.0)
-
-
-def _safe_url(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = rest.split("@", 1)[1]
-    return f"{scheme}{sep}{rest}"

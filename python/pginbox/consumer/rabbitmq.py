@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from pginbox.consumer.config import ConsumeConfig
+from pginbox.consumer.config import ConsumeConfig, safe_url
 from pginbox.consumer.core import REASON_HEADER, SQLSTATE_HEADER, Delivery
 from pginbox.errors import BrokerError
 
@@ -71,7 +71,7 @@ class RabbitMQBroker:
             self._consumer_tag = await self._queue.consume(self._on_message, no_ack=False)
         except _BROKER_ERRORS as exc:
             await self.close()
-            raise BrokerError(f"RabbitMQ {_safe_url(self.config.url)} queue {self.queue_name!r}: "
+            raise BrokerError(f"RabbitMQ {safe_url(self.config.url)} queue {self.queue_name!r}: "
                               f"{type(exc).__name__}: {exc}") from exc
 
     async def _ensure_queue(self, name: str, *, create: bool = True,
@@ -103,7 +103,7 @@ class RabbitMQBroker:
 
     def _check(self) -> None:
         if self._connection is None or self._connection.is_closed or self._channel is None or self._channel.is_closed:
-            raise BrokerError(f"RabbitMQ connection to {_safe_url(self.config.url)} lost")
+            raise BrokerError(f"RabbitMQ connection to {safe_url(self.config.url)} lost")
 
     async def fetch(self, max_messages: int, timeout: float) -> list[Delivery]:
         self._check()
@@ -192,10 +192,3 @@ class RabbitMQBroker:
         if connection is not None and not connection.is_closed:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(connection.close(), 5.0)
-
-
-def _safe_url(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = rest.split("@", 1)[1]
-    return f"{scheme}{sep}{rest}"
