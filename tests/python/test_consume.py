@@ -23,6 +23,7 @@ from helpers_proxy import TcpProxy
 
 from pginbox.client.outcomes import Message
 from pginbox.consumer import Consumer, load_consume_config
+from pginbox.consumer.config import safe_url
 from pginbox.consumer.jetstream import JetStreamBroker
 
 pytestmark = pytest.mark.timeout(120)
@@ -246,6 +247,8 @@ def test_bad_configuration_is_refused_before_connecting(tmp_path: Any) -> None:
     with pytest.raises(ConsumerConfigError, match="expected amqp") as wrong_scheme:
         load_consume_config(None, {"url": "kafka://svc:s3cret@h", "consumer": "billing"})
     assert "s3cret" not in str(wrong_scheme.value)  # a refused URL is named without its credentials
+    assert safe_url("amqp://svc:p@ss@rabbit:5672/vhost@eu?x=1") == "amqp://rabbit:5672/vhost@eu?x=1"
+    assert safe_url("nats://nats.internal:4222") == "nats://nats.internal:4222"
     with pytest.raises(ConsumerConfigError, match="header:NAME"):
         load_consume_config(None, {"url": "amqp://h/", "consumer": "b", "queue": "q", "producer": "app"})
     with pytest.raises(ConsumerConfigError, match="prefetch"):

@@ -94,11 +94,11 @@ class IdentitySource:
 
 
 def safe_url(url: str) -> str:
-    """The broker URL without its user and password, for messages and logs."""
+    """The broker URL without its user and password, for messages and logs: what stands before the
+    last '@' of the host part goes (an '@' in the path or query stays)."""
     scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = rest.split("@", 1)[1]
-    return f"{scheme}{sep}{rest}"
+    authority, slash, tail = rest.partition("/")
+    return f"{scheme}{sep}{authority.rpartition('@')[2]}{slash}{tail}"
 
 
 def broker_of(url: str) -> str:
