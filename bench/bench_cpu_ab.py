@@ -32,6 +32,7 @@ from pathlib import Path
 
 import psycopg
 from bench_claim import GRANTS, SETUP
+from bench_outbox_signal import OUTBOX_SETUP
 from benchlib import ROOT, SERVICE_ROLE, create_service_role, deploy_sql
 
 from pginbox.devtools.cluster import Cluster
@@ -51,6 +52,21 @@ BEGIN
     END LOOP;
 END $$;
 """
+# One transaction of bench_outbox_signal.py's: an account UPDATE, then the effect recorded.
+OUTBOX_CALL = """
+CREATE PROCEDURE bench_{name}(n integer) LANGUAGE plpgsql AS $$
+DECLARE
+    run text := gen_random_uuid()::text;
+    payload jsonb;
+BEGIN
+    FOR i IN 1 .. n LOOP
+        payload := jsonb_build_object('account', 1 + (i * 7919) % 100000, 'amount', 1);
+        UPDATE account SET balance = balance + 1 WHERE id = 1 + (i * 7919) % 100000;
+        {record};
+        COMMIT;
+    END LOOP;
+END $$;
+"""
 PROCEDURES = """
 CREATE PROCEDURE bench_apply(n integer) LANGUAGE plpgsql AS $$
 BEGIN
@@ -61,39 +77,14 @@ BEGIN
     END LOOP;
 END $$;
 """ + BATCH.format(name="batch", function="claim_and_apply_batch", extra="") + BATCH.format(
-    name="claim_batch", function="claim_batch", extra=", 'v1'") + """
-CREATE TABLE plain_outbox (
-    effect_id text NOT NULL, consumer text NOT NULL, destination text NOT NULL, payload jsonb NOT NULL,
-    headers jsonb NOT NULL DEFAULT '{}', ordering_key text, status text NOT NULL DEFAULT 'pending',
-    attempts integer NOT NULL DEFAULT 0, available_at timestamptz NOT NULL DEFAULT now(),
-    created_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (effect_id, consumer));
-CREATE INDEX plain_outbox_due ON plain_outbox (available_at) WHERE status = 'pending';
-SELECT inbox.bind_destination('webhook', 'bench', 'benchmark');
-CREATE PROCEDURE bench_enqueue(n integer) LANGUAGE plpgsql AS $$
-DECLARE
-    run text := gen_random_uuid()::text;
-BEGIN
-    FOR i IN 1 .. n LOOP
-        UPDATE account SET balance = balance + 1 WHERE id = 1 + (i * 7919) % 100000;
-        PERFORM inbox.enqueue_effect(run || '-' || i, 'webhook',
-                                     jsonb_build_object('account', 1 + (i * 7919) % 100000, 'amount', 1),
-                                     consumer => 'bench');
-        COMMIT;
-    END LOOP;
-END $$;
-CREATE PROCEDURE bench_plain(n integer) LANGUAGE plpgsql AS $$
-DECLARE
-    run text := gen_random_uuid()::text;
-BEGIN
-    FOR i IN 1 .. n LOOP
-        UPDATE account SET balance = balance + 1 WHERE id = 1 + (i * 7919) % 100000;
-        INSERT INTO plain_outbox (effect_id, consumer, destination, payload)
-        VALUES (run || '-' || i, 'bench', 'webhook',
-                jsonb_build_object('account', 1 + (i * 7919) % 100000, 'amount', 1));
-        COMMIT;
-    END LOOP;
-END $$;
-GRANT SELECT, INSERT ON plain_outbox TO {role};
+    name="claim_batch", function="claim_batch", extra=", 'v1'") + OUTBOX_SETUP + OUTBOX_CALL.format(
+    name="enqueue", record="PERFORM inbox.enqueue_effect(run || '-' || i, 'webhook', payload, consumer => 'bench')",
+) + OUTBOX_CALL.format(
+    name="plain", record="INSERT INTO bench.plain_outbox (effect_id, consumer, destination, payload)"
+                         " VALUES (run || '-' || i, 'bench', 'webhook', payload)",
+) + """
+GRANT USAGE ON SCHEMA bench TO {role};
+GRANT SELECT, INSERT ON bench.plain_outbox TO {role};
 GRANT EXECUTE ON PROCEDURE bench_apply(integer), bench_batch(integer), bench_claim_batch(integer),
                            bench_enqueue(integer), bench_plain(integer) TO {role};
 """
@@ -111,7 +102,6 @@ WORKLOADS = {"apply": ("bench_apply", 3000), "batch": ("bench_batch", 300), "cla
 
 def backend_cpu_ns(pid: int) -> int:
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
-
 
 
 def main() -> None:

@@ -50,9 +50,9 @@ from benchlib import SERVICE_ROLE, bench_database, create_service_role, run_pgbe
 
 ACCOUNTS = 100_000
 
-SETUP = """
-CREATE TABLE account (id integer PRIMARY KEY, balance bigint NOT NULL DEFAULT 0);
-INSERT INTO account (id) SELECT g FROM generate_series(1, %(accounts)s) g;
+# The baseline's plain outbox table and the destination the enqueues go to (bench_cpu_ab.py uses
+# them too).
+OUTBOX_SETUP = """
 CREATE SCHEMA bench;
 CREATE TABLE bench.plain_outbox (
     effect_id text NOT NULL, consumer text NOT NULL, destination text NOT NULL, payload jsonb NOT NULL,
@@ -62,6 +62,10 @@ CREATE TABLE bench.plain_outbox (
 CREATE INDEX plain_outbox_due ON bench.plain_outbox (available_at) WHERE status = 'pending';
 SELECT inbox.bind_destination('webhook', 'bench', 'benchmark');
 """
+SETUP = """
+CREATE TABLE account (id integer PRIMARY KEY, balance bigint NOT NULL DEFAULT 0);
+INSERT INTO account (id) SELECT g FROM generate_series(1, %(accounts)s) g;
+""" + OUTBOX_SETUP
 
 GRANTS = """
 GRANT SELECT, UPDATE ON account TO {role};
