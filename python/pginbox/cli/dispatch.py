@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import importlib
 import logging
 import os
 import signal
@@ -13,7 +12,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import click
 import psycopg
@@ -32,19 +31,16 @@ __all__ = ["dispatch", "dispatch_health"]
 
 def _load_callable(spec: str) -> tuple[str, Callable[..., object]]:
     """`destination=module:function` -> (destination, the function)."""
+    from pginbox.runtime.loading import load_object
+
     destination, sep, target = spec.partition("=")
-    module_name, colon, attribute = target.partition(":")
-    if not sep or not colon or not destination or not module_name or not attribute:
+    if not sep or not destination:
         raise click.BadParameter(f"expected destination=module:function, got {spec!r}", param_hint="--callable")
     try:
-        found: object = importlib.import_module(module_name)
-        for part in attribute.split("."):
-            found = getattr(found, part)
-    except (ImportError, AttributeError) as exc:
-        raise click.BadParameter(f"{spec}: {exc}", param_hint="--callable") from None
-    if not callable(found):
-        raise click.BadParameter(f"{spec}: {attribute} is not callable", param_hint="--callable")
-    return destination, found
+        found = load_object(target, spec)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--callable") from None
+    return destination, cast(Callable[..., object], found)
 
 
 def _transports(config: Path | None, callables: tuple[str, ...]) -> dict[str, Transport]:

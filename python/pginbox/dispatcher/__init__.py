@@ -3,7 +3,7 @@
     dispatcher.py   Dispatcher: the claim loop, the delivery lanes, leases and timeouts
     reporter.py     the reporter thread: set-based reports in batches
     listener.py     the LISTEN session (wake-up signal), reconnected with backoff
-    health.py       HealthServer: GET /healthz and /metrics
+    (pginbox.runtime: HealthServer, kv lines, backoff; pginbox.brokers: broker destinations)
     stats.py        DispatcherStats and the Prometheus metrics
     queries.py      the statements it runs
     log.py          the `event key=value` log lines
@@ -48,10 +48,10 @@ duration_ms.
 """
 
 from pginbox.dispatcher.dispatcher import Dispatcher
-from pginbox.dispatcher.health import HealthServer
 from pginbox.dispatcher.queries import CHANNEL
 from pginbox.dispatcher.stats import DispatcherStats
 from pginbox.errors import ClaimError
+from pginbox.runtime.health import HealthServer
 from pginbox.transports.callable import CallableTransport
 from pginbox.transports.effect import Effect
 from pginbox.transports.protocol import DeliveryReport, Transport, TransportResolver

@@ -10,7 +10,6 @@ then only sleeps (the dispatcher polls), and `polling_reason` says why."""
 from __future__ import annotations
 
 import contextlib
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from pginbox import pooler
 from pginbox.dispatcher.log import kv, log
 from pginbox.dispatcher.queries import LISTEN
 from pginbox.dispatcher.stats import DispatcherStats
+from pginbox.runtime.backoff import jittered
 
 __all__ = ["Listener"]
 
@@ -78,8 +78,7 @@ class Listener:
                 conn.execute(LISTEN)
             except psycopg.Error as exc:
                 self.failures += 1
-                delay = min(self.backoff_max, self.backoff_base * 2 ** min(self.failures - 1, 16))
-                delay *= random.uniform(0.5, 1.0)
+                delay = jittered(self.failures, self.backoff_base, self.backoff_max)
                 log.warning(kv("listen_connect_failed", dispatcher=self.name, attempt=self.failures,
                                 retry_in=f"{delay:.3f}", error=str(exc).strip()))
                 stop.wait(delay)

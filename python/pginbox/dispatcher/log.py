@@ -1,20 +1,11 @@
-"""The dispatcher's log: logger `pginbox.dispatcher`, one `event key=value ...` line per event."""
+"""The dispatcher's logger, `pginbox.dispatcher`; its lines are `kv` lines (pginbox.runtime.log)."""
 
 from __future__ import annotations
 
 import logging
 
+from pginbox.runtime.log import kv
+
 __all__ = ["kv", "log"]
 
 log = logging.getLogger("pginbox.dispatcher")
-
-
-def kv(event: str, **fields: object) -> str:
-    """A structured log line: `event key=value ...` (values with spaces quoted)."""
-    parts = [event]
-    for key, value in fields.items():
-        text = "-" if value is None else str(value)
-        if not text or any(c.isspace() or c in '"=' for c in text):
-            text = '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-        parts.append(f"{key}={text}")
-    return " ".join(parts)

@@ -8,7 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
+
+from pginbox.runtime.metrics import Metrics
 
 __all__ = ["LAG_BUCKETS", "DispatcherMetrics", "DispatcherStats"]
 
@@ -71,8 +73,8 @@ class DispatcherMetrics:
     """The dispatcher's Prometheus metrics, in a registry of its own (never the global one)."""
 
     def __init__(self, registry: CollectorRegistry, in_flight: Callable[[], float]) -> None:
-        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
-            return Counter(f"pginbox_dispatcher_{name}", doc, labels, registry=registry)
+        metrics = Metrics("pginbox_dispatcher", registry)
+        counter = metrics.counter
 
         self.claimed = counter("claimed", "Effects claimed (each claim is one delivery attempt)")
         self.delivered = counter("delivered", "Effects delivered (complete_effect accepted)")
@@ -84,8 +86,7 @@ class DispatcherMetrics:
             self.fenced_out.labels(report)
         self.report_errors = counter("report_errors", "Reports that failed with a database error (the lease expires)")
         self.reconnects = counter("listen_reconnects", "Reconnections of the LISTEN session")
-        self.lag = Histogram("pginbox_dispatcher_lag_seconds",
-                             "Effect created_at (its transaction's start) to delivery recorded, seconds",
-                             buckets=LAG_BUCKETS, registry=registry)
-        self.in_flight = Gauge("pginbox_dispatcher_in_flight", "Deliveries in flight", registry=registry)
+        self.lag = metrics.histogram("lag_seconds", "Effect created_at (its transaction's start) to delivery recorded, "
+                                     "seconds", LAG_BUCKETS)
+        self.in_flight = metrics.gauge("in_flight", "Deliveries in flight")
         self.in_flight.set_function(in_flight)

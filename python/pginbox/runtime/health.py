@@ -1,23 +1,26 @@
-"""`HealthServer`: GET /healthz and GET /metrics of a running dispatcher (`pginbox dispatch
---health-port`)."""
+"""`HealthServer`: GET /healthz and GET /metrics of a running daemon (`pginbox dispatch
+--health-port`, `pginbox consume --health-port`)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from pginbox.dispatcher.log import kv, log
+from pginbox.runtime.log import kv
 
 __all__ = ["HealthServer", "Monitored"]
 
+log = logging.getLogger("pginbox.health")
+
 
 class Monitored(Protocol):
-    """What HealthServer serves: a Dispatcher, or a pginbox.consumer.Consumer."""
+    """What HealthServer serves: a pginbox.dispatcher.Dispatcher or a pginbox.consumer.Consumer."""
 
     name: str
     registry: CollectorRegistry
@@ -27,8 +30,9 @@ class Monitored(Protocol):
 
 class HealthServer:
     """GET /healthz (200 or 503, JSON from .health()) and GET /metrics (Prometheus text of
-    .registry) of a Dispatcher or a Consumer, on a daemon thread. Port 0 picks a free port (see `.port`). Bind it
-    to loopback unless the network in front of it is trusted: it needs no authentication."""
+    .registry) of a Dispatcher or a Consumer, on a daemon thread. Port 0 picks a free port (see
+    `.port`). Bind it to loopback unless the network in front of it is trusted: it needs no
+    authentication."""
 
     def __init__(self, dispatcher: Monitored, host: str = "127.0.0.1", port: int = 0) -> None:
         self.dispatcher = dispatcher
@@ -66,7 +70,7 @@ class HealthServer:
 
     def start(self) -> HealthServer:
         self._thread.start()
-        log.info(kv("health_listening", dispatcher=self.dispatcher.name, host=self.host, port=self.port))
+        log.info(kv("health_listening", daemon=self.dispatcher.name, host=self.host, port=self.port))
         return self
 
     def close(self) -> None:
