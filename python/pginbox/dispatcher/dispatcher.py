@@ -5,7 +5,6 @@ whole protocol."""
 from __future__ import annotations
 
 import datetime
-import random
 import threading
 import time
 from collections import deque
@@ -29,8 +28,9 @@ from pginbox.dispatcher.queries import CLAIM, EXTEND, IDLE
 from pginbox.dispatcher.reporter import Report, Reporter
 from pginbox.dispatcher.stats import DispatcherMetrics, DispatcherStats
 from pginbox.errors import ClaimError
+from pginbox.runtime.backoff import jittered
 from pginbox.sql_limits import CLAIM_LIMIT, LEASE_MAX_SECONDS, REPORT_LIMIT
-from pginbox.transports.effect import Effect
+from pginbox.transports.effect import EFFECT_FIELDS, Effect
 from pginbox.transports.protocol import BatchTransport, DeliveryReport, Transport, TransportResolver
 
 __all__ = ["Dispatcher"]
@@ -372,7 +372,7 @@ class Dispatcher:
             return _NOTHING_DUE
         self.stats.add(claimed=len(rows))
         self.metrics.claimed.inc(len(rows))
-        effects = [Effect(**row) for row in rows]
+        effects = [Effect(**{k: v for k, v in row.items() if k in EFFECT_FIELDS}) for row in rows]
         starts: list[_Lane] = []
         with self._in_flight_cond:
             for effect in effects:
@@ -390,8 +390,7 @@ class Dispatcher:
 
     def _claim_backoff(self) -> float:
         """Capped, jittered exponential backoff after failed claims: 0.1 s, 0.2 s, ... up to 5 s."""
-        delay: float = min(5.0, 0.1 * 2.0 ** min(max(self._claim_failures - 1, 0), 16))
-        return delay * random.uniform(0.5, 1.0)
+        return jittered(self._claim_failures, 0.1, 5.0)
 
     def _wait_in_flight(self) -> bool:
         """Wait until no delivery is in flight (extending leases and timing out hung deliveries

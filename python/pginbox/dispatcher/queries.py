@@ -10,10 +10,9 @@ __all__ = ["CHANNEL", "CLAIM", "COMPLETE_MANY", "EXTEND", "FAIL_MANY", "IDLE", "
 CHANNEL: Final = "inbox_outbox"
 LISTEN: Final = "LISTEN inbox_outbox"
 
-CLAIM: Final = (
-    "SELECT effect_id, destination, payload, headers, ordering_key, attempts, lease_token, lease_expires_at,"
-    " created_at FROM inbox.claim_effects(%s, %s, %s)"
-)
+# Every column: a schema that returns idempotency_key (the key destinations deduplicate on) hands
+# it to Effect; an older one does not, and the effect id is the key (transports.effect).
+CLAIM: Final = "SELECT * FROM inbox.claim_effects(%s, %s, %s)"
 # Set-based reports: one row per report (ord = position in the arrays, from 1), in one statement.
 COMPLETE_MANY: Final = (
     "SELECT 'complete' AS report, ord, result FROM inbox.complete_effects("

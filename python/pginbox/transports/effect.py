@@ -1,20 +1,23 @@
 """`Effect`: one effect of the outbox, as inbox.claim_effects returns it (the dispatcher claims
-them; transports deliver them). `effect_id` is the idempotency key of every attempt."""
+them; transports deliver them). `idempotency_key(effect)` is the key every destination sends with
+every attempt of it, so that the destination deduplicates."""
 
 from __future__ import annotations
 
 import datetime
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass, field, fields
+from typing import Any, Final, Protocol
 
-__all__ = ["Effect", "EffectLike"]
+__all__ = ["EFFECT_FIELDS", "Effect", "EffectLike", "idempotency_key"]
 
 
 @dataclass(frozen=True)
 class Effect:
     """One effect to deliver. The lease fields are set on a claimed effect (None / 0 on one made
-    by hand, e.g. to try a transport)."""
+    by hand, e.g. to try a transport). `idempotency_key`: the key the destination deduplicates
+    on, scoped by the database per consumer and tenant (schemas that do not return it leave it
+    None: the effect id is the key then). `consumer`: the consumer that enqueued it."""
 
     effect_id: str
     destination: str
@@ -25,6 +28,12 @@ class Effect:
     lease_token: int = 0
     lease_expires_at: datetime.datetime | None = None
     created_at: datetime.datetime | None = None
+    consumer: str | None = None
+    idempotency_key: str | None = None
+
+
+#: The columns of inbox.claim_effects that Effect keeps (a newer schema may return more).
+EFFECT_FIELDS: Final = frozenset(f.name for f in fields(Effect))
 
 
 class EffectLike(Protocol):
@@ -36,3 +45,11 @@ class EffectLike(Protocol):
     def payload(self) -> Any: ...
     @property
     def headers(self) -> Mapping[str, str]: ...
+
+
+def idempotency_key(effect: object) -> str:
+    """The key a destination deduplicates on: the effect's `idempotency_key` when the database
+    returned one, else its effect id. Every destination (webhook Idempotency-Key, AMQP
+    message_id, JetStream Pginbox-Message-Id, the Redis field) sends exactly this."""
+    key = getattr(effect, "idempotency_key", None)
+    return str(key) if key else str(getattr(effect, "effect_id"))  # noqa: B009

@@ -1,6 +1,7 @@
 """`WebhookTransport`: POST (or `method`) the effect's payload as JSON to a URL.
 
-The payload goes with `Idempotency-Key: <effect id>` (never overridable). Headers: the effect's own,
+The payload goes with `Idempotency-Key: <idempotency_key(effect)>` (never overridable: the effect's
+idempotency key, else its id). Headers: the effect's own,
 then the configured ones, which always win (names compared without case); an effect never sets
 Host, credentials (Authorization, Proxy-Authorization, Cookie), framing (Content-Length,
 Transfer-Encoding), hop-by-hop headers or the idempotency key: those are dropped from its headers
@@ -24,7 +25,7 @@ import httpx
 
 from pginbox.errors import AmbiguousDelivery, DestinationRefused
 from pginbox.sql_limits import EXCERPT_CHARS  # the excerpt kept: what inbox.outbox keeps
-from pginbox.transports.effect import EffectLike
+from pginbox.transports.effect import EffectLike, idempotency_key
 from pginbox.transports.protocol import DeliveryReport
 from pginbox.transports.ssrf import AddressPolicy, GuardedHTTPTransport
 
@@ -116,7 +117,7 @@ class WebhookTransport:
         for name, value in self.headers.items():  # configured headers win
             if name.lower() != "idempotency-key":
                 merged[name.lower()] = (name, str(value))
-        merged["idempotency-key"] = ("Idempotency-Key", effect.effect_id)
+        merged["idempotency-key"] = ("Idempotency-Key", idempotency_key(effect))
         return dict(merged.values())
 
     def deliver(self, effect: EffectLike) -> DeliveryReport:
