@@ -26,6 +26,7 @@ DEB_PACKAGES=(
     libpostgresql-jdbc-java
     rabbitmq-server   # the broker tests' RabbitMQ (127.0.0.1:5672) and private nodes
     nats-server       # the broker tests' NATS JetStream (127.0.0.1:4222) and private servers
+    redis-server      # the Redis Streams tests (127.0.0.1:6379)
 )
 VENV="$ROOT/.venv"
 STAMP="$VENV/.pginbox-setup-stamp"

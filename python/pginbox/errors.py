@@ -27,7 +27,7 @@ its subclasses, pass through unchanged where the docs say so).
 
 Not here, on purpose: the retry loop's internal signals (pginbox.client.shared.Transient and
 CommitUnknown, pginbox.integrations.sqlalchemy._Failed, never raised to a caller), the consumer's
-signal to dead-letter one message (pginbox.consumer.core.BadInput, caught where it is raised) and
+signal to dead-letter one message (pginbox.brokers.wire.BadInput, caught where it is raised) and
 the exceptions the demo's own handlers raise (they play the part of an application's errors).
 """
 

@@ -1,10 +1,11 @@
-"""Broker destinations of the dispatcher (pginbox.transports.rabbitmq / .jetstream) against the real
+"""Broker destinations of the dispatcher (pginbox.brokers.rabbitmq / .jetstream / .redis) against the real
 brokers: what a published effect carries, batched confirms, unroutable and missing streams as
 retryable failures, republished effects absorbed, and the TOML / environment configuration."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import textwrap
 from pathlib import Path
@@ -16,11 +17,11 @@ import psycopg
 import pytest
 from helpers_brokers import NATS_URL, RABBIT_URL, Channel, channel, wait_for
 
+from pginbox.brokers.jetstream import JetStreamTransport
+from pginbox.brokers.rabbitmq import RabbitMQTransport
 from pginbox.dispatcher import Dispatcher
 from pginbox.transports import CallableTransport, Effect, load_config
 from pginbox.transports.config import destination_type
-from pginbox.transports.jetstream import JetStreamTransport
-from pginbox.transports.rabbitmq import RabbitMQTransport
 
 pytestmark = pytest.mark.timeout(90)
 Conn = psycopg.Connection[tuple[Any, ...]]
@@ -141,7 +142,9 @@ def test_jetstream_destination_and_duplicates(conn: Conn, db_dsn: str) -> None:
         stored = asyncio.run(read())
         assert len(stored) == 40
         headers = stored[0].headers or {}
-        assert headers["Nats-Msg-Id"] in ids and headers["Pginbox-Producer"] == "shop"
+        assert headers["Pginbox-Message-Id"] in ids and headers["Pginbox-Producer"] == "shop"
+        # Nats-Msg-Id: the key and the body's hash (the window drops only a true repeat)
+        assert headers["Nats-Msg-Id"] == f"{headers['Pginbox-Message-Id']}:{hashlib.sha256(stored[0].data).hexdigest()}"
         assert headers["Pginbox-Type"] == "credit" and "Pginbox-Produced-At" in headers
 
 

@@ -1,7 +1,6 @@
-"""`pginbox consume` against the real brokers (RabbitMQ and NATS JetStream on loopback) and a real
-database: every outcome's broker action, dead letters with their SQLSTATE, delayed (not hot)
-retries, batches in fewer transactions than messages, a database that refuses connections, crash
-loops ending in quarantine, SIGTERM, /healthz and /metrics."""
+"""`pginbox consume`, the loop (pginbox.consumer) against a real database: a database that refuses
+connections, SIGTERM with /healthz and /metrics, Python handlers (async, plain, one that forgets
+to await), the configuration. What every broker adapter must do is in test_broker_conformance.py."""
 
 from __future__ import annotations
 
@@ -12,19 +11,17 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections import Counter
 from typing import Any
 
 import psycopg
 import pytest
-from helpers_brokers import BROKERS, Channel, ConsumerThread, Out, channel, wait_for
-from helpers_inbox import handler_calls, ledger_counts, setup_domain
+from helpers_brokers import ADAPTERS, ConsumerThread, Out, channel, make_consumer, wait_for
+from helpers_inbox import ledger_counts, setup_domain
 from helpers_proxy import TcpProxy
 
 from pginbox.client.outcomes import Message
-from pginbox.consumer import Consumer, load_consume_config
+from pginbox.consumer import load_consume_config
 from pginbox.consumer.config import safe_url
-from pginbox.consumer.jetstream import JetStreamBroker
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -33,71 +30,7 @@ def credit(mid: str, amount: int = 10) -> dict[str, Any]:
     return {"id": mid, "amount": amount}
 
 
-def make_consumer(ch: Channel, dsn: str, *, ack_wait: float = 30.0, **settings: Any) -> Consumer:
-    """A Consumer for `ch`. ack_wait: JetStream redelivers what a crashed consumer held after it
-    (short in the crash tests; a short one elsewhere would make slow batches come back as
-    duplicates, which the inbox absorbs but the exact outcome counts would not match)."""
-    config = load_consume_config(None, {"consumer": "billing", **ch.settings(), **settings})
-    broker = JetStreamBroker(config, ack_wait=ack_wait) if ch.broker == "nats" else None
-    return Consumer(config, dsn, broker=broker, fetch_timeout=0.2, max_pause=0.5, database_timeout=1.0)
-
-
-@pytest.mark.parametrize("broker", BROKERS)
-def test_outcomes_dead_letters_and_delays(broker: str, conn: psycopg.Connection[Any], db_dsn: str) -> None:
-    setup_domain(conn)
-    with channel(broker) as ch:
-        ch.publish([
-            Out("m1", credit("m1")),                                   # applied
-            Out("m1", credit("m1"), nats_msg_id="m1-again"),           # duplicate
-            Out("m1", credit("m1", 99), nats_msg_id="m1-changed"),     # conflict
-            Out("neg", credit("neg", -5)),                             # failed ... quarantined
-            Out("u1", credit("u1"), message_type="no_such_type"),      # 42704
-            Out("x", credit("x"), producer=None),                      # 22004: no producer
-            Out("j1", None, raw_body=b"{not json"),                    # 22P02
-            Out("t1", credit("t1"), produced_at=None, headers={"Pginbox-Produced-At": "yesterday"}),
-            Out("m2", credit("m2")),                                   # applied, after the bad ones
-        ])
-        extra: dict[str, Any] = {"retry_delay": 0.3, "max_retry_delay": 0.6, "prefetch": 20}
-        if broker == "rabbitmq":
-            extra["produced_at"] = "header:Pginbox-Produced-At"
-        else:  # the stream's duplicate window would drop the repeats before they reach pginbox
-            extra["message_id"] = "header:Pginbox-Message-Id"
-        consumer = make_consumer(ch, db_dsn, **extra)
-        started = time.monotonic()
-        with ConsumerThread(consumer):
-            # 75 s: under load a JetStream pull can expire on the client while the server hands it a
-            # message, which then comes back only after ack_wait (30 s); one such stall on the way
-            # to quarantine once took this past 40 s in CI. Nothing is lost, and the counts below
-            # are still exact.
-            wait_for(lambda: consumer.stats.outcomes.get("quarantined", 0) == 1, "the failing message quarantined",
-                     timeout=75)
-            wait_for(lambda: ch.pending() == 0, "every message acked")
-        elapsed = time.monotonic() - started
-        stats = consumer.stats
-        # one verdict per message: the broker actions that came out of them. JetStream has been
-        # seen to deliver an applied message once more (num_delivered 1, under load): an extra
-        # duplicate, absorbed (the ledger below still has one row per message)
-        outcomes = dict(stats.outcomes)
-        surplus = outcomes.get("duplicate", 0) - 1
-        assert surplus == 0 or (broker == "nats" and 0 < surplus <= 2), stats.outcomes
-        outcomes["duplicate"] = 1
-        assert outcomes == {"applied": 2, "duplicate": 1, "conflict": 1, "failed": 4, "quarantined": 1,
-                            "dead_letter": 4}, stats.outcomes
-        assert ledger_counts(conn) == {"m1": 1, "m2": 1}
-        # FAILED came back after growing delays (0.3 + 0.6 + 0.6 + 0.6), not in a hot loop: five
-        # attempts (max_attempts), then quarantined
-        assert handler_calls(conn) >= 2 + 5
-        assert elapsed >= 2.0
-        dead = ch.dead_letters()
-        states = Counter(h.get("Pginbox-Sqlstate") for h, _ in dead)
-        assert states == Counter({"42704": 1, "22004": 1, "22P02": 1, "22007": 1}), dead
-        assert all(h.get("Pginbox-Reason") for h, _ in dead)
-        assert b"{not json" in [body for _, body in dead]
-        # a batch is claimed in one transaction: fewer transactions than messages
-        assert stats.transactions < stats.consumed
-
-
-@pytest.mark.parametrize("broker", BROKERS)
+@pytest.mark.parametrize("broker", ADAPTERS)
 def test_database_refusing_connections_loses_nothing(broker: str, conn: psycopg.Connection[Any], db_dsn: str) -> None:
     setup_domain(conn)
     # two announced starts would quarantine a message as a crash loop: an outage must not
@@ -122,45 +55,7 @@ def test_database_refusing_connections_loses_nothing(broker: str, conn: psycopg.
         assert row is not None and row[0] == 0
 
 
-class Crash(BaseException):
-    """Not an Exception: it goes through AsyncInbox and the consumer like a process crash."""
-
-
-async def crashing_handler(cur: psycopg.AsyncCursor[Any], message: Message) -> None:
-    raise Crash(message.message_id)
-
-
-@pytest.mark.parametrize("broker", [*BROKERS, "rabbitmq-quorum"])
-def test_crash_loop_ends_in_quarantine(broker: str, conn: psycopg.Connection[Any], db_dsn: str) -> None:
-    setup_domain(conn)
-    conn.execute("SELECT inbox.configure_consumer('billing', max_attempts => 3)")
-    with channel(broker) as ch:
-        ch.publish([Out("boom", credit("boom"))])
-        crashes = 0
-        for _ in range(6):
-            consumer = make_consumer(ch, db_dsn, prefetch=1, ack_wait=1.0)
-            consumer.handler = crashing_handler
-            runner = ConsumerThread(consumer).__enter__()
-
-            def over(runner: ConsumerThread = runner, consumer: Consumer = consumer) -> bool:
-                return not runner.alive or consumer.stats.outcomes.get("quarantined", 0) == 1
-
-            wait_for(over, "a crash or the quarantine", timeout=20)
-            if runner.alive:
-                runner.stop()
-                break
-            assert isinstance(runner.error, Crash)
-            crashes += 1
-        else:
-            raise AssertionError("the crash loop never ended in quarantine")
-        assert 1 <= crashes <= 3
-        wait_for(lambda: ch.pending() == 0, "the quarantined message acked")
-        row = conn.execute("SELECT count(*) FROM inbox.quarantine WHERE message_id = 'boom'").fetchone()
-        assert row is not None and row[0] == 1
-        assert ledger_counts(conn) == {}
-
-
-@pytest.mark.parametrize("broker", BROKERS)
+@pytest.mark.parametrize("broker", ["redis"])
 def test_sigterm_finishes_the_batch_and_health(broker: str, conn: psycopg.Connection[Any], db_dsn: str) -> None:
     setup_domain(conn)
     conn.execute("UPDATE handler_delay SET seconds = 0.002")
@@ -219,7 +114,7 @@ async def python_credit(cur: psycopg.AsyncCursor[Any], message: Message) -> None
     await cur.execute("SELECT apply_credit(1, %s, %s)", (message.payload["id"], message.payload["amount"]))
 
 
-@pytest.mark.parametrize("broker", BROKERS)
+@pytest.mark.parametrize("broker", ["memory", "rabbitmq"])
 def test_python_handler_batches(broker: str, conn: psycopg.Connection[Any], db_dsn: str) -> None:
     setup_domain(conn)
     conn.execute("SELECT inbox.configure_consumer('billing', max_attempts => 2)")
@@ -265,3 +160,98 @@ def test_bad_configuration_is_refused_before_connecting(tmp_path: Any) -> None:
     done = subprocess.run([sys.executable, "-m", "pginbox", "consume", "--config", str(toml)], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "prefetch" in done.stderr
+    # Redis Streams: a stream, the group defaults to the consumer name, dead letters to <stream>:dead
+    config = load_consume_config(None, {"url": "redis://127.0.0.1:6379/0", "consumer": "b", "stream": "orders"})
+    assert (config.broker, config.durable, config.dead_letter_target) == ("redis", "b", "orders:dead")
+    with pytest.raises(ConsumerConfigError, match="needs a stream"):
+        load_consume_config(None, {"url": "rediss://h:6380", "consumer": "billing"})
+    # a position in the stream is not an identity
+    with pytest.raises(ConsumerConfigError, match="position in the stream"):
+        load_consume_config(None, {"url": "nats://h:4222", "consumer": "b", "stream": "S", "message_id": "sequence"})
+    with pytest.raises(ConsumerConfigError, match="expected one of"):
+        load_consume_config(None, {"url": "redis://h", "consumer": "b", "stream": "s", "message_id": "entry_id"})
+
+
+# ---------------------------------------------------------------------------------------------- handlers
+
+
+def plain_credit(cur: psycopg.Cursor[Any], message: Message) -> None:
+    """A plain def handler: it gets a plain cursor, and its write commits with the claim."""
+    cur.execute("SELECT apply_credit(1, %s, %s)", (message.payload["id"], message.payload["amount"]))
+
+
+async def returns_unawaited(cur: psycopg.AsyncCursor[Any], message: Message) -> Any:
+    """Returns the coroutine of its statement instead of awaiting it: the statement never runs."""
+    return cur.execute("SELECT apply_credit(1, %s, %s)", (message.payload["id"], message.payload["amount"]))
+
+
+def sync_returns_coroutine(cur: psycopg.Cursor[Any], message: Message) -> Any:
+    async def later() -> None:
+        return None
+
+    return later()
+
+
+@pytest.mark.parametrize("prefetch", [1, 10])
+def test_handlers_plain_def_works_and_an_unawaited_coroutine_fails(prefetch: int, conn: psycopg.Connection[Any],
+                                                                   db_dsn: str) -> None:
+    setup_domain(conn)
+    conn.execute("SELECT inbox.configure_consumer('billing', max_attempts => 2)")
+    with channel("memory") as ch:
+        ch.publish([Out(f"p{i}", credit(f"p{i}")) for i in range(3)])
+        consumer = make_consumer(ch, db_dsn, handler="test_consume:plain_credit", prefetch=prefetch)
+        with ConsumerThread(consumer):
+            wait_for(lambda: ch.pending() == 0, "applied")
+        assert ledger_counts(conn) == {f"p{i}": 1 for i in range(3)}
+        assert consumer.stats.outcomes == {"applied": 3}
+        for name in ("returns_unawaited", "sync_returns_coroutine"):
+            ch.publish([Out(f"{name}-{prefetch}", credit("u"))])
+            consumer = make_consumer(ch, db_dsn, handler=f"test_consume:{name}", prefetch=prefetch, retry_delay=0.05)
+            stats = consumer.stats
+            with ConsumerThread(consumer):
+                wait_for(lambda: stats.outcomes.get("quarantined", 0) == 1, "quarantined")  # noqa: B023
+            # failed, never applied: the claim did not commit without its write
+            assert consumer.stats.outcomes == {"failed": 1, "quarantined": 1}, consumer.stats.outcomes
+        assert ledger_counts(conn) == {f"p{i}": 1 for i in range(3)}
+        rows = conn.execute("SELECT reason_code FROM inbox.quarantine WHERE message_id LIKE '%return%'").fetchall()
+        reasons = {r[0] for r in rows}
+        assert reasons == {"handler_returned_awaitable"}, reasons
+
+
+def test_wire_contract_refuses_what_it_cannot_read() -> None:
+    """A delivery becomes a Message, or BadInput with the SQLSTATE the dead letter carries."""
+    from pginbox.brokers.port import Delivery
+    from pginbox.brokers.wire import DEFAULT_SOURCES, BadInput, IdentitySource, parse_message
+
+    sources = {k: IdentitySource.parse(v, k, "redis") for k, v in DEFAULT_SOURCES["redis"].items()}
+    ok = {"Pginbox-Producer": "shop", "Pginbox-Message-Id": "m1", "Pginbox-Type": "credit"}
+
+    def state(body: bytes = b"{}", /, **headers: object) -> str | None:
+        try:
+            parse_message(Delivery(body, {}, {**ok, **headers}, False), sources)
+        except BadInput as bad:
+            return bad.sqlstate
+        return None
+
+    assert state() is None and state(b"[" * 100_000 + b"]" * 100_000) == "22P02"
+    assert state(b"[" * 300 + b"]" * 300) == "22P02" and state(b"[" * 150 + b"]" * 150) is None
+    assert state(b'{"x": NaN}') == "22P02" and state(b"\xff") == "22P02"
+    assert state(**{"Pginbox-Message-Id": b"m\xff"}) == "22021" and state(**{"Pginbox-Message-Id": "m\x00"}) == "22021"
+    assert state(**{"Pginbox-Message-Id": True}) == "22023" and state(**{"Pginbox-Message-Id": ""}) == "22004"
+    assert state(**{"Pginbox-Produced-At": "1999-12-31T23:59:59Z"}) == "22008"
+    assert state(**{"Pginbox-Produced-At": "2200-01-01T00:00:00Z"}) == "22008"
+    assert state(**{"Pginbox-Produced-At": "2026-01-01T00:00:00Z"}) is None
+    assert state(**{"Pginbox-Produced-At": "yesterday"}) == "22007"
+    # NATS: Pginbox-Message-Id, else what pginbox 0.2 wrote (Nats-Msg-Id)
+    nats_sources = {k: IdentitySource.parse(v, k, "nats") for k, v in DEFAULT_SOURCES["nats"].items()}
+    old = parse_message(Delivery(b"{}", {}, {"Pginbox-Producer": "shop", "Nats-Msg-Id": "e1", "Pginbox-Type": "t"},
+                                 False), nats_sources)
+    assert old.message_id == "e1"
+
+
+def test_log_lines_escape_control_characters() -> None:
+    from pginbox.runtime.log import kv
+
+    line = kv("dead_letter", message_id="a\nforged_event x=1\r\x1b[2J", ok="plain")
+    assert "\n" not in line and "\r" not in line and "\x1b" not in line
+    assert line == 'dead_letter message_id="a\\nforged_event x=1\\r\\x1b[2J" ok=plain'

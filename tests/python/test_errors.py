@@ -19,7 +19,7 @@ NOT_PGINBOX_ERRORS = {
     "pginbox.client.shared.CommitUnknown",
     "pginbox.integrations.sqlalchemy._Failed",
     "pginbox.integrations.sqlalchemy_async._Failed",
-    "pginbox.consumer.core.BadInput",  # the consumer's signal to dead-letter one message, never raised out
+    "pginbox.brokers.wire.BadInput",  # the consumer's signal to dead-letter one message, never raised out
     "pginbox.demo.act2_simulation._Crash",
     "pginbox.demo.act3_outbox.HandlerRefused",
 }

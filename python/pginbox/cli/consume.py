@@ -1,4 +1,4 @@
-"""`pginbox consume`: deliveries from RabbitMQ or NATS JetStream into schema inbox."""
+"""`pginbox consume`: deliveries from RabbitMQ, NATS JetStream or Redis Streams into schema inbox."""
 
 from __future__ import annotations
 
@@ -20,12 +20,18 @@ __all__ = ["consume"]
 @dsn_option
 @click.option("--config", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="TOML file with a [consume] table (options and PGINBOX_CONSUME_* variables win over it).")
-@click.option("--url", default=None, help="Broker URL: amqp://... (RabbitMQ) or nats://... (NATS JetStream).")
+@click.option("--url", default=None,
+              help="Broker URL: amqp://... (RabbitMQ), nats://... (NATS JetStream), redis://... (Redis Streams).")
 @click.option("--consumer", default=None, help="The pginbox consumer name.")
 @click.option("--queue", default=None, help="RabbitMQ queue.")
-@click.option("--stream", default=None, help="NATS JetStream stream.")
+@click.option("--stream", default=None, help="NATS JetStream stream, or Redis stream key.")
 @click.option("--subject", default=None, help="NATS: filter subject of the durable consumer.")
-@click.option("--durable", default=None, help="NATS: durable consumer name [default: the consumer name].")
+@click.option("--durable", default=None,
+              help="NATS durable consumer / Redis consumer group [default: the consumer name].")
+@click.option("--claim-idle", type=click.FloatRange(0.05, None), default=None,
+              help="Seconds an unacked delivery is held before the broker hands it out again (NATS ack_wait, "
+                   "Redis XAUTOCLAIM idle time) [default: 30].")
+@click.option("--consumer-name", default=None, help="Redis: this process's name in the group [default: host-pid-id].")
 @click.option("--handler", default=None, help="'sql' (registered SQL handlers) or MODULE:FUNCTION [default: sql].")
 @click.option("--handler-version", default=None, help="Recorded by Python handlers.")
 @click.option("--prefetch", type=click.IntRange(1, MAX_BATCH), default=None,
@@ -35,7 +41,8 @@ __all__ = ["consume"]
 @click.option("--max-retry-delay", type=click.FloatRange(0.001, None), default=None,
               help="Longest redelivery delay, seconds [default: 300].")
 @click.option("--dead-letter", default=None,
-              help="Dead letter queue (RabbitMQ) or subject (NATS) [default: QUEUE.dead / pginbox.dead.DURABLE].")
+              help="Dead letter queue (RabbitMQ), subject (NATS) or stream (Redis) "
+                   "[default: QUEUE.dead / pginbox.dead.DURABLE / STREAM:dead].")
 @click.option("--producer", default=None, help="Where the producer is read: PROPERTY, header:NAME or const:VALUE.")
 @click.option("--message-id", default=None, help="Where the message id is read.")
 @click.option("--message-type", default=None, help="Where the message type is read.")
@@ -46,11 +53,12 @@ __all__ = ["consume"]
 @click.option("--health-host", default=None, help="Address the health endpoint binds to [default: 127.0.0.1].")
 @click.pass_context
 def consume(ctx: click.Context, /, command_dsn: str | None, config: Path | None, **options: Any) -> None:
-    """Consume a RabbitMQ queue or a NATS JetStream stream into schema inbox: one transaction per
-    batch, ack after COMMIT, failed messages redelivered after a growing delay, bad input to the dead
-    letter (SIGTERM/SIGINT: finish the batch, exit 0). See docs/brokers.md."""
+    """Consume a RabbitMQ queue, a NATS JetStream stream or a Redis stream into schema inbox: one
+    transaction per batch, ack after COMMIT, failed messages redelivered after a growing delay, bad
+    input to the dead letter, a configuration or rights error halts (SIGTERM/SIGINT: finish the
+    batch, exit 0). See docs/brokers.md."""
     from pginbox.consumer import Consumer, load_consume_config
-    from pginbox.dispatcher import HealthServer
+    from pginbox.runtime.health import HealthServer
 
     dsn = database(ctx, command_dsn)
     settings = load_consume_config(config, options)

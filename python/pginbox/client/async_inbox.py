@@ -20,6 +20,7 @@ resolved with pg_xact_status on the transaction id read before COMMIT, never gue
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -54,7 +55,9 @@ T = TypeVar("T")
 AConn = psycopg.AsyncConnection[Any]
 
 #: handler(cursor, message): runs inside the transaction that holds the claim. Its return value is
-#: ignored; raising rolls back the claim and its writes.
+#: ignored, except an awaitable (a coroutine it forgot to await): that fails the message
+#: (HandlerProtocolError, reason handler_returned_awaitable) instead of committing without its
+#: writes; raising rolls back the claim and its writes.
 AsyncHandler = Callable[[psycopg.AsyncCursor[Any], Message], Awaitable[object]]
 
 _IDLE = pq.TransactionStatus.IDLE
@@ -364,7 +367,14 @@ class AsyncInbox:
         Transient error: rolls back the transaction and raises Transient."""
         hcur = conn.cursor()
         try:
-            await handler(hcur, message)
+            returned = await handler(hcur, message)
+            if inspect.isawaitable(returned):
+                _core.discard_awaitable(returned)
+                raise HandlerProtocolError(
+                    "the handler returned an awaitable it did not await (a coroutine): its statements never "
+                    "ran; await them inside the handler",
+                    reason_code="handler_returned_awaitable",
+                )
         except Exception as exc:
             lost = _core.connection_lost(exc, conn)
             kind = classify(exc) or (TransientKind.CONNECTION if lost else None)

@@ -16,6 +16,7 @@ resolved with pg_xact_status on the transaction id read before COMMIT, never gue
 
 from __future__ import annotations
 
+import inspect
 import random
 import threading
 import time
@@ -47,7 +48,9 @@ T = TypeVar("T")
 Conn = psycopg.Connection[Any]
 
 #: handler(cursor, message): runs inside the transaction that holds the claim. Its return value is
-#: ignored; raising rolls back the claim and its writes.
+#: ignored, except an awaitable (a coroutine it forgot to await): that fails the message
+#: (HandlerProtocolError, reason handler_returned_awaitable) instead of committing without its
+#: writes; raising rolls back the claim and its writes.
 Handler = Callable[[psycopg.Cursor[Any], Message], object]
 
 _IDLE = pq.TransactionStatus.IDLE
@@ -348,7 +351,14 @@ class Inbox:
         Transient error: rolls back the transaction and raises Transient."""
         hcur = conn.cursor()
         try:
-            handler(hcur, message)
+            returned = handler(hcur, message)
+            if inspect.isawaitable(returned):
+                _core.discard_awaitable(returned)
+                raise HandlerProtocolError(
+                    "the handler returned an awaitable it did not await (a coroutine): its statements never "
+                    "ran; await them inside the handler",
+                    reason_code="handler_returned_awaitable",
+                )
         except Exception as exc:
             lost = _core.connection_lost(exc, conn)
             kind = classify(exc) or (TransientKind.CONNECTION if lost else None)

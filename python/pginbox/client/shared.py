@@ -81,6 +81,13 @@ def record_starts_params(consumer: str, handler_version: str, messages: Sequence
     )
 
 
+def discard_awaitable(value: object) -> None:
+    """Close a coroutine a handler returned without awaiting (no "never awaited" warning later)."""
+    close = getattr(value, "close", None)
+    if callable(close):
+        close()
+
+
 def check_message(m: object) -> Message:
     if not isinstance(m, Message):
         raise TypeError(f"expected a pginbox.Message, got {type(m).__name__}")

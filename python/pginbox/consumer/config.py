@@ -5,26 +5,29 @@ table of the TOML file (--config) > the defaults below. Every key of the table i
 (`message_id` is `--message-id`, read from PGINBOX_CONSUME_MESSAGE_ID).
 
     [consume]
-    url = "amqp://guest:guest@127.0.0.1:5672/"   # amqp(s)://: RabbitMQ, nats(s)://: NATS JetStream
+    url = "amqp://guest:guest@127.0.0.1:5672/"   # amqp(s)://: RabbitMQ, nats://: NATS JetStream,
+                                         # redis(s)://: Redis Streams, memory://NAME: in-process
     consumer = "billing"                 # the pginbox consumer name (part of every identity)
-    queue = "billing"                    # RabbitMQ: the queue consumed (declared durable if missing)
-    stream = "ORDERS"                    # NATS: the stream, ...
-    subject = "orders.>"                 # ... the filter subject of the durable pull consumer,
-    durable = "billing"                  # ... and its durable name [default: the consumer name]
+    queue = "billing"                    # RabbitMQ (and memory): the queue consumed (declared durable if missing)
+    stream = "ORDERS"                    # NATS: the stream; Redis: the stream key ...
+    subject = "orders.>"                 # ... NATS: the filter subject of the durable pull consumer,
+    durable = "billing"                  # ... the durable name / Redis consumer group [default: the consumer name]
+    claim_idle = 30.0                    # NATS ack_wait / Redis: idle seconds before XAUTOCLAIM takes an entry over
+    consumer_name = "host-1"             # Redis: this process's name in the group [default: host-pid-random]
     handler = "sql"                      # SQL handlers (inbox.register_handler), or "module:function"
     handler_version = "v1"               # recorded by Python handlers [default: unversioned]
     prefetch = 50                        # messages claimed per transaction (1..64)
     retry_delay = 1.0                    # first delay of a FAILED message, seconds, doubled ...
     max_retry_delay = 300.0              # ... up to this
-    dead_letter = "billing.dead"         # RabbitMQ queue / NATS subject [default: <queue>.dead,
-                                         #   NATS: pginbox.dead.<durable>]
-    # Identity: a broker property, "header:NAME" or "const:VALUE" (defaults: what pginbox's own
-    # broker destinations write; see docs/brokers.md)
+    dead_letter = "billing.dead"         # RabbitMQ queue / NATS subject / Redis stream [default:
+                                         #   <queue>.dead, pginbox.dead.<durable>, <stream>:dead]
+    # Identity: a broker property, "header:NAME" (a field, on Redis) or "const:VALUE"; "a|b" reads b
+    # when a is missing (defaults: what pginbox's own destinations write; docs/brokers.md)
     producer = "app_id"
     message_id = "message_id"
     message_type = "type"
     produced_at = "timestamp"
-    tenant = "const:"
+    tenant = "header:Pginbox-Tenant"
 """
 
 from __future__ import annotations
@@ -34,72 +37,24 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
+from pginbox.brokers.port import SourceConfig
+from pginbox.brokers.wire import (
+    BROKERS,
+    DEFAULT_SOURCES,
+    IDENTITY_FIELDS,
+    MEMORY,
+    NATS,
+    RABBITMQ,
+    REDIS,
+    IdentitySource,
+)
 from pginbox.errors import ConsumerConfigError
+from pginbox.runtime.log import safe_url
 from pginbox.sql_limits import MAX_BATCH
 
 __all__ = ["DEFAULT_SOURCES", "ConsumeConfig", "IdentitySource", "broker_of", "load_consume_config", "safe_url"]
-
-RABBITMQ: Final = "rabbitmq"
-NATS: Final = "nats"
-
-#: What pginbox's own destinations write, per broker (transports/rabbitmq.py, transports/jetstream.py).
-DEFAULT_SOURCES: Final[Mapping[str, Mapping[str, str]]] = {
-    RABBITMQ: {
-        "producer": "app_id",
-        "message_id": "message_id",
-        "message_type": "type",
-        "produced_at": "timestamp",
-        "tenant": "header:Pginbox-Tenant",
-    },
-    NATS: {
-        "producer": "header:Pginbox-Producer",
-        "message_id": "header:Nats-Msg-Id",
-        "message_type": "header:Pginbox-Type",
-        "produced_at": "header:Pginbox-Produced-At",
-        "tenant": "header:Pginbox-Tenant",
-    },
-}
-
-_PROPERTIES: Final[Mapping[str, frozenset[str]]] = {
-    RABBITMQ: frozenset({"app_id", "message_id", "type", "timestamp", "correlation_id", "user_id",
-                         "routing_key", "exchange", "content_type", "reply_to"}),
-    NATS: frozenset({"subject", "stream", "sequence", "timestamp"}),
-}
-
-
-@dataclass(frozen=True)
-class IdentitySource:
-    """Where one identity field is read from: a broker property, a header, or a constant."""
-
-    kind: str  # "property" | "header" | "const"
-    name: str
-
-    @classmethod
-    def parse(cls, spec: str, setting: str, broker: str) -> IdentitySource:
-        kind, sep, rest = spec.partition(":")
-        if sep and kind == "header":
-            if not rest:
-                raise ConsumerConfigError(f"consume setting {setting}: 'header:' needs a header name")
-            return cls("header", rest)
-        if sep and kind == "const":
-            return cls("const", rest)
-        if spec in _PROPERTIES[broker]:
-            return cls("property", spec)
-        raise ConsumerConfigError(
-            f"consume setting {setting}={spec!r}: expected one of {sorted(_PROPERTIES[broker])} (a {broker} "
-            "message property), 'header:NAME' or 'const:VALUE'"
-        )
-
-
-def safe_url(url: str) -> str:
-    """The broker URL without its user and password, for messages and logs: what stands before the
-    last '@' of the host part goes (an '@' in the path or query stays)."""
-    scheme, sep, rest = url.partition("://")
-    authority, slash, tail = rest.partition("/")
-    return f"{scheme}{sep}{authority.rpartition('@')[2]}{slash}{tail}"
-
 
 def broker_of(url: str) -> str:
     scheme = url.partition("://")[0].lower()
@@ -107,8 +62,13 @@ def broker_of(url: str) -> str:
         return RABBITMQ
     if scheme in ("nats", "tls", "nats+tls"):
         return NATS
+    if scheme in ("redis", "rediss", "unix"):
+        return REDIS
+    if scheme == MEMORY:
+        return MEMORY
     raise ConsumerConfigError(
-        f"consume url {safe_url(url)!r}: expected amqp(s)://... (RabbitMQ) or nats://... (NATS JetStream)")
+        f"consume url {safe_url(url)!r}: expected amqp(s)://... (RabbitMQ), nats://... (NATS JetStream), "
+        "redis(s)://... (Redis Streams) or memory://NAME")
 
 
 @dataclass(frozen=True)
@@ -128,6 +88,8 @@ class ConsumeConfig:
     dead_letter: str | None = None
     sources: Mapping[str, IdentitySource] = field(default_factory=dict)
     declare: bool = True
+    claim_idle: float = 30.0
+    consumer_name: str | None = None
     health_port: int | None = None
     health_host: str = "127.0.0.1"
 
@@ -140,13 +102,23 @@ class ConsumeConfig:
     def dead_letter_target(self) -> str:
         if self.dead_letter:
             return self.dead_letter
-        if self.broker == RABBITMQ:
+        if self.broker in (RABBITMQ, MEMORY):
             return f"{self.queue}.dead"
+        if self.broker == REDIS:
+            return f"{self.stream}:dead"
         return f"pginbox.dead.{self.durable}"
 
+    @property
+    def source(self) -> SourceConfig:
+        """What the broker adapter is told (pginbox.brokers.port.SourceConfig)."""
+        options = {"consumer_name": self.consumer_name} if self.consumer_name else {}
+        return SourceConfig(broker=self.broker, url=self.url, consumer=self.consumer,
+                            dead_letter=self.dead_letter_target, prefetch=self.prefetch, queue=self.queue,
+                            stream=self.stream, subject=self.subject, durable=self.durable, declare=self.declare,
+                            claim_idle=self.claim_idle, options=options)
 
-_IDENTITY = ("producer", "message_id", "message_type", "produced_at", "tenant")
-_KEYS = frozenset({f.name for f in fields(ConsumeConfig)} - {"sources", "broker"}) | set(_IDENTITY) | {"broker"}
+
+_KEYS = frozenset({f.name for f in fields(ConsumeConfig)} - {"sources", "broker"}) | set(IDENTITY_FIELDS) | {"broker"}
 
 
 def _number(value: Any, setting: str, kind: type[int] | type[float], low: float, high: float | None = None) -> Any:
@@ -186,28 +158,28 @@ def load_consume_config(
     if not url:
         raise ConsumerConfigError("consume: no broker url: pass --url, set PGINBOX_CONSUME_URL or url in [consume]")
     broker = str(table.get("broker") or broker_of(str(url)))
-    if broker not in (RABBITMQ, NATS):
-        raise ConsumerConfigError(f"consume setting broker={broker!r}: expected 'rabbitmq' or 'nats'")
+    if broker not in BROKERS:
+        raise ConsumerConfigError(f"consume setting broker={broker!r}: expected one of {list(BROKERS)}")
     consumer = table.get("consumer")
     if not consumer:
         raise ConsumerConfigError(
             "consume: no pginbox consumer name: pass --consumer, set PGINBOX_CONSUME_CONSUMER or consumer in [consume]"
         )
     config = ConsumeConfig(url=str(url), consumer=str(consumer), broker=broker)
-    if broker == RABBITMQ:
+    if broker in (RABBITMQ, MEMORY):
         if not table.get("queue"):
-            raise ConsumerConfigError("consume: RabbitMQ needs a queue: pass --queue or set queue in [consume]")
+            raise ConsumerConfigError(f"consume: {'RabbitMQ' if broker == RABBITMQ else 'memory://'} needs a queue: "
+                                      "pass --queue or set queue in [consume]")
         config = replace(config, queue=str(table["queue"]))
     else:
         if not table.get("stream"):
-            raise ConsumerConfigError(
-                "consume: NATS JetStream needs a stream: pass --stream or set stream in [consume]"
-            )
+            what = "NATS JetStream" if broker == NATS else "Redis Streams"
+            raise ConsumerConfigError(f"consume: {what} needs a stream: pass --stream or set stream in [consume]")
         config = replace(config, stream=str(table["stream"]), subject=table.get("subject") and str(table["subject"]),
                          durable=str(table.get("durable") or consumer))
     sources = {
         name: IdentitySource.parse(str(table.get(name, DEFAULT_SOURCES[broker][name])), name, broker)
-        for name in _IDENTITY
+        for name in IDENTITY_FIELDS
     }
     retry_delay = _number(table.get("retry_delay", 1.0), "retry_delay", float, 0.001)
     max_retry_delay = _number(table.get("max_retry_delay", 300.0), "max_retry_delay", float, retry_delay)
@@ -222,6 +194,8 @@ def load_consume_config(
         dead_letter=table.get("dead_letter") and str(table["dead_letter"]),
         sources=sources,
         declare=bool(table.get("declare", True)),
+        claim_idle=_number(table.get("claim_idle", 30.0), "claim_idle", float, 0.05),
+        consumer_name=table.get("consumer_name") and str(table["consumer_name"]),
         health_port=None if health_port is None else _number(health_port, "health_port", int, 0, 65535),
         health_host=str(table.get("health_host", "127.0.0.1")),
     )

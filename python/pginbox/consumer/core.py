@@ -1,24 +1,37 @@
-"""`Consumer`: broker deliveries -> `AsyncInbox` -> one verdict per message, told to the broker.
+"""`Consumer`: the loop of `pginbox consume`. Broker deliveries (through the port,
+pginbox.brokers) -> AsyncInbox -> one verdict per message, told to the broker.
 
-One transaction per batch (inbox.claim_and_apply_batch / AsyncInbox.handle_batch; a batch of one:
+One transaction per batch (inbox.claim_and_apply_batch / handle_batch; a batch of one:
 claim_and_apply / handle), then, after the COMMIT, per message:
 
-  applied, duplicate, conflict,       ack
-  quarantined, expired
+  applied, duplicate                  ack
+  conflict, quarantined, expired      ack, and a log line with the identity (operators own it now)
   failed                              redelivered after a delay doubling with the attempts
                                       (retry_delay ... max_retry_delay), never at once
-  bad input: no identity (22004),     to the dead letter, with the SQLSTATE and the reason in
-  body not JSON (22P02), bad          headers (Pginbox-Sqlstate, Pginbox-Reason); a batch the
-  produced_at (22007), class 22,      database refuses is split so that only the bad message goes
-  42704 (no handler), 54000           there
+  bad input: no identity (22004),     to the dead letter, with the SQLSTATE and the reason
+  body not JSON or too deep (22P02),  (Pginbox-Sqlstate, Pginbox-Reason); a batch the database
+  produced_at unreadable or out of    refuses is split in halves until the bad message is alone,
+  range (22007, 22008), class 22,     so that the good ones are applied
+  class 54 (sizes)
+  configuration or rights: 42501,     HALT: the message is handed back (no ack, no dead letter),
+  42704, 42883 and every other        the good messages of its batch are applied, the consumer
+  permanent error                     stops fetching, says what to fix (logged, /healthz 503) and
+                                      tries again every `halt_recheck` seconds: dead-lettering
+                                      would empty the queue into the dead letter
   database unavailable                the client retries transient errors (RetryPolicy); then the
                                       batch is handed back to the broker, and the consumer pauses
                                       (growing, jittered) before it fetches again; these
                                       redeliveries are not announced as crashes
 
-A delivery the broker marks as redelivered (AMQP `redelivered`, quorum queues' x-delivery-count,
-JetStream num_delivered > 1) that this process did not hand back itself is announced with
-inbox.record_start first, so that a message that crashes its consumer every time ends in quarantine.
+A delivery the broker marks as redelivered that this process did not hand back itself is announced
+with inbox.record_start first, so that a message that crashes its consumer every time ends in
+quarantine.
+
+Python handlers: `async def handler(cursor, message)` runs on the consumer's asyncio connection
+(an AsyncCursor); a plain `def handler(cursor, message)` runs in a worker thread on a connection of
+its own, with a plain psycopg Cursor (pginbox.Inbox). Either way it runs inside the transaction
+that holds the claim, and a handler that returns an awaitable it did not await fails the message
+(HandlerProtocolError) instead of committing without its writes.
 """
 
 from __future__ import annotations
@@ -26,169 +39,61 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import importlib
 import inspect
-import json
 import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, cast
 
 import psycopg
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
+from prometheus_client import CollectorRegistry
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTimeout
 
+from pginbox.brokers import make_broker
+from pginbox.brokers.port import Broker, Delivery
+from pginbox.brokers.wire import Action, BadInput, action_for, parse_message
 from pginbox.client.async_inbox import AsyncHandler, AsyncInbox
+from pginbox.client.inbox import Inbox
 from pginbox.client.outcomes import Message, Outcome, Result
-from pginbox.client.retry import RetryPolicy, classify
-from pginbox.consumer.config import ConsumeConfig, IdentitySource
-from pginbox.dispatcher.log import kv
+from pginbox.client.retry import RetryPolicy
+from pginbox.consumer.config import ConsumeConfig
 from pginbox.errors import BrokerError, CommitOutcomeUnknown, ConsumerConfigError, RetriesExhausted
+from pginbox.runtime.backoff import doubling, jittered
+from pginbox.runtime.loading import load_object
+from pginbox.runtime.log import kv
+from pginbox.runtime.metrics import Metrics
 
-__all__ = ["BadInput", "Broker", "Consumer", "ConsumerStats", "Delivery", "load_handler", "retry_delay"]
+__all__ = ["BadInput", "Consumer", "ConsumerStats", "Handler", "is_async_handler", "load_handler", "retry_delay"]
 
 log = logging.getLogger("pginbox.consumer")
 
-#: SQLSTATEs that say the message itself is bad: retrying it can never succeed.
-BAD_INPUT_STATES = frozenset({"42704", "54000"})
+#: A Python handler: `async def (AsyncCursor, Message)` or `def (Cursor, Message)`.
+Handler = Callable[[Any, Message], Any]
 
-SQLSTATE_HEADER = "Pginbox-Sqlstate"
-REASON_HEADER = "Pginbox-Reason"
-
-
-def is_bad_input(sqlstate: str | None) -> bool:
-    return sqlstate is not None and (sqlstate.startswith("22") or sqlstate in BAD_INPUT_STATES)
-
-
-@dataclass
-class Delivery:
-    """One message as the broker delivered it. `raw`: the broker library's message object."""
-
-    body: bytes
-    properties: Mapping[str, Any]
-    headers: Mapping[str, Any]
-    redelivered: bool
-    raw: Any = None
-    message: Message | None = None
-
-
-class BadInput(Exception):
-    """A message pginbox cannot process (no identity, body not JSON, ...): dead-lettered."""
-
-    def __init__(self, sqlstate: str, reason: str) -> None:
-        super().__init__(reason)
-        self.sqlstate = sqlstate
-        self.reason = reason
-
-
-class Broker(Protocol):
-    """What the consumer needs from a broker (pginbox.consumer.rabbitmq / .jetstream)."""
-
-    name: str
-
-    async def connect(self) -> None: ...
-    async def fetch(self, max_messages: int, timeout: float) -> list[Delivery]: ...
-    async def ack(self, delivery: Delivery) -> None: ...
-    async def retry(self, delivery: Delivery, delay: float) -> None: ...
-    async def dead_letter(self, delivery: Delivery, sqlstate: str, reason: str) -> None: ...
-    async def hand_back(self, delivery: Delivery, delay: float) -> None: ...
-    async def close(self) -> None: ...
+#: The outcomes that leave the message to operators: logged with the identity.
+_LOGGED = {Outcome.CONFLICT: "message_conflict", Outcome.QUARANTINED: "message_quarantined",
+           Outcome.EXPIRED: "message_expired"}
 
 
 def retry_delay(attempts: int | None, base: float, cap: float) -> float:
     """Delay before a FAILED message comes back: base, 2 x base, 4 x base ... up to cap."""
-    n = max((attempts or 1) - 1, 0)
-    return float(min(cap, base * 2.0 ** min(n, 40)))
+    return doubling(attempts, base, cap)
 
 
-def load_handler(spec: str) -> AsyncHandler:
-    """`module:function` -> the handler(cursor, message); a plain function is awaited if it
-    returns an awaitable."""
-    module_name, colon, attribute = spec.partition(":")
-    if not colon or not module_name or not attribute:
-        raise ConsumerConfigError(f"consume setting handler={spec!r}: expected 'sql' or 'module:function'")
+def is_async_handler(fn: object) -> bool:
+    """True for an `async def` (or an object whose __call__ is one, or a partial of one)."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004
+
+
+def load_handler(spec: str) -> Handler:
+    """`module:function` -> the handler(cursor, message), async or not (see the module docstring)."""
     try:
-        found: object = importlib.import_module(module_name)
-        for part in attribute.split("."):
-            found = getattr(found, part)
-    except (ImportError, AttributeError) as exc:
-        raise ConsumerConfigError(f"consume setting handler={spec!r}: {exc}") from None
-    if not callable(found):
-        raise ConsumerConfigError(f"consume setting handler={spec!r}: {attribute} is not callable")
-    fn = found
-
-    async def call(cur: psycopg.AsyncCursor[Any], message: Message) -> object:
-        result = fn(cur, message)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
-
-    return call
-
-
-def _text(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
-    text = str(value)
-    return text if text else None
-
-
-def _timestamp(value: Any, source: IdentitySource) -> datetime.datetime | None:
-    if value is None or value == "":
-        return None
-    if isinstance(value, datetime.datetime):
-        return value if value.tzinfo else value.replace(tzinfo=datetime.UTC)
-    if isinstance(value, int | float):
-        return datetime.datetime.fromtimestamp(float(value), datetime.UTC)
-    text = _text(value) or ""
-    try:
-        parsed = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise BadInput("22007", f"produced_at {text[:64]!r} (from {source.kind} {source.name}) is not an "
-                                "ISO 8601 timestamp") from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.UTC)
-
-
-def parse_message(delivery: Delivery, sources: Mapping[str, IdentitySource]) -> Message:
-    """The pginbox Message of a delivery, or BadInput."""
-
-    def read(name: str) -> Any:
-        source = sources[name]
-        if source.kind == "const":
-            return source.name
-        if source.kind == "header":
-            for key, value in delivery.headers.items():
-                if key.lower() == source.name.lower():
-                    return value
-            return None
-        return delivery.properties.get(source.name)
-
-    values: dict[str, str] = {}
-    for name in ("producer", "message_id", "message_type"):
-        text = _text(read(name))
-        if text is None:
-            source = sources[name]
-            where = source.name if source.kind == "property" else f"header {source.name}"
-            raise BadInput("22004", f"the message has no {name} (read from {where})")
-        values[name] = text
-    try:
-        payload = json.loads(delivery.body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadInput("22P02", f"the body is not JSON: {exc}") from None
-    return Message(
-        producer=values["producer"],
-        message_id=values["message_id"],
-        message_type=values["message_type"],
-        payload=payload,
-        tenant=_text(read("tenant")) or "",
-        produced_at=_timestamp(read("produced_at"), sources["produced_at"]),
-        redelivered=delivery.redelivered,
-    )
+        return cast(Handler, load_object(spec, "consume setting handler"))
+    except ValueError as exc:
+        raise ConsumerConfigError(f"{exc} (or 'sql' for the registered SQL handlers)") from None
 
 
 @dataclass
@@ -202,6 +107,7 @@ class ConsumerStats:
     handed_back: int = 0
     broker_reconnects: int = 0
     database_outages: int = 0
+    halts: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
     last_lag_seconds: float | None = None
 
@@ -210,57 +116,153 @@ class ConsumerStats:
             "consumed": self.consumed, "batches": self.batches, "transactions": self.transactions,
             "redeliveries": self.redeliveries, "dead_letters": self.dead_letters, "retried": self.retried,
             "handed_back": self.handed_back, "broker_reconnects": self.broker_reconnects,
-            "database_outages": self.database_outages, "outcomes": dict(sorted(self.outcomes.items())),
-            "last_lag_seconds": self.last_lag_seconds,
+            "database_outages": self.database_outages, "halts": self.halts,
+            "outcomes": dict(sorted(self.outcomes.items())), "last_lag_seconds": self.last_lag_seconds,
         }
 
 
 class _Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.consumed = Counter("pginbox_consumer_messages", "Messages consumed, by outcome", ["outcome"],
-                                registry=registry)
-        self.redeliveries = Counter("pginbox_consumer_redeliveries", "Deliveries the broker marked as redelivered",
-                                    registry=registry)
-        self.dead_letters = Counter("pginbox_consumer_dead_letters", "Messages sent to the dead letter, by SQLSTATE",
-                                    ["sqlstate"], registry=registry)
-        self.handed_back = Counter("pginbox_consumer_handed_back", "Messages handed back while the database "
-                                   "was unavailable", registry=registry)
-        self.reconnects = Counter("pginbox_consumer_broker_reconnects", "Broker connections opened again",
-                                  registry=registry)
-        self.batch_size = Histogram("pginbox_consumer_batch_size", "Messages per batch",
-                                    buckets=(1, 2, 5, 10, 20, 50, 64), registry=registry)
-        self.lag = Gauge("pginbox_consumer_lag_seconds", "Age of the last message at its commit (produced_at)",
-                         registry=registry)
+        m = Metrics("pginbox_consumer", registry)
+        self.consumed = m.counter("messages", "Messages consumed, by outcome", ["outcome"])
+        self.redeliveries = m.counter("redeliveries", "Deliveries the broker marked as redelivered")
+        self.dead_letters = m.counter("dead_letters", "Messages sent to the dead letter, by SQLSTATE", ["sqlstate"])
+        self.handed_back = m.counter("handed_back", "Messages handed back while the database was unavailable "
+                                     "or the consumer halted")
+        self.reconnects = m.counter("broker_reconnects", "Broker connections opened again")
+        self.halted = m.gauge("halted", "1 while the consumer is halted by a configuration or rights error")
+        self.batch_size = m.histogram("batch_size", "Messages per batch", (1, 2, 5, 10, 20, 50, 64))
+        self.lag = m.gauge("lag_seconds", "Age of the last message at its commit (produced_at)")
 
 
+# What became of one delivery of a batch.
+@dataclass(frozen=True)
+class _DeadLetter:
+    sqlstate: str
+    reason: str
 
 
-def make_broker(config: ConsumeConfig) -> Broker:
-    if config.broker == "rabbitmq":
-        from pginbox.consumer.rabbitmq import RabbitMQBroker
+@dataclass(frozen=True)
+class _Unavailable:
+    error: BaseException
 
-        return RabbitMQBroker(config)
-    from pginbox.consumer.jetstream import JetStreamBroker
 
-    return JetStreamBroker(config)
+@dataclass(frozen=True)
+class _Halt:
+    error: BaseException
+
+
+_Verdict = Result | _DeadLetter | _Unavailable | _Halt
+
+
+def _action(exc: BaseException) -> Action:
+    if isinstance(exc, PoolTimeout | PoolClosed | RetriesExhausted | CommitOutcomeUnknown):
+        return Action.RETRY
+    if isinstance(exc, psycopg.Error):
+        return action_for(exc)
+    if isinstance(exc, RecursionError):
+        return Action.DEAD_LETTER
+    return Action.HALT  # a bug, not an outage: stop where it shows
+
+
+def _one_line(exc: BaseException) -> str:
+    """The error on one line: the server's primary message (its HINT and CONTEXT go elsewhere)."""
+    diag = getattr(exc, "diag", None)
+    primary = getattr(diag, "message_primary", None) if isinstance(exc, psycopg.Error) else None
+    text = " ".join(str(primary or exc).split()) or type(exc).__name__
+    state = getattr(exc, "sqlstate", None)
+    return f"{text} [SQLSTATE {state}]" if state else text
+
+
+def _fix(exc: BaseException) -> str:
+    """What to fix, for the halt's log line: the server's HINT when it gave one."""
+    diag = getattr(exc, "diag", None)
+    hint = getattr(diag, "message_hint", None) if diag is not None else None
+    if hint:
+        return " ".join(str(hint).split())
+    state = getattr(exc, "sqlstate", None)
+    if state == "42883":
+        return "the registered handler function is gone: register it again (inbox.register_handler)"
+    if state is not None and state.startswith("42"):
+        return "fix the deployment (consumer binding, handler registration, grants) for this consumer"
+    return "see the error; every message would fail the same way"
+
+
+class _AsyncRunner:
+    """SQL handlers and async Python handlers: AsyncInbox on the consumer's event loop."""
+
+    def __init__(self, consumer: Consumer, handler: AsyncHandler | None) -> None:
+        c = consumer
+        self.pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            c.dsn, min_size=1, max_size=1, open=False, timeout=c.database_timeout,
+            kwargs={"application_name": f"pginbox-consume:{c.config.consumer}"},
+            name=f"pginbox-consume-{c.config.consumer}")
+        self.inbox = AsyncInbox(self.pool, consumer=c.config.consumer, handler_version=c.config.handler_version,
+                                retry=c.retry, batch_size=c.config.prefetch)
+        self.handler = handler
+
+    async def open(self) -> None:
+        await self.pool.open(wait=False)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def call(self, messages: Sequence[Message]) -> list[Result]:
+        if self.handler is None:
+            if len(messages) == 1:
+                return [await self.inbox.apply(messages[0])]
+            return await self.inbox.apply_batch(messages)
+        if len(messages) == 1:
+            return [await self.inbox.handle(messages[0], self.handler, raise_on_failure=False)]
+        return await self.inbox.handle_batch(messages, self.handler)
+
+
+class _ThreadRunner:
+    """Plain (def) Python handlers: pginbox.Inbox with a plain psycopg connection, in a thread."""
+
+    def __init__(self, consumer: Consumer, handler: Handler) -> None:
+        c = consumer
+        self.pool: ConnectionPool[Any] = ConnectionPool(
+            c.dsn, min_size=1, max_size=1, open=False, timeout=c.database_timeout,
+            kwargs={"application_name": f"pginbox-consume:{c.config.consumer}"},
+            name=f"pginbox-consume-{c.config.consumer}")
+        self.inbox = Inbox(self.pool, consumer=c.config.consumer, handler_version=c.config.handler_version,
+                           retry=c.retry, batch_size=c.config.prefetch)
+        self.handler = handler
+
+    async def open(self) -> None:
+        self.pool.open(wait=False)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.pool.close)
+
+    def _call(self, messages: Sequence[Message]) -> list[Result]:
+        if len(messages) == 1:
+            return [self.inbox.handle(messages[0], self.handler, raise_on_failure=False)]
+        return self.inbox.handle_batch(messages, self.handler)
+
+    async def call(self, messages: Sequence[Message]) -> list[Result]:
+        return await asyncio.to_thread(self._call, messages)
 
 
 class Consumer:
     """`pginbox consume`: run() until stop(). `handler`: None for SQL handlers (config.handler
-    "sql"), else a Python handler (cursor, message)."""
+    "sql", else it is loaded from config.handler), or a Python handler (cursor, message), async or
+    not. `broker`: an inbound adapter [default: pginbox.brokers.make_broker(config.source)]."""
 
     def __init__(
         self,
         config: ConsumeConfig,
         dsn: str,
         *,
-        handler: AsyncHandler | None = None,
+        handler: Handler | None = None,
         broker: Broker | None = None,
         retry: RetryPolicy | None = None,
         fetch_timeout: float = 0.5,
         max_pause: float = 10.0,
         stall_after: float = 30.0,
         database_timeout: float = 5.0,
+        halt_recheck: float = 30.0,
     ) -> None:
         self.config = config
         self.dsn = dsn
@@ -268,12 +270,13 @@ class Consumer:
         if handler is None and config.handler != "sql":
             handler = load_handler(config.handler)
         self.handler = handler
-        self.broker = broker if broker is not None else make_broker(config)
+        self.broker = broker if broker is not None else make_broker(config.source)
         self.retry = retry if retry is not None else RetryPolicy(max_attempts=3, max_delay=0.5, resolve_timeout=10.0)
         self.fetch_timeout = fetch_timeout
         self.max_pause = max_pause
         self.stall_after = stall_after
         self.database_timeout = database_timeout
+        self.halt_recheck = halt_recheck
         self.stats = ConsumerStats()
         self.registry = CollectorRegistry(auto_describe=True)
         self.metrics = _Metrics(self.registry)
@@ -285,6 +288,7 @@ class Consumer:
         self._broker_failures = 0
         self._connected = False
         self._db_ok = True
+        self._halted: dict[str, Any] | None = None
         self._last_loop: float | None = None
         self._rng = random.Random()
 
@@ -299,21 +303,27 @@ class Consumer:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self._stop.set)
 
+    @property
+    def halted(self) -> dict[str, Any] | None:
+        """Why the consumer halts (sqlstate, error, fix, since), or None while it runs."""
+        return self._halted
+
     def health(self) -> tuple[bool, dict[str, Any]]:
         last = self._last_loop
         age = None if last is None else time.monotonic() - last
-        healthy = (self._connected and self._db_ok and age is not None and age <= self.stall_after
+        # a halted consumer sleeps up to halt_recheck between its checks: not a stall
+        stall = self.stall_after + (self.halt_recheck if self._halted else 0.0)
+        healthy = (self._connected and self._db_ok and self._halted is None and age is not None and age <= stall
                    and not self._stop_requested)
         return healthy, {
             "healthy": healthy, "consumer": self.config.consumer, "broker": self.config.broker,
             "source": self.config.source_name, "broker_connected": self._connected, "database_ok": self._db_ok,
-            "last_loop_age_seconds": None if age is None else round(age, 3), "counters": self.stats.as_dict(),
+            "halted": self._halted, "last_loop_age_seconds": None if age is None else round(age, 3),
+            "counters": self.stats.as_dict(),
         }
 
     def _backoff(self, failures: int, base: float = 0.1) -> float:
-        """Capped, jittered exponential backoff: base, 2 x base, ... up to max_pause (x 0.5..1)."""
-        cap = min(self.max_pause, base * 2.0 ** min(max(failures - 1, 0), 20))
-        return cap * self._rng.uniform(0.5, 1.0)
+        return jittered(failures, base, self.max_pause, self._rng)
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -325,12 +335,11 @@ class Consumer:
         self._loop = asyncio.get_running_loop()
         if self._stop_requested:
             self._stop.set()
-        pool = AsyncConnectionPool(self.dsn, min_size=1, max_size=1, open=False, timeout=self.database_timeout,
-                                   kwargs={"application_name": f"pginbox-consume:{self.config.consumer}"},
-                                   name=f"pginbox-consume-{self.config.consumer}")
-        await pool.open(wait=False)
-        inbox = AsyncInbox(pool, consumer=self.config.consumer, handler_version=self.config.handler_version,
-                           retry=self.retry, batch_size=self.config.prefetch)
+        handler = self.handler
+        runner: _AsyncRunner | _ThreadRunner = (
+            _AsyncRunner(self, cast(AsyncHandler | None, handler)) if handler is None or is_async_handler(handler)
+            else _ThreadRunner(self, handler))
+        await runner.open()
         try:
             while not self._stop.is_set():
                 self._last_loop = time.monotonic()
@@ -339,7 +348,7 @@ class Consumer:
                 try:
                     deliveries = await self.broker.fetch(self.config.prefetch, self.fetch_timeout)
                     if deliveries:
-                        await self._process(inbox, deliveries)
+                        await self._process(runner, deliveries)
                 except BrokerError as exc:
                     self._connected = False
                     self._broker_failures += 1
@@ -351,7 +360,7 @@ class Consumer:
             with contextlib.suppress(Exception):
                 await self.broker.close()
             self._connected = False
-            await pool.close()
+            await runner.close()
             log.info(kv("consumer_stopped", consumer=self.config.consumer, **{
                 k: v for k, v in self.stats.as_dict().items() if k != "outcomes"}))
 
@@ -386,11 +395,12 @@ class Consumer:
                                message.tenant, message.produced_at, False)
         return message
 
-    async def _process(self, inbox: AsyncInbox, deliveries: list[Delivery]) -> None:
+    async def _process(self, runner: _AsyncRunner | _ThreadRunner, deliveries: list[Delivery]) -> None:
         self.stats.batches += 1
         self.stats.consumed += len(deliveries)
         self.metrics.batch_size.observe(len(deliveries))
         good: list[Delivery] = []
+        verdicts: list[tuple[Delivery, _Verdict]] = []
         for d in deliveries:
             if d.redelivered:
                 self.stats.redeliveries += 1
@@ -398,60 +408,92 @@ class Consumer:
             try:
                 d.message = self._announce(parse_message(d, self.config.sources))
             except BadInput as bad:
-                await self._dead_letter(d, bad.sqlstate, bad.reason)
+                verdicts.append((d, _DeadLetter(bad.sqlstate, bad.reason)))
                 continue
             good.append(d)
         if good:
-            await self._apply(inbox, good)
+            verdicts.extend(await self._decide(runner, good))
+        await self._tell_broker(verdicts)
 
-    async def _apply(self, inbox: AsyncInbox, batch: list[Delivery]) -> None:
-        messages = [d.message for d in batch if d.message is not None]
-        try:
-            results = await self._call(inbox, messages)
-        except psycopg.Error as exc:
-            if classify(exc) is None and is_bad_input(exc.sqlstate):
-                if len(batch) == 1:
-                    await self._dead_letter(batch[0], exc.sqlstate or "", _one_line(exc))
-                    return
-                for d in batch:  # split: only the bad message goes to the dead letter
-                    await self._apply(inbox, [d])
-                return
-            await self._database_unavailable(batch, exc)
-            return
-        except (PoolTimeout, PoolClosed, RetriesExhausted, CommitOutcomeUnknown) as exc:
-            await self._database_unavailable(batch, exc)
-            return
-        self._db_failures = 0
-        self._db_ok = True
-        now = datetime.datetime.now(datetime.UTC)
-        for d, result in zip(batch, results, strict=True):
-            await self._verdict(d, result)
-            if d.message is not None and d.message.produced_at is not None:
-                lag = max(0.0, (now - d.message.produced_at).total_seconds())
-                self.stats.last_lag_seconds = round(lag, 6)
-                self.metrics.lag.set(lag)
-
-    async def _call(self, inbox: AsyncInbox, messages: Sequence[Message]) -> list[Result]:
+    async def _decide(self, runner: _AsyncRunner | _ThreadRunner,
+                      batch: list[Delivery]) -> list[tuple[Delivery, _Verdict]]:
+        """The batch in one transaction; a batch the database refuses (bad input, or a halting
+        error of one message) is split in halves until each refusal is alone, so that the good
+        messages are applied."""
         self.stats.transactions += 1
-        if self.handler is None:
-            if len(messages) == 1:
-                return [await inbox.apply(messages[0])]
-            return await inbox.apply_batch(messages)
-        if len(messages) == 1:
-            return [await inbox.handle(messages[0], self.handler, raise_on_failure=False)]
-        return await inbox.handle_batch(messages, self.handler)
+        try:
+            results = await runner.call([d.message for d in batch if d.message is not None])
+        except Exception as exc:
+            action = _action(exc)
+            if action is Action.RETRY:
+                return [(d, _Unavailable(exc)) for d in batch]
+            if len(batch) == 1:
+                if action is Action.DEAD_LETTER:
+                    state = getattr(exc, "sqlstate", None) or ("54001" if isinstance(exc, RecursionError) else "22000")
+                    return [(batch[0], _DeadLetter(state, _one_line(exc)))]
+                return [(batch[0], _Halt(exc))]
+            half = len(batch) // 2
+            first = await self._decide(runner, batch[:half])
+            if any(isinstance(v, _Unavailable) for _, v in first):  # the database went away meanwhile
+                return first + [(d, _Unavailable(exc)) for d in batch[half:]]
+            return first + await self._decide(runner, batch[half:])
+        return list(zip(batch, results, strict=True))
 
-    async def _verdict(self, d: Delivery, result: Result) -> None:
+    async def _tell_broker(self, verdicts: list[tuple[Delivery, _Verdict]]) -> None:
+        """The broker actions, after the COMMITs that decided them: acks (in one call), retries,
+        dead letters; then what could not be decided is handed back (outage, halt)."""
+        acks: list[Delivery] = []
+        unavailable: list[tuple[Delivery, _Unavailable]] = []
+        halts: list[tuple[Delivery, _Halt]] = []
+        now = datetime.datetime.now(datetime.UTC)
+        decided = False
+        for d, verdict in verdicts:
+            if isinstance(verdict, Result):
+                decided = True
+                if self._count(d, verdict):
+                    acks.append(d)
+                else:
+                    await self._retry(d, verdict)
+                if d.message is not None and d.message.produced_at is not None:
+                    lag = max(0.0, (now - d.message.produced_at).total_seconds())
+                    self.stats.last_lag_seconds = round(lag, 6)
+                    self.metrics.lag.set(lag)
+            elif isinstance(verdict, _DeadLetter):
+                await self._dead_letter(d, verdict.sqlstate, verdict.reason)
+            elif isinstance(verdict, _Unavailable):
+                unavailable.append((d, verdict))
+            else:
+                halts.append((d, verdict))
+        if decided:
+            self._db_failures = 0
+            self._db_ok = True
+        await self.broker.ack_many(acks)
+        if unavailable:
+            await self._database_unavailable(unavailable)
+        elif halts:
+            await self._halt(halts)
+        elif decided and self._halted is not None:
+            log.warning(kv("consumer_resumed", consumer=self.config.consumer, after=self._halted["sqlstate"]))
+            self._halted = None
+            self.metrics.halted.set(0)
+
+    def _count(self, d: Delivery, result: Result) -> bool:
+        """Counts and logs one result; True when it is acked."""
         outcome = result.outcome.value
-        if result.outcome is not Outcome.APPLIED and log.isEnabledFor(logging.DEBUG):
-            log.debug(kv("message_outcome", consumer=self.config.consumer, outcome=outcome,
-                         message_id=d.message and d.message.message_id, redelivered=d.redelivered))
         self.stats.outcomes[outcome] = self.stats.outcomes.get(outcome, 0) + 1
         self.metrics.consumed.labels(outcome).inc()
-        if result.ack:
-            await self.broker.ack(d)
-            return
-        assert result.outcome is Outcome.FAILED
+        m = d.message
+        event = _LOGGED.get(result.outcome)
+        if event is not None and m is not None:
+            log.warning(kv(event, consumer=self.config.consumer, tenant=m.tenant, producer=m.producer,
+                           message_id=m.message_id, message_type=m.message_type, quarantine_id=result.quarantine_id,
+                           reason=result.reason_code, redelivered=d.redelivered))
+        elif result.outcome is not Outcome.APPLIED and log.isEnabledFor(logging.DEBUG):
+            log.debug(kv("message_outcome", consumer=self.config.consumer, outcome=outcome,
+                         message_id=m and m.message_id, redelivered=d.redelivered))
+        return result.ack
+
+    async def _retry(self, d: Delivery, result: Result) -> None:
         delay = retry_delay(result.attempts, self.config.retry_delay, self.config.max_retry_delay)
         self.stats.retried += 1
         self._remember(d)
@@ -470,28 +512,44 @@ class Consumer:
         self.stats.dead_letters += 1
         self.metrics.dead_letters.labels(sqlstate).inc()
         self.stats.outcomes["dead_letter"] = self.stats.outcomes.get("dead_letter", 0) + 1
-        log.warning(kv("dead_letter", consumer=self.config.consumer, sqlstate=sqlstate, reason=reason,
+        m = d.message
+        log.warning(kv("dead_letter", consumer=self.config.consumer, sqlstate=sqlstate, reason=reason[:300],
+                       producer=m and m.producer, message_id=m and m.message_id,
                        target=self.config.dead_letter_target))
         await self.broker.dead_letter(d, sqlstate, reason[:1000])
 
-    async def _database_unavailable(self, batch: list[Delivery], exc: BaseException) -> None:
+    async def _hand_back(self, deliveries: Sequence[Delivery], delay: float) -> None:
+        for d in deliveries:
+            self._remember(d)
+            self.stats.handed_back += 1
+            self.metrics.handed_back.inc()
+            await self.broker.hand_back(d, delay)
+
+    async def _database_unavailable(self, batch: list[tuple[Delivery, _Unavailable]]) -> None:
         self._db_failures += 1
         self._db_ok = False
         if self._db_failures == 1:
             self.stats.database_outages += 1
         pause = self._backoff(self._db_failures, base=0.2)
         log.warning(kv("database_unavailable", consumer=self.config.consumer, attempt=self._db_failures,
-                       handed_back=len(batch), pause=round(pause, 3), error=_one_line(exc)))
-        for d in batch:
-            self._remember(d)
-            self.stats.handed_back += 1
-            self.metrics.handed_back.inc()
-            await self.broker.hand_back(d, pause)
+                       handed_back=len(batch), pause=round(pause, 3), error=_one_line(batch[0][1].error)))
+        await self._hand_back([d for d, _ in batch], pause)
         await self._sleep(pause)
 
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    state = getattr(exc, "sqlstate", None)
-    return f"{text} [SQLSTATE {state}]" if state else text
-
+    async def _halt(self, halts: list[tuple[Delivery, _Halt]]) -> None:
+        """A configuration or rights error: hand the messages back, say what to fix, stop
+        fetching for halt_recheck seconds, then try again."""
+        error = halts[0][1].error
+        state = getattr(error, "sqlstate", None) or type(error).__name__
+        if self._halted is None or self._halted["sqlstate"] != state:
+            self.stats.halts += 1
+        self._halted = {"sqlstate": state, "error": _one_line(error)[:1000], "fix": _fix(error)[:1000],
+                        "since": (self._halted or {}).get("since") or datetime.datetime.now(datetime.UTC).isoformat(),
+                        "messages": len(halts)}
+        self.metrics.halted.set(1)
+        m = halts[0][0].message
+        log.error(kv("consumer_halted", consumer=self.config.consumer, sqlstate=state, error=self._halted["error"],
+                     fix=self._halted["fix"], producer=m and m.producer, message_id=m and m.message_id,
+                     tenant=m and m.tenant, held=len(halts), recheck_in=self.halt_recheck))
+        await self._hand_back([d for d, _ in halts], self.halt_recheck)
+        await self._sleep(self.halt_recheck)

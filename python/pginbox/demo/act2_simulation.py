@@ -1,6 +1,6 @@
 """Act two of `pginbox demo`: at-least-once delivery, simulated, with faults, and the proof.
 
-A producer sends N credit messages through an in-process broker with at-least-once semantics: a
+A producer sends N credit messages through the in-memory broker (pginbox.brokers.memory, at-least-once): a
 delivery leaves the broker only when it is acked; an unacked delivery comes back, flagged as a
 redelivery, once its visibility timeout has passed. W worker threads, each with its own
 connection, process deliveries through the SQL API (`inbox.record_start` for redeliveries, then
@@ -25,6 +25,7 @@ poison messages applied nothing. `run()` returns False when it is broken.
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 import threading
@@ -40,7 +41,9 @@ from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from pginbox.demo.broker import Broker, Delivery
+from pginbox.brokers.memory import MemoryBroker, MemoryHandle
+from pginbox.brokers.port import Delivery
+from pginbox.brokers.wire import Header
 from pginbox.errors import SimulationError
 
 __all__ = ["Produced", "Simulation", "SimulationSettings", "run"]
@@ -166,13 +169,37 @@ class SimulationSettings:
 # --------------------------------------------------------------------------- producer and broker
 
 
+QUEUE: Final = "credits"
+KIND_HEADER: Final = "Pginbox-Demo-Kind"  # what the demo knows about a message (not pginbox's business)
+
+
 @dataclass(frozen=True)
 class Produced:
-    """One message the producer sends (the conflicting re-send is a message of its own, same id)."""
+    """One message the producer sends (the conflicting re-send is a message of its own, same id).
+    It travels through the in-memory broker as a broker message: a JSON body and the identity in
+    the wire contract's headers (pginbox.brokers.wire)."""
 
     message_id: str
     payload: Row
     kind: str  # credit | poison | conflict
+
+    def body(self) -> bytes:
+        return json.dumps(self.payload).encode()
+
+    def headers(self) -> dict[str, str]:
+        return {Header.MESSAGE_ID: self.message_id, Header.PRODUCER: PRODUCER, Header.TYPE: MESSAGE_TYPE,
+                KIND_HEADER: self.kind}
+
+    @classmethod
+    def of(cls, delivery: Delivery) -> Produced:
+        return cls(str(delivery.headers[Header.MESSAGE_ID]), json.loads(delivery.body),
+                   str(delivery.headers[KIND_HEADER]))
+
+
+def _handle(delivery: Delivery) -> MemoryHandle:
+    handle = delivery.raw
+    assert isinstance(handle, MemoryHandle)
+    return handle
 
 
 # --------------------------------------------------------------------------- workers
@@ -278,9 +305,9 @@ class _Worker(threading.Thread):
         broker = self.sim.broker
         try:
             while not shared.stop.is_set():
-                delivery = broker.receive(timeout=0.1)
+                delivery = broker.receive(QUEUE, timeout=0.1)
                 if delivery is None:
-                    if broker.drained():
+                    if broker.drained(QUEUE):
                         return
                     continue
                 self.process(delivery)
@@ -292,15 +319,16 @@ class _Worker(threading.Thread):
             if self.conn is not None:
                 self.conn.close()
 
-    def choose_fault(self, delivery: Delivery[Produced]) -> str | None:
+    def choose_fault(self, delivery: Delivery) -> str | None:
         settings = self.sim.settings
         shared = self.sim.shared
         roll = self.rng.random()
         if roll < settings.crash_rate:
             with shared.lock:
-                if shared.crashes_by_tag[delivery.tag] >= settings.max_crashes_per_message:
+                tag = _handle(delivery).tag
+                if shared.crashes_by_tag[tag] >= settings.max_crashes_per_message:
                     return None
-                shared.crashes_by_tag[delivery.tag] += 1
+                shared.crashes_by_tag[tag] += 1
             return self.rng.choice(("crash_client_gone", "crash_killed_in_handler", "crash_killed_before_commit"))
         roll -= settings.crash_rate
         if roll < settings.transient_rate:
@@ -310,9 +338,10 @@ class _Worker(threading.Thread):
             return "lost_ack"
         return None
 
-    def process(self, delivery: Delivery[Produced]) -> None:
+    def process(self, delivery: Delivery) -> None:
         sim = self.sim
-        message = delivery.message
+        message = Produced.of(delivery)
+        raced = _handle(delivery).raced
         params: Row = {
             "consumer": sim.consumer,
             "producer": PRODUCER,
@@ -351,19 +380,19 @@ class _Worker(threading.Thread):
             break
         else:
             sim.shared.count("transient_exhausted")
-            sim.broker.nack(delivery)
+            sim.broker.nack(delivery, sim.settings.nack_delay)
             return
 
         outcome = str(row["outcome"])
         sim.shared.count(f"outcome:{outcome}", f"outcome:{outcome}:{message.kind}")
-        if delivery.raced:
+        if raced:
             sim.shared.count(f"raced:{outcome}")
         if delivery.redelivered:
             sim.shared.count(f"redelivered:{outcome}")
-        if not delivery.raced and not delivery.redelivered:
+        if not raced and not delivery.redelivered:
             sim.shared.count(f"first:{outcome}")
         if outcome == "failed":
-            sim.broker.nack(delivery)  # a permanent error: the broker retries later
+            sim.broker.nack(delivery, sim.settings.nack_delay)  # a permanent error: the broker retries later
             return
         if fault == "lost_ack":
             sim.shared.count("lost_acks")
@@ -427,9 +456,8 @@ class Simulation:
         self.out = out or sys.stdout
         self.consumer = f"sim-{uuid.uuid4().hex[:8]}"
         self.shared = _Shared()
-        self.broker: Broker[Produced] = Broker(random.Random(settings.seed),
-                                               visibility_timeout=settings.visibility_timeout,
-                                               nack_delay=settings.nack_delay, race_rate=settings.race_rate)
+        self.broker = MemoryBroker(rng=random.Random(settings.seed), visibility_timeout=settings.visibility_timeout,
+                                   race_rate=settings.race_rate)
         self.messages: list[Produced] = []
         self.conflict: Produced | None = None
         self.chaos: _Chaos
@@ -470,18 +498,18 @@ class Simulation:
         original_tag: int | None = None  # the broker's tag of the conflict's original, once published
         index = 0
         while not self.shared.stop.is_set():
-            if index < len(self.messages) and self.broker.backlog() < 200:
+            if index < len(self.messages) and self.broker.backlog(QUEUE) < 200:
                 for message in self.messages[index : index + 100]:
-                    tag = self.broker.publish(message)
+                    tag = self.broker.publish(QUEUE, message.body(), message.headers())
                     if message.message_id == self.conflict.message_id:
                         original_tag = tag
                 index = min(index + 100, len(self.messages))
-            if (not conflict_sent and original_tag is not None and self.broker.is_acked(original_tag)
+            if (not conflict_sent and original_tag is not None and self.broker.is_acked(QUEUE, original_tag)
                     and index >= len(self.messages) // 2):
-                self.broker.publish(self.conflict)
+                self.broker.publish(QUEUE, self.conflict.body(), self.conflict.headers())
                 conflict_sent = True
             if conflict_sent and index >= len(self.messages):
-                self.broker.close()
+                self.broker.close(QUEUE)
                 return
             time.sleep(0.005)
 
@@ -492,8 +520,8 @@ class Simulation:
         return (
             f"delivered {b['deliveries']:>6} | applied {s['outcome:applied']:>6} | "
             f"duplicates {s['outcome:duplicate']:>5} | failed {s['outcome:failed']:>3} | "
-            f"crashes {s['crashes']:>3} | in flight {self.broker.in_flight():>2} | "
-            f"unacked {self.broker.unacked():>5} | {time.monotonic() - self._started:5.1f} s"
+            f"crashes {s['crashes']:>3} | in flight {self.broker.in_flight(QUEUE):>2} | "
+            f"unacked {self.broker.unacked(QUEUE):>5} | {time.monotonic() - self._started:5.1f} s"
         )
 
     def report_progress(self, done: threading.Event) -> None:
@@ -785,7 +813,7 @@ class Simulation:
         )
 
     def _broker_drained(self) -> Check:
-        unacked = self.broker.unacked()
+        unacked = self.broker.unacked(QUEUE)
         return Check(
             unacked == 0 and not self.shared.errors,
             f"broker drained: all {len(self.messages) + 1} messages acked"

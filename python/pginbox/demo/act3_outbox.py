@@ -36,9 +36,11 @@ from typing import Any, TextIO
 import psycopg
 from psycopg.rows import dict_row
 
+from pginbox.brokers.memory import MemoryBroker
+from pginbox.brokers.port import Delivery
+from pginbox.brokers.wire import Header
 from pginbox.client.inbox import Inbox
 from pginbox.client.outcomes import Message, Outcome
-from pginbox.demo.broker import Broker
 from pginbox.demo.sink import Sink, SinkRequest
 from pginbox.dispatcher import Dispatcher, Effect
 from pginbox.errors import OutboxDemoRefused
@@ -170,12 +172,19 @@ class CountingTransport:
 # ---------------------------------------------------------------------------------------- the broker
 
 
+QUEUE = "orders"
+
+
 @dataclass(frozen=True)
 class OrderMessage:
     message_id: str
     message_type: str
     kind: str  # "good" | "flaky" | "poison" | "crash" (good, but its first delivery crashes before COMMIT)
     payload: dict[str, Any]
+
+    def headers(self) -> dict[str, str]:
+        """The identity as the wire contract's headers (the in-memory broker carries them)."""
+        return {Header.MESSAGE_ID: self.message_id, Header.PRODUCER: PRODUCER, Header.TYPE: self.message_type}
 
 
 class HandlerRefused(Exception):
@@ -302,16 +311,16 @@ class OutboxAct:
             self.python_handler(cur, Message(PRODUCER, message.message_id, message.message_type, message.payload))
             return True
 
-    def worker(self, broker: Broker[OrderMessage]) -> None:
+    def worker(self, broker: MemoryBroker) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             inbox = Inbox(conn, consumer=self.consumer, handler_version="v1")
-            while not broker.drained():
-                delivery = broker.receive(timeout=0.05)
+            while not broker.drained(QUEUE):
+                delivery: Delivery | None = broker.receive(QUEUE, timeout=0.05)
                 if delivery is None:
                     continue
                 nack = False
                 try:
-                    m = delivery.message
+                    m = self.by_id[str(delivery.headers[Header.MESSAGE_ID])]
                     with self.lock:
                         crash = m.kind == "crash" and m.message_id not in self.crashed
                         self.crashed.add(m.message_id)
@@ -341,13 +350,12 @@ class OutboxAct:
                     broker.ack(delivery)
 
     def consume(self, deliveries: list[tuple[OrderMessage, bool]]) -> None:
-        """The stream through the shared broker (no visibility timeouts, no races: the redeliveries
+        """The stream through the in-memory broker (no visibility timeouts, no races: the redeliveries
         are the planned ones, the nacks and the crashes)."""
-        broker: Broker[OrderMessage] = Broker(random.Random(self.settings.seed), nack_delay=0.0,
-                                              visibility_timeout=self.settings.deadline)
+        broker = MemoryBroker(rng=random.Random(self.settings.seed), visibility_timeout=self.settings.deadline)
         for message, redelivered in deliveries:
-            broker.publish(message, redelivered=redelivered)
-        broker.close()
+            broker.publish(QUEUE, json.dumps(message.payload).encode(), message.headers(), redelivered=redelivered)
+        broker.close(QUEUE)
         threads = [threading.Thread(target=self.worker, args=(broker,), name=f"pginbox-demo-consumer-{i}", daemon=True)
                    for i in range(self.settings.workers)]
         for t in threads:

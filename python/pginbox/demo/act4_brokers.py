@@ -126,7 +126,7 @@ class _Chain:
                 finally:
                     await connection.close()
                 return
-            from pginbox.consumer.jetstream import connect_nats
+            from pginbox.brokers.jetstream import connect_nats
 
             nc = await connect_nats(self.url)
             try:
@@ -141,10 +141,10 @@ class _Chain:
         asyncio.run(go())
 
     def run(self) -> bool:
+        from pginbox.brokers.jetstream import JetStreamTransport
+        from pginbox.brokers.rabbitmq import RabbitMQTransport
         from pginbox.consumer import Consumer, load_consume_config
         from pginbox.dispatcher import Dispatcher
-        from pginbox.transports.jetstream import JetStreamTransport
-        from pginbox.transports.rabbitmq import RabbitMQTransport
 
         transport: RabbitMQTransport | JetStreamTransport
         if self.broker == "rabbitmq":

@@ -5,10 +5,10 @@
     webhook.py    WebhookTransport
     ssrf.py       the SSRF guard every webhook connection goes through
     callable.py   CallableTransport: a Python function as a destination
-    rabbitmq.py   RabbitMQTransport (extra pginbox[rabbitmq]; imported on demand)
-    jetstream.py  JetStreamTransport (extra pginbox[nats]; imported on demand)
-    aioloop.py    LoopThread: the asyncio loop the broker transports run on
     config.py     load_config: destinations from TOML, the environment and entry points
+  Broker destinations (RabbitMQ, NATS JetStream, Redis Streams) are adapters of the broker port:
+  pginbox.brokers.rabbitmq.RabbitMQTransport, .jetstream.JetStreamTransport,
+  .redis.RedisStreamsTransport (each a pginbox.brokers.publish.BrokerDestination).
 
 A transport delivers one effect and reports what happened:
 
@@ -28,7 +28,7 @@ points) are described in their modules.
 from pginbox.errors import AmbiguousDelivery, DestinationRefused
 from pginbox.transports.callable import CallableTransport
 from pginbox.transports.config import ENTRY_POINT_GROUP, load_config
-from pginbox.transports.effect import Effect, EffectLike
+from pginbox.transports.effect import Effect, EffectLike, idempotency_key
 from pginbox.transports.protocol import BatchTransport, DeliveryReport, Transport, TransportResolver
 from pginbox.transports.webhook import DEFAULT_RETRY_ON, WebhookTransport
 
@@ -45,5 +45,6 @@ __all__ = [
     "Transport",
     "TransportResolver",
     "WebhookTransport",
+    "idempotency_key",
     "load_config",
 ]

@@ -26,7 +26,7 @@ Configuration (load_config)
   Message brokers and callables (`type` is inferred from the URL scheme, or from `callable` /
   `factory`, when it is left out):
 
-      [destinations.orders]                   # RabbitMQ: pginbox.transports.rabbitmq
+      [destinations.orders]                   # RabbitMQ: pginbox.brokers.rabbitmq
       type = "rabbitmq"
       url = "amqp://guest:guest@127.0.0.1:5672/"
       routing_key = "orders"                  # the queue, with the default exchange
@@ -35,9 +35,15 @@ Configuration (load_config)
       producer = "shop"                       # app_id; message_type = "..." (default: the name)
       timeout = 10.0
 
-      [destinations.events]                   # NATS JetStream: pginbox.transports.jetstream
+      [destinations.events]                   # NATS JetStream: pginbox.brokers.jetstream
       url = "nats://127.0.0.1:4222"
       subject = "shop.events"
+      producer = "shop"
+
+      [destinations.feed]                     # Redis Streams: pginbox.brokers.redis
+      url = "redis://127.0.0.1:6379/0"
+      stream = "shop.feed"
+      maxlen = 1000000                        # XADD ... MAXLEN ~ (optional)
       producer = "shop"
 
       [destinations.audit]                    # a Python callable, without an entry point
@@ -45,7 +51,7 @@ Configuration (load_config)
                                               # called with the section's other keys
 
   Environment for these: PGINBOX_DEST_<NAME>_TYPE, _CALLABLE, _FACTORY, _ROUTING_KEY, _EXCHANGE,
-  _SUBJECT, _PRODUCER, _MESSAGE_TYPE, _ORDERING_KEY (a _URL, _CALLABLE or _FACTORY variable alone
+  _SUBJECT, _STREAM, _MAXLEN, _PRODUCER, _MESSAGE_TYPE, _ORDERING_KEY (a _URL, _CALLABLE or _FACTORY variable alone
   defines the destination).
 
   Python callables: every entry point in the group `pginbox.destinations` is a destination whose
@@ -67,8 +73,9 @@ import tomllib
 from collections.abc import Callable, Mapping
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from pginbox.runtime.loading import load_object
 from pginbox.transports.callable import CallableTransport
 from pginbox.transports.protocol import Transport
 from pginbox.transports.webhook import DEFAULT_RETRY_ON, WebhookTransport, parse_retry_on
@@ -120,10 +127,10 @@ def _apply_env(name: str, section: dict[str, Any], environ: Mapping[str, str]) -
     return merged
 
 
-_PLAIN_ENV_KEYS = ("type", "callable", "factory", "routing_key", "exchange", "subject", "producer", "message_type",
-                   "ordering_key")
+_PLAIN_ENV_KEYS = ("type", "callable", "factory", "routing_key", "exchange", "subject", "stream", "maxlen",
+                   "producer", "message_type", "ordering_key")
 _DEFINING_ENV = ("_URL", "_CALLABLE", "_FACTORY")
-_TYPES = ("webhook", "rabbitmq", "nats", "callable")
+_TYPES = ("webhook", "rabbitmq", "nats", "redis", "callable")
 
 
 def destination_type(name: str, options: Mapping[str, Any]) -> str | None:
@@ -146,25 +153,14 @@ def destination_type(name: str, options: Mapping[str, Any]) -> str | None:
         return "rabbitmq"
     if scheme in ("nats", "tls"):
         return "nats"
+    if scheme in ("redis", "rediss", "unix"):
+        return "redis"
     raise ValueError(f"destination {name!r}: cannot tell the type from url scheme {scheme!r}: set type = "
-                     "'webhook', 'rabbitmq' or 'nats'")
+                     "'webhook', 'rabbitmq', 'nats' or 'redis'")
 
 
 def _import(name: str, key: str, spec: str) -> Callable[..., object]:
-    import importlib
-
-    module_name, colon, attribute = str(spec).partition(":")
-    if not colon or not module_name or not attribute:
-        raise ValueError(f"destination {name!r}: {key} must be 'module:function', got {spec!r}")
-    try:
-        found: object = importlib.import_module(module_name)
-        for part in attribute.split("."):
-            found = getattr(found, part)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"destination {name!r}: {key} {spec!r}: {exc}") from None
-    if not callable(found):
-        raise ValueError(f"destination {name!r}: {key} {spec!r} is not callable")
-    return found
+    return cast(Callable[..., object], load_object(spec, f"destination {name!r}: {key}"))
 
 
 def _broker_options(name: str, options: Mapping[str, Any], allowed: frozenset[str]) -> dict[str, Any]:
@@ -175,6 +171,8 @@ def _broker_options(name: str, options: Mapping[str, Any], allowed: frozenset[st
     out = {k: v for k, v in options.items() if k in allowed}
     if "timeout" in out:
         out["timeout"] = float(out["timeout"])
+    if "maxlen" in out:
+        out["maxlen"] = int(out["maxlen"])
     return out
 
 
@@ -186,19 +184,27 @@ def transport_from_options(name: str, options: Mapping[str, Any]) -> Transport |
     if kind == "webhook":
         return webhook_from_options(name, {k: v for k, v in options.items() if k != "type"})
     if kind == "rabbitmq":
-        from pginbox.transports.rabbitmq import RabbitMQTransport
+        from pginbox.brokers.rabbitmq import RabbitMQTransport
 
         opts = _broker_options(name, {**options, "type": kind}, frozenset(
             {"routing_key", "exchange", "producer", "message_type", "ordering_key", "timeout"}))
         return RabbitMQTransport(str(options["url"]), destination=name, **opts)
     if kind == "nats":
-        from pginbox.transports.jetstream import JetStreamTransport
+        from pginbox.brokers.jetstream import JetStreamTransport
 
         opts = _broker_options(name, {**options, "type": kind},
                                frozenset({"subject", "producer", "message_type", "timeout"}))
         if "subject" not in opts:
             raise ValueError(f"destination {name!r}: a NATS destination needs subject")
         return JetStreamTransport(str(options["url"]), destination=name, **opts)
+    if kind == "redis":
+        from pginbox.brokers.redis import RedisStreamsTransport
+
+        opts = _broker_options(name, {**options, "type": kind},
+                               frozenset({"stream", "producer", "message_type", "maxlen", "timeout"}))
+        if "stream" not in opts:
+            raise ValueError(f"destination {name!r}: a Redis destination needs stream")
+        return RedisStreamsTransport(str(options["url"]), destination=name, **opts)
     rest = {k: v for k, v in options.items() if k not in ("type", "callable", "factory")}
     if "callable" in options:
         if rest:

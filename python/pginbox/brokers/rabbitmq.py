@@ -1,6 +1,8 @@
-"""RabbitMQ for `pginbox consume` (aio-pika, extra `pginbox[rabbitmq]`).
+"""RabbitMQ adapter (aio-pika, extra `pginbox[rabbitmq]`): `RabbitMQBroker` for `pginbox consume`,
+`RabbitMQTransport` (a BrokerDestination over `RabbitMQPublisher`) for the dispatcher.
 
-  consume      basic.consume on the queue with a prefetch (basic.qos) of 2 x prefetch, so that the
+Consuming (RabbitMQBroker):
+  fetch        basic.consume on the queue with a prefetch (basic.qos) of 2 x prefetch, so that the
                next batch arrives while one is being committed
   ack          basic.ack after the COMMIT
   retry        the message is published (with publisher confirms) to `<queue>.retry.<ms>`, a queue
@@ -11,31 +13,47 @@
                headers, then acked
   hand back    basic.nack(requeue=True) (the consumer pauses before it fetches again)
   redelivery   AMQP `redelivered`, or quorum queues' x-delivery-count > 0
+
+Publishing (RabbitMQPublisher): each effect is one persistent message, published with `mandatory`
+on a channel in publisher-confirm mode: message_id = the idempotency key, app_id = the producer,
+type, timestamp = created_at, the effect's headers; its ordering key as Pginbox-Ordering-Key, or
+as the routing key with ordering_key = "routing_key". Confirmed: delivered; basic.nack or
+unroutable (basic.return): retryable; connection lost or no confirm: ambiguous.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pginbox.consumer.config import ConsumeConfig, safe_url
-from pginbox.consumer.core import REASON_HEADER, SQLSTATE_HEADER, Delivery
+from pginbox.brokers.port import Delivery, Outgoing, SourceConfig
+from pginbox.brokers.publish import BrokerDestination
+from pginbox.brokers.wire import Header, dead_letter_headers
 from pginbox.errors import BrokerError
+from pginbox.runtime.log import safe_url
+from pginbox.transports.protocol import DeliveryReport
 
 try:
     import aio_pika
+    import aio_pika.exceptions
     import aiormq
+    import aiormq.exceptions
     from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise BrokerError("RabbitMQ support needs aio-pika: pip install 'pginbox[rabbitmq]'") from exc
 
-__all__ = ["RabbitMQBroker", "retry_queue_name"]
+__all__ = ["RabbitMQBroker", "RabbitMQPublisher", "RabbitMQTransport", "retry_queue_name"]
 
 # Any failure of a broker operation means the connection or channel is gone (aiormq raises
 # ChannelInvalidStateError, an asyncio.InvalidStateError, on a closed channel): reconnect.
 _BROKER_ERRORS = (aio_pika.exceptions.AMQPError, aiormq.exceptions.AMQPError, ConnectionError, OSError,
                   asyncio.TimeoutError, asyncio.InvalidStateError, RuntimeError)
+_CONNECTION_ERRORS = (aiormq.exceptions.AMQPConnectionError, aiormq.exceptions.ChannelInvalidStateError,
+                      ConnectionError, OSError, aio_pika.exceptions.ChannelClosed)
+_BROKER_HEADERS = ("x-death", "x-first-death-exchange", "x-first-death-queue", "x-first-death-reason",
+                   "x-last-death-exchange", "x-last-death-queue", "x-last-death-reason", "x-delivery-count")
 
 
 def retry_queue_name(queue: str, delay: float) -> str:
@@ -45,8 +63,9 @@ def retry_queue_name(queue: str, delay: float) -> str:
 class RabbitMQBroker:
     name = "rabbitmq"
 
-    def __init__(self, config: ConsumeConfig, *, connect_timeout: float = 5.0) -> None:
-        assert config.queue is not None
+    def __init__(self, config: SourceConfig, *, connect_timeout: float = 5.0) -> None:
+        if not config.queue:
+            raise BrokerError("the RabbitMQ adapter needs a queue")
         self.config = config
         self.queue_name = config.queue
         self.connect_timeout = connect_timeout
@@ -56,7 +75,6 @@ class RabbitMQBroker:
         self._buffer: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
         self._retry_queues: set[str] = set()
         self._dead_declared = False
-        self._consumer_tag: str | None = None
 
     async def connect(self) -> None:
         await self.close()
@@ -68,7 +86,7 @@ class RabbitMQBroker:
             self._queue = await self._ensure_queue(self.queue_name, create=self.config.declare)
             assert self._channel is not None
             await self._channel.set_qos(prefetch_count=2 * self.config.prefetch)
-            self._consumer_tag = await self._queue.consume(self._on_message, no_ack=False)
+            await self._queue.consume(self._on_message, no_ack=False)
         except _BROKER_ERRORS as exc:
             await self.close()
             raise BrokerError(f"RabbitMQ {safe_url(self.config.url)} queue {self.queue_name!r}: "
@@ -139,11 +157,13 @@ class RabbitMQBroker:
         except _BROKER_ERRORS as exc:
             raise BrokerError(f"RabbitMQ ack failed: {exc}") from exc
 
-    def _copy(self, m: AbstractIncomingMessage, extra: dict[str, Any] | None = None) -> aio_pika.Message:
-        headers = dict(m.headers or {})
-        for key in ("x-death", "x-first-death-exchange", "x-first-death-queue", "x-first-death-reason",
-                    "x-last-death-exchange", "x-last-death-queue", "x-last-death-reason", "x-delivery-count"):
-            headers.pop(key, None)
+    async def ack_many(self, deliveries: Sequence[Delivery]) -> None:
+        for delivery in deliveries:
+            await self.ack(delivery)
+
+    @staticmethod
+    def _copy(m: AbstractIncomingMessage, extra: Mapping[str, Any] | None = None) -> aio_pika.Message:
+        headers = {k: v for k, v in (m.headers or {}).items() if k not in _BROKER_HEADERS}
         headers.update(extra or {})
         return aio_pika.Message(
             m.body, headers=headers, content_type=m.content_type, content_encoding=m.content_encoding,
@@ -169,13 +189,13 @@ class RabbitMQBroker:
             raise BrokerError(f"RabbitMQ retry through {name!r} failed: {exc}") from exc
 
     async def dead_letter(self, delivery: Delivery, sqlstate: str, reason: str) -> None:
-        name = self.config.dead_letter_target
+        name = self.config.dead_letter
         try:
             assert self._channel is not None
             if not self._dead_declared:
                 await self._ensure_queue(name)
                 self._dead_declared = True
-            copy = self._copy(delivery.raw, {SQLSTATE_HEADER: sqlstate, REASON_HEADER: reason})
+            copy = self._copy(delivery.raw, dead_letter_headers(sqlstate, reason, self.queue_name))
             await self._channel.default_exchange.publish(copy, routing_key=name, mandatory=True)
             await delivery.raw.ack()
         except _BROKER_ERRORS as exc:
@@ -192,3 +212,118 @@ class RabbitMQBroker:
         if connection is not None and not connection.is_closed:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(connection.close(), 5.0)
+
+
+class RabbitMQPublisher:
+    name = "rabbitmq"
+    confirm = "confirm"
+
+    def __init__(self, url: str, *, routing_key: str | None = None, exchange: str = "",
+                 ordering_key: str = "header", timeout: float = 10.0) -> None:
+        if ordering_key not in ("header", "routing_key"):
+            raise ValueError(f"ordering_key must be 'header' or 'routing_key', got {ordering_key!r}")
+        if routing_key is None and not (exchange and ordering_key == "routing_key"):
+            raise ValueError("a RabbitMQ destination needs routing_key (the queue name with the default exchange)")
+        self.url = url
+        self.routing_key = routing_key
+        self.exchange_name = exchange
+        self.ordering_key = ordering_key
+        self.timeout = timeout
+        self._lock: asyncio.Lock | None = None
+        self._connection: AbstractConnection | None = None
+        self._channel: AbstractChannel | None = None
+
+    async def close(self) -> None:
+        connection, self._connection, self._channel = self._connection, None, None
+        if connection is not None and not connection.is_closed:
+            with contextlib.suppress(Exception):
+                await connection.close()
+
+    async def _ready(self) -> AbstractChannel:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._channel is None or self._channel.is_closed or self._connection is None \
+                    or self._connection.is_closed:
+                await self.close()
+                self._connection = await aio_pika.connect(self.url, timeout=self.timeout)
+                self._channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
+            return self._channel
+
+    def _message(self, out: Outgoing) -> tuple[aio_pika.Message, str]:
+        headers: dict[str, Any] = dict(out.headers)
+        routing_key = self.routing_key or ""
+        if out.ordering_key:
+            if self.ordering_key == "routing_key":
+                routing_key = out.ordering_key
+            else:
+                headers[Header.ORDERING_KEY] = out.ordering_key
+        message = aio_pika.Message(
+            out.body,
+            content_type="application/json",
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            message_id=out.message_id,
+            app_id=out.producer,
+            type=out.message_type,
+            timestamp=out.produced_at,
+            headers=headers,
+        )
+        return message, routing_key
+
+    async def publish(self, messages: Sequence[Outgoing]) -> list[DeliveryReport]:
+        try:
+            channel = await self._ready()
+            exchange = (channel.default_exchange if not self.exchange_name
+                        else await channel.get_exchange(self.exchange_name, ensure=False))
+        except (TimeoutError, *_CONNECTION_ERRORS, aio_pika.exceptions.AMQPError) as exc:
+            await self.close()
+            return [DeliveryReport.failed(f"RabbitMQ unreachable: {type(exc).__name__}: {exc}", retryable=True)
+                    for _ in messages]
+
+        async def one(out: Outgoing) -> DeliveryReport:
+            message, routing_key = self._message(out)
+            try:
+                await asyncio.wait_for(exchange.publish(message, routing_key=routing_key, mandatory=True),
+                                       self.timeout)
+            except aio_pika.exceptions.PublishError as exc:
+                return DeliveryReport.failed(f"unroutable: no queue bound for routing key {routing_key!r} "
+                                             f"({_reply_text(exc)})", retryable=True)
+            except aio_pika.exceptions.DeliveryError as exc:
+                return DeliveryReport.failed(f"RabbitMQ refused the message (nack): {_reply_text(exc)}",
+                                             retryable=True)
+            except (TimeoutError, *_CONNECTION_ERRORS, aio_pika.exceptions.AMQPError) as exc:
+                return DeliveryReport.failed(f"ambiguous: {type(exc).__name__}: {exc}", retryable=True)
+            return DeliveryReport.ok()
+
+        reports = list(await asyncio.gather(*(one(m) for m in messages)))
+        if any(r.error is not None and r.error.startswith("ambiguous") for r in reports):
+            await self.close()
+        return reports
+
+
+class RabbitMQTransport(BrokerDestination):
+    """The dispatcher's RabbitMQ destination (see the module docstring)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        routing_key: str | None = None,
+        exchange: str = "",
+        producer: str = "pginbox",
+        message_type: str | None = None,
+        ordering_key: str = "header",
+        timeout: float = 10.0,
+        destination: str = "",
+    ) -> None:
+        self.url = url
+        publisher = RabbitMQPublisher(url, routing_key=routing_key, exchange=exchange, ordering_key=ordering_key,
+                                      timeout=timeout)
+        super().__init__(publisher, producer=producer, message_type=message_type, timeout=timeout,
+                         destination=destination)
+
+
+def _reply_text(exc: BaseException) -> str:
+    frame: Mapping[str, Any] | Any = getattr(exc, "frame", None)
+    text = getattr(frame, "reply_text", None)
+    return str(text) if text else str(exc) or type(exc).__name__

@@ -1,0 +1,56 @@
+"""Brokers, inbound and outbound, behind one port (docs/brokers.md).
+
+    port.py       the port: Broker and Delivery (what `pginbox consume` reads through), SourceConfig
+                  (what an inbound adapter is told), Publisher and Outgoing (what the dispatcher's
+                  broker destinations publish through)
+    wire.py       the wire contract: header names, identity sources per broker, a delivery as a
+                  pginbox Message (BadInput), an effect as a broker message, SQLSTATE -> Action
+    publish.py    BrokerDestination: a Publisher as a dispatcher destination (Transport)
+    memory.py     the in-memory adapter (fast tests, the demo)
+    rabbitmq.py   RabbitMQ (aio-pika; extra pginbox[rabbitmq])
+    jetstream.py  NATS JetStream (nats-py; extra pginbox[nats])
+    redis.py      Redis Streams (redis-py; extra pginbox[redis])
+
+Adapters import the port and the wire contract, never the consumer loop or the dispatcher. An
+adapter is done when tests/python/test_broker_conformance.py passes with it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Final
+
+from pginbox.brokers.port import Broker, Delivery, Outgoing, Publisher, SourceConfig
+from pginbox.brokers.wire import BROKERS, BadInput, Header, IdentitySource, parse_message
+
+__all__ = [
+    "ADAPTERS",
+    "BROKERS",
+    "BadInput",
+    "Broker",
+    "Delivery",
+    "Header",
+    "IdentitySource",
+    "Outgoing",
+    "Publisher",
+    "SourceConfig",
+    "make_broker",
+    "parse_message",
+]
+
+#: broker -> the inbound adapter's class (module:attribute), imported when first used: an adapter
+#: needs its extra installed, the others do not.
+ADAPTERS: Final = {
+    "rabbitmq": "pginbox.brokers.rabbitmq:RabbitMQBroker",
+    "nats": "pginbox.brokers.jetstream:JetStreamBroker",
+    "redis": "pginbox.brokers.redis:RedisStreamsBroker",
+    "memory": "pginbox.brokers.memory:MemorySource",
+}
+
+
+def make_broker(config: SourceConfig) -> Broker:
+    """The inbound adapter for `config.broker`."""
+    module_name, _, attribute = ADAPTERS[config.broker].partition(":")
+    adapter = getattr(importlib.import_module(module_name), attribute)
+    broker: Broker = adapter(config)
+    return broker
