@@ -217,3 +217,73 @@ def test_configuration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         bad = tmp_path / "bad.toml"
         bad.write_text(f'[destinations.o]\nurl = "{RABBIT_URL}"\nroutng_key = "x"\n')
         load_config(bad, environ={}, use_entry_points=False)
+
+
+def test_jetstream_window_drops_only_true_repeats(conn: Conn, db_dsn: str) -> None:
+    """Within the stream's duplicate window: the same key with the same body is dropped by the
+    stream; the same key with another body reaches the consumer, which quarantines it as a
+    conflict (before, Nats-Msg-Id was the id alone and the stream dropped the conflict)."""
+    from helpers_brokers import ConsumerThread, make_consumer
+    from helpers_inbox import ledger_counts, setup_domain
+
+    setup_domain(conn)
+    with channel("nats") as ch:
+        transport = JetStreamTransport(NATS_URL, subject=ch.subject, producer="orders", destination="credits")
+        try:
+            first = Effect("c1", "credits", {"id": "c1", "amount": 10}, {"Pginbox-Type": "credit"})
+            again = Effect("c1", "credits", {"id": "c1", "amount": 10}, {"Pginbox-Type": "credit"})
+            changed = Effect("c1", "credits", {"id": "c1", "amount": 99}, {"Pginbox-Type": "credit"})
+            reports = transport.deliver_batch([first]) + transport.deliver_batch([again, changed])
+            assert all(r.delivered for r in reports) and transport.duplicates == 1
+        finally:
+            transport.close()
+        consumer = make_consumer(ch, db_dsn)
+        with ConsumerThread(consumer):
+            wait_for(lambda: sum(consumer.stats.outcomes.values()) == 2 and ch.pending() == 0, "both consumed")
+        assert consumer.stats.outcomes == {"applied": 1, "conflict": 1}, consumer.stats.outcomes
+        assert ledger_counts(conn) == {"c1": 1}
+
+
+def test_redis_destination(conn: Conn, db_dsn: str) -> None:
+    """Effects XADDed with the key in Pginbox-Message-Id, a batch in one pipelined round trip, and
+    consumed back by `pginbox consume` from the same stream; the key is idempotency_key(effect)."""
+    import redis
+    from helpers_brokers import ConsumerThread, make_consumer
+    from helpers_inbox import ledger_counts, setup_domain
+
+    from pginbox.brokers.redis import RedisStreamsTransport
+
+    setup_domain(conn)
+    with channel("redis") as ch:
+        transport = RedisStreamsTransport(ch.url, stream=ch.stream, producer="orders", destination="credits")
+        counting = CountingBatches(transport)
+        ids = [f"r{i}" for i in range(30)]
+        with conn.transaction():
+            for effect_id in ids:
+                conn.execute("SELECT inbox.enqueue_effect(%s, 'credits', %s::jsonb, %s::jsonb)",
+                             (effect_id, json.dumps({"id": effect_id, "amount": 1}),
+                              json.dumps({"Pginbox-Type": "credit"})))
+        try:
+            with Dispatcher(db_dsn, "d1", {"credits": counting}, batch_size=100) as dispatcher:
+                dispatcher.run_once()
+            assert {s for s, _, _ in statuses(conn).values()} == {"delivered"}
+            assert sum(counting.batches) == 30 and len(counting.batches) < 30, counting.batches
+            scoped = Effect("e", "credits", {"id": "k", "amount": 1}, {"Pginbox-Type": "credit"},
+                            idempotency_key="scoped-key")
+            keyed = transport.deliver_batch([scoped])
+            assert keyed[0].delivered
+        finally:
+            transport.close()
+        r = redis.Redis.from_url(ch.url)
+        try:
+            entries: Any = r.xrange(ch.stream)
+        finally:
+            r.close()
+        fields = [{bytes(k).decode(): bytes(v).decode() for k, v in f.items()} for _, f in entries]
+        assert sorted(f["Pginbox-Message-Id"] for f in fields) == sorted([*ids, "scoped-key"])
+        assert {f["Pginbox-Producer"] for f in fields} == {"orders"}
+        assert {f["Pginbox-Type"] for f in fields} == {"credit"}
+        consumer = make_consumer(ch, db_dsn)
+        with ConsumerThread(consumer):
+            wait_for(lambda: ch.pending() == 0 and sum(consumer.stats.outcomes.values()) == 31, "consumed")
+        assert ledger_counts(conn) == {**dict.fromkeys(ids, 1), "k": 1}
