@@ -1,10 +1,12 @@
-"""Broker throughput (issue 13): `pginbox consume` and the broker destinations against baselines
-measured in the same run, on the same broker and database (a private cluster, fsync on).
+"""Broker throughput: `pginbox consume` and the broker destinations against baselines measured in
+the same run, on the same broker and database (a private cluster, fsync on). Brokers: RabbitMQ,
+NATS JetStream, Redis Streams.
 
   consume (--parts consume), per broker, messages per second from a preloaded queue / stream:
     hand       a hand-written per-message consumer running the article's statements, one
                transaction per message (BEGIN; INSERT .. ON CONFLICT DO NOTHING RETURNING; UPDATE
-               account; UPDATE consumer_inbox SET processed_at; COMMIT), then ack; broker prefetch 50
+               account; UPDATE consumer_inbox SET processed_at; COMMIT), then ack (Redis: XACK, one
+               round trip after each commit); broker prefetch 50 (Redis: XREADGROUP COUNT 50)
     pginbox50  pginbox.consumer.Consumer, SQL handler, prefetch 50 (claim_and_apply_batch)
     pginbox1   the same with prefetch 1 (claim_and_apply per message)
     ratios     pginbox50 / hand (target >= 3), pginbox1 / hand (target >= 1.0)
@@ -12,15 +14,16 @@ measured in the same run, on the same broker and database (a private cluster, fs
   dispatch (--parts dispatch), per broker, effects per second through the Dispatcher, both with
   --concurrency deliveries in flight per destination (default 1: one publisher):
     confirm1   the broker transport used one effect at a time: each publish waits for its own
-               confirm / PubAck (what a dispatcher callable does)
+               confirm / PubAck / XADD reply (what a dispatcher callable does)
     batched    deliver_batch: a batch published, its confirms awaited together
     ratio      batched / confirm1 (target >= 3)
 
 Workloads are interleaved over --rounds rounds; the median of each is reported.
 Usage:  .venv/bin/python bench/bench_brokers.py [--messages 5000] [--effects 5000] [--rounds 3]
-        [--brokers rabbitmq,nats] [--parts consume,dispatch]
+        [--brokers rabbitmq,nats,redis] [--parts consume,dispatch]
 Brokers: PGINBOX_BENCH_RABBITMQ_URL (amqp://guest:guest@127.0.0.1:5672/), PGINBOX_BENCH_NATS_URL
-(nats://127.0.0.1:4222); the queues and streams it creates are deleted at the end.
+(nats://127.0.0.1:4222), PGINBOX_BENCH_REDIS_URL (redis://127.0.0.1:6379/0); the queues, streams
+and keys it creates are deleted at the end.
 """
 
 from __future__ import annotations
@@ -44,17 +47,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import aio_pika
 import nats
 import psycopg
+import redis.asyncio as aioredis
 from benchlib import bench_database
 
+from pginbox.brokers.jetstream import JetStreamTransport
+from pginbox.brokers.rabbitmq import RabbitMQTransport
+from pginbox.brokers.redis import RedisStreamsTransport
+from pginbox.brokers.wire import Header
 from pginbox.consumer import Consumer, load_consume_config
 from pginbox.dispatcher import Dispatcher
 from pginbox.transports import DeliveryReport
-from pginbox.transports.jetstream import JetStreamTransport
-from pginbox.transports.rabbitmq import RabbitMQTransport
 
 URLS = {
     "rabbitmq": os.environ.get("PGINBOX_BENCH_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/"),
     "nats": os.environ.get("PGINBOX_BENCH_NATS_URL", "nats://127.0.0.1:4222"),
+    "redis": os.environ.get("PGINBOX_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"),
 }
 
 SETUP = """
@@ -94,6 +101,8 @@ class Place:
         self.subject = f"{self.name}.in"
 
     async def create(self) -> None:
+        if self.broker == "redis":
+            return  # XADD creates the stream; consumers create their group
         if self.broker == "rabbitmq":
             conn = await aio_pika.connect(self.url)
             try:
@@ -108,6 +117,13 @@ class Place:
             await nc.close()
 
     async def delete(self) -> None:
+        if self.broker == "redis":
+            r = aioredis.from_url(self.url)
+            try:
+                await r.delete(self.name, f"{self.name}:dead", f"{self.name}:retry")
+            finally:
+                await r.aclose()
+            return
         if self.broker == "rabbitmq":
             conn = await aio_pika.connect(self.url)
             try:
@@ -126,6 +142,19 @@ class Place:
     async def preload(self, n: int) -> None:
         await self.create()
         bodies = [(f"m{i}", json.dumps({"account": i % 1000 + 1, "amount": 1}).encode()) for i in range(n)]
+        if self.broker == "redis":
+            r = aioredis.from_url(self.url)
+            try:
+                for start in range(0, n, 500):
+                    async with r.pipeline(transaction=False) as pipe:
+                        for mid, body in bodies[start:start + 500]:
+                            fields: dict[Any, Any] = {Header.BODY: body, Header.MESSAGE_ID: mid,
+                                                      Header.TYPE: "credit", Header.PRODUCER: "shop"}
+                            pipe.xadd(self.name, fields)
+                        await pipe.execute()
+            finally:
+                await r.aclose()
+            return
         if self.broker == "rabbitmq":
             conn = await aio_pika.connect(self.url)
             try:
@@ -167,7 +196,20 @@ async def hand_written(place: Place, dsn: str, n: int, consumer: str) -> float:
                 await conn.execute(ARTICLE[2], (consumer, "shop", mid))
 
     try:
-        if place.broker == "rabbitmq":
+        if place.broker == "redis":
+            r = aioredis.from_url(place.url)
+            try:
+                await r.xgroup_create(place.name, consumer, id="0", mkstream=True)
+                while done < n:
+                    reply: Any = await r.xreadgroup(consumer, "hand", {place.name: ">"}, count=50, block=5000)
+                    for _stream, entries in reply or []:
+                        for entry_id, fields in entries:
+                            await one(fields[Header.MESSAGE_ID.encode()].decode(), fields[Header.BODY.encode()])
+                            await r.xack(place.name, consumer, entry_id)
+                            done += 1
+            finally:
+                await r.aclose()
+        elif place.broker == "rabbitmq":
             amqp = await aio_pika.connect(place.url)
             try:
                 ch = await amqp.channel()
@@ -202,6 +244,7 @@ def pginbox_consume(place: Place, dsn: str, n: int, consumer: str, prefetch: int
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT inbox.register_handler(%s, 'credit', 'credit(jsonb)'::regprocedure, 'v1')", (consumer,))
     source = ({"queue": place.name} if place.broker == "rabbitmq"
+              else {"stream": place.name} if place.broker == "redis"
               else {"stream": place.stream, "subject": place.subject, "durable": consumer})
     config = load_consume_config(None, {"url": place.url, "consumer": consumer, "prefetch": prefetch, **source})
     worker = Consumer(config, dsn, fetch_timeout=0.2)
@@ -252,8 +295,10 @@ def measure_dispatch(broker: str, dsn: str, n: int, kind: str, concurrency: int)
         conn.execute("SELECT inbox.enqueue_effect(%s || g, %s, jsonb_build_object('n', g)) "
                      "FROM generate_series(1, %s) g", (destination, destination, n))
     transport: Any = (RabbitMQTransport(place.url, routing_key=place.name, destination=destination)
-                      if broker == "rabbitmq" else JetStreamTransport(place.url, subject=place.subject,
-                                                                       destination=destination))
+                      if broker == "rabbitmq"
+                      else RedisStreamsTransport(place.url, stream=place.name, destination=destination)
+                      if broker == "redis"
+                      else JetStreamTransport(place.url, subject=place.subject, destination=destination))
     chosen = transport if kind == "batched" else OneAtATime(transport)
     try:
         with Dispatcher(dsn, f"bench-{kind}", {destination: chosen}, batch_size=200, poll_interval=0.1,
@@ -277,7 +322,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=5000)
     parser.add_argument("--effects", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--brokers", default="rabbitmq,nats")
+    parser.add_argument("--brokers", default="rabbitmq,nats,redis")
     parser.add_argument("--parts", default="consume,dispatch")
     parser.add_argument("--concurrency", type=int, default=1, help="dispatch: deliveries in flight per destination")
     args = parser.parse_args()
