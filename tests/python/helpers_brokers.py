@@ -65,8 +65,10 @@ def require(broker: str) -> None:
     # The brokers are part of the test environment (the machine runs them on loopback; dev.sh
     # installs the servers): a broker test without its broker fails, it never passes by skipping.
     if not reachable(url):
-        pytest.fail(f"{broker} is not reachable at {url}: start it, or point "
-                    "PGINBOX_TEST_RABBITMQ_URL / PGINBOX_TEST_NATS_URL / PGINBOX_TEST_REDIS_URL at it")
+        pytest.fail(
+            f"{broker} is not reachable at {url}: start it, or point "
+            "PGINBOX_TEST_RABBITMQ_URL / PGINBOX_TEST_NATS_URL / PGINBOX_TEST_REDIS_URL at it"
+        )
 
 
 def run(coro: Any) -> Any:
@@ -96,9 +98,13 @@ class Out:
 
     def identity_headers(self) -> dict[str, str]:
         headers = dict(self.headers)
-        for key, value in ((Header.MESSAGE_ID, self.message_id), (Header.TYPE, self.message_type),
-                           (Header.PRODUCER, self.producer), (Header.PRODUCED_AT, self.produced_at),
-                           (Header.TENANT, self.tenant)):
+        for key, value in (
+            (Header.MESSAGE_ID, self.message_id),
+            (Header.TYPE, self.message_type),
+            (Header.PRODUCER, self.producer),
+            (Header.PRODUCED_AT, self.produced_at),
+            (Header.TENANT, self.tenant),
+        ):
             if value is not None:
                 headers[key] = value
         return headers
@@ -125,8 +131,12 @@ class Channel:
 
     @property
     def dead_letter(self) -> str:
-        return {"rabbitmq": f"{self.name}.dead", "nats": self.dead_subject, "redis": f"{self.name}:dead",
-                "memory": f"{self.name}.dead"}[self.broker]
+        return {
+            "rabbitmq": f"{self.name}.dead",
+            "nats": self.dead_subject,
+            "redis": f"{self.name}:dead",
+            "memory": f"{self.name}.dead",
+        }[self.broker]
 
     #: the largest body the broker takes (NATS: the server's max_payload, 1 MB by default)
     @property
@@ -139,8 +149,13 @@ class Channel:
             return {"url": self.url, "queue": self.name}
         if self.broker == "redis":
             return {"url": self.url, "stream": self.stream}
-        return {"url": self.url, "stream": self.stream, "subject": self.subject, "durable": self.name,
-                "dead_letter": self.dead_subject}
+        return {
+            "url": self.url,
+            "stream": self.stream,
+            "subject": self.subject,
+            "durable": self.name,
+            "dead_letter": self.dead_subject,
+        }
 
     def adapter(self, config: Any) -> Broker:
         """The inbound adapter for a ConsumeConfig of this channel."""
@@ -182,18 +197,26 @@ class Channel:
             conn = await aio_pika.connect(self.url)
             try:
                 ch = await conn.channel(publisher_confirms=True)
-                await ch.declare_queue(self.name, durable=True,
-                                       arguments={"x-queue-type": "quorum"} if self.quorum else None)
+                await ch.declare_queue(
+                    self.name, durable=True, arguments={"x-queue-type": "quorum"} if self.quorum else None
+                )
                 for m in messages:
-                    ts = m.timestamp or (None if m.produced_at is None
-                                         else datetime.datetime.fromisoformat(m.produced_at))
+                    ts = m.timestamp or (
+                        None if m.produced_at is None else datetime.datetime.fromisoformat(m.produced_at)
+                    )
                     headers: dict[str, Any] = dict(m.headers)
                     if m.tenant is not None:
                         headers[Header.TENANT] = m.tenant
                     await ch.default_exchange.publish(
-                        aio_pika.Message(m.body, message_id=m.message_id, type=m.message_type, app_id=m.producer,
-                                         timestamp=ts, headers=headers,
-                                         delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+                        aio_pika.Message(
+                            m.body,
+                            message_id=m.message_id,
+                            type=m.message_type,
+                            app_id=m.producer,
+                            timestamp=ts,
+                            headers=headers,
+                            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                        ),
                         routing_key=self.name,
                     )
             finally:
@@ -309,8 +332,12 @@ class Channel:
             conn = await aio_pika.connect(self.url)
             try:
                 ch = await conn.channel()
-                names = {self.name, f"{self.name}.dead", *(f"{self.name}.retry.{ms}" for ms in _RETRY_MS),
-                         *(q for q in _rabbit_queues() if q.startswith(f"{self.name}.retry."))}
+                names = {
+                    self.name,
+                    f"{self.name}.dead",
+                    *(f"{self.name}.retry.{ms}" for ms in _RETRY_MS),
+                    *(q for q in _rabbit_queues() if q.startswith(f"{self.name}.retry.")),
+                }
                 for name in names:
                     with contextlib.suppress(Exception):
                         await ch.queue_delete(name)
@@ -338,8 +365,9 @@ def _rabbitmqctl(*args: str) -> list[list[str]]:
     """rows of `rabbitmqctl list_queues` (the tests run as root, next to the broker)."""
     if shutil.which("rabbitmqctl") is None:
         return []
-    done = subprocess.run(["rabbitmqctl", "-q", "list_queues", "--no-table-headers", *args], capture_output=True,
-                          text=True, timeout=30)
+    done = subprocess.run(
+        ["rabbitmqctl", "-q", "list_queues", "--no-table-headers", *args], capture_output=True, text=True, timeout=30
+    )
     return [line.split("\t") for line in done.stdout.splitlines() if line.strip()]
 
 
@@ -383,15 +411,27 @@ def make_consumer(ch: Channel, dsn: str, *, handler: Any = None, **settings: Any
     if isinstance(handler, str):  # module:function, loaded by the consumer
         settings["handler"], handler = handler, None
     config = load_consume_config(None, {"consumer": "billing", **ch.settings(), **settings})
-    return Consumer(config, dsn, handler=handler, broker=ch.adapter(config), fetch_timeout=0.2, max_pause=0.5,
-                    database_timeout=1.0, halt_recheck=halt_recheck)
+    return Consumer(
+        config,
+        dsn,
+        handler=handler,
+        broker=ch.adapter(config),
+        fetch_timeout=0.2,
+        max_pause=0.5,
+        database_timeout=1.0,
+        halt_recheck=halt_recheck,
+    )
 
 
 def subprocess_env(ch: Channel, dsn: str, **settings: Any) -> dict[str, str]:
     """The environment of a `pginbox consume` subprocess for `ch`."""
     merged = {"consumer": "billing", **ch.settings(), **settings}
-    return {**os.environ, "PGINBOX_DSN": dsn, "PYTHONPATH": os.path.dirname(__file__),
-            **{f"PGINBOX_CONSUME_{k.upper()}": str(v) for k, v in merged.items()}}
+    return {
+        **os.environ,
+        "PGINBOX_DSN": dsn,
+        "PYTHONPATH": os.path.dirname(__file__),
+        **{f"PGINBOX_CONSUME_{k.upper()}": str(v) for k, v in merged.items()},
+    }
 
 
 class ConsumerThread:

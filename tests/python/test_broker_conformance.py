@@ -71,49 +71,69 @@ def test_outcomes_and_bad_input(broker: str, conn: Conn, db_dsn: str, caplog: py
     setup_domain(conn)
     conn.execute("SELECT inbox.configure_consumer('billing', max_attempts => 2)")
     # a purge watermark: a first delivery produced before it is `expired`
-    conn.execute("INSERT INTO inbox.consumer_config (consumer, purge_watermark) VALUES ('billing', '2021-01-01') "
-                 "ON CONFLICT (consumer) DO UPDATE SET purge_watermark = excluded.purge_watermark")
-    conn.execute("INSERT INTO inbox.retention_policy VALUES ('billing', 'orders', '1 day', '1 day', '1 day', "
-                 "'1 day', '1 day', '1 day', '1 day', '1 day', 'test')")
-    conn.execute("INSERT INTO inbox.purge_state (consumer, producer, watermark) VALUES ('billing', 'orders', "
-                 "'2021-01-01')")
+    conn.execute(
+        "INSERT INTO inbox.consumer_config (consumer, purge_watermark) VALUES ('billing', '2021-01-01') "
+        "ON CONFLICT (consumer) DO UPDATE SET purge_watermark = excluded.purge_watermark"
+    )
+    conn.execute(
+        "INSERT INTO inbox.retention_policy VALUES ('billing', 'orders', '1 day', '1 day', '1 day', "
+        "'1 day', '1 day', '1 day', '1 day', '1 day', 'test')"
+    )
+    conn.execute(
+        "INSERT INTO inbox.purge_state (consumer, producer, watermark) VALUES ('billing', 'orders', '2021-01-01')"
+    )
     with channel(broker) as ch:
         deep = b"[" * 100_000 + b"]" * 100_000
         big = json.dumps({"id": "big", "amount": 1, "pad": "x" * 30_000_000}).encode()
         messages = [
-            Out("m1", credit("m1")),                                       # applied
-            Out("m1", credit("m1"), nats_msg_id="m1-after-the-window"),    # duplicate
-            Out("m1", credit("m1", 99)),                                   # conflict (JetStream lets it through)
+            Out("m1", credit("m1")),  # applied
+            Out("m1", credit("m1"), nats_msg_id="m1-after-the-window"),  # duplicate
+            Out("m1", credit("m1", 99)),  # conflict (JetStream lets it through)
             Out("old", credit("old"), produced_at="2020-06-01T00:00:00+00:00"),  # expired
-            Out("neg", credit("neg", -5)),                                 # failed, then quarantined
-            Out("x", credit("x"), producer=None),                          # 22004: no producer
-            Out("j1", None, raw_body=b"{not json"),                        # 22P02
-            Out("d1", None, raw_body=deep),                                # 22P02: nested 100,000 deep
-            Out("f1", credit("f1"), timestamp=datetime.datetime(2200, 1, 1, tzinfo=datetime.UTC),
-                produced_at="2200-01-01T00:00:00+00:00"),                  # 22008: out of range
-            Out("m2", credit("m2")),                                       # applied, after the bad ones
+            Out("neg", credit("neg", -5)),  # failed, then quarantined
+            Out("x", credit("x"), producer=None),  # 22004: no producer
+            Out("j1", None, raw_body=b"{not json"),  # 22P02
+            Out("d1", None, raw_body=deep),  # 22P02: nested 100,000 deep
+            Out(
+                "f1",
+                credit("f1"),
+                timestamp=datetime.datetime(2200, 1, 1, tzinfo=datetime.UTC),
+                produced_at="2200-01-01T00:00:00+00:00",
+            ),  # 22008: out of range
+            Out("m2", credit("m2")),  # applied, after the bad ones
         ]
         expected_dead = {"22004": 1, "22P02": 2, "22008": 1}
         if len(big) <= ch.max_body:
-            messages.insert(5, Out("big", None, raw_body=big))             # 54000: over max_payload_bytes
+            messages.insert(5, Out("big", None, raw_body=big))  # 54000: over max_payload_bytes
             expected_dead["54000"] = 1
         ch.publish(messages)
         consumer = make_consumer(ch, db_dsn, retry_delay=0.2, max_retry_delay=0.4, prefetch=20)
         with caplog.at_level(logging.WARNING, logger="pginbox.consumer"), ConsumerThread(consumer):
-            wait_for(lambda: consumer.stats.outcomes.get("quarantined", 0) == 1, "the failing message quarantined",
-                     timeout=75)
+            wait_for(
+                lambda: consumer.stats.outcomes.get("quarantined", 0) == 1,
+                "the failing message quarantined",
+                timeout=75,
+            )
             wait_for(lambda: ch.pending() == 0, "every message settled")
         outcomes = dict(consumer.stats.outcomes)
-        assert outcomes == {"applied": 2, "duplicate": 1, "conflict": 1, "expired": 1, "failed": 1,
-                            "quarantined": 1, "dead_letter": sum(expected_dead.values())}, outcomes
+        assert outcomes == {
+            "applied": 2,
+            "duplicate": 1,
+            "conflict": 1,
+            "expired": 1,
+            "failed": 1,
+            "quarantined": 1,
+            "dead_letter": sum(expected_dead.values()),
+        }, outcomes
         assert ledger_counts(conn) == {"m1": 1, "m2": 1}
         assert dead_states(ch) == Counter(expected_dead)
         assert all(h.get("Pginbox-Reason") for h, _ in ch.dead_letters())
         # the conflict, the expiry and the quarantine, each logged with the identity
         lines = [r.getMessage() for r in caplog.records]
         for event, mid in (("message_conflict", "m1"), ("message_expired", "old"), ("message_quarantined", "neg")):
-            assert any(line.startswith(event) and f"message_id={mid}" in line and "producer=orders" in line
-                       for line in lines), (event, lines)
+            assert any(
+                line.startswith(event) and f"message_id={mid}" in line and "producer=orders" in line for line in lines
+            ), (event, lines)
     if broker == "nats":  # the 30 MB body: refused by the server (max_payload) before any consumer sees it
         with channel("nats") as ch, pytest.raises(Exception, match=r"(?i)payload"):
             ch.publish([Out("big", None, raw_body=big)])
@@ -142,8 +162,9 @@ def test_failed_comes_back_later_with_a_growing_delay(broker: str, conn: Conn, d
         ch.publish([Out("f", credit("f"))])
         consumer = make_consumer(ch, db_dsn, handler=Attempts.handler, retry_delay=0.4, max_retry_delay=1.6)
         with ConsumerThread(consumer):
-            wait_for(lambda: consumer.stats.outcomes.get("quarantined", 0) == 1, "quarantined at max_attempts",
-                     timeout=60)
+            wait_for(
+                lambda: consumer.stats.outcomes.get("quarantined", 0) == 1, "quarantined at max_attempts", timeout=60
+            )
             wait_for(lambda: ch.pending() == 0, "the quarantined message acked")
             time.sleep(0.5)  # nothing comes back after the quarantine
         assert len(Attempts.times) == 4, Attempts.times  # never a hot loop: one run per attempt
@@ -197,38 +218,54 @@ def test_crash_loop_markers_end_in_quarantine(broker: str, conn: Conn, db_dsn: s
 
 HALTS = {
     # a role bound to 'billing' for tenant 'acme' only; one message of another tenant in the batch
-    "42501": (["SELECT inbox.bind_consumer('billing', %(role)s, ARRAY['acme'])"],
-              "SELECT inbox.bind_consumer('billing', %(role)s, ARRAY['acme', 'globex'])", "bind_consumer"),
+    "42501": (
+        ["SELECT inbox.bind_consumer('billing', %(role)s, ARRAY['acme'])"],
+        "SELECT inbox.bind_consumer('billing', %(role)s, ARRAY['acme', 'globex'])",
+        "bind_consumer",
+    ),
     # nobody bound to the consumer name (a forgotten bind_consumer on a new database)
     "42704": ([], "SELECT inbox.bind_consumer('billing', %(role)s)", "bind_consumer"),
     # the registered handler was dropped
-    "42883": (["SELECT inbox.bind_consumer('billing', %(role)s)",
-               "CREATE FUNCTION gone(payload jsonb) RETURNS void LANGUAGE sql AS 'SELECT credit($1)'",
-               "SELECT inbox.register_handler('billing', 'credit', 'gone(jsonb)'::regprocedure, 'v2')",
-               "DROP FUNCTION gone(jsonb)"],
-              "SELECT inbox.register_handler('billing', 'credit', 'credit(jsonb)'::regprocedure, 'v3') "
-              "WHERE %(role)s::text IS NOT NULL", "register"),
+    "42883": (
+        [
+            "SELECT inbox.bind_consumer('billing', %(role)s)",
+            "CREATE FUNCTION gone(payload jsonb) RETURNS void LANGUAGE sql AS 'SELECT credit($1)'",
+            "SELECT inbox.register_handler('billing', 'credit', 'gone(jsonb)'::regprocedure, 'v2')",
+            "DROP FUNCTION gone(jsonb)",
+        ],
+        "SELECT inbox.register_handler('billing', 'credit', 'credit(jsonb)'::regprocedure, 'v3') "
+        "WHERE %(role)s::text IS NOT NULL",
+        "register",
+    ),
 }
 
 
 @pytest.mark.parametrize("sqlstate", sorted(HALTS))
 @pytest.mark.parametrize("broker", ADAPTERS)
-def test_configuration_errors_halt_and_never_drain(broker: str, sqlstate: str, conn: Conn, db_dsn: str,
-                                                   login_role: Any, caplog: pytest.LogCaptureFixture) -> None:
+def test_configuration_errors_halt_and_never_drain(
+    broker: str, sqlstate: str, conn: Conn, db_dsn: str, login_role: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     setup_domain(conn)
     dsn = login_role("inbox_consumer")
     role = psycopg.conninfo.conninfo_to_dict(dsn)["user"]
-    conn.execute("GRANT SELECT, UPDATE ON account TO {0}; GRANT INSERT ON ledger TO {0}; "
-                 "GRANT USAGE ON SEQUENCE handler_calls TO {0}; GRANT SELECT ON fail_switch, handler_delay TO {0}"
-                 .format(psycopg.sql.Identifier(str(role)).as_string(conn)))
+    conn.execute(
+        "GRANT SELECT, UPDATE ON account TO {0}; GRANT INSERT ON ledger TO {0}; "
+        "GRANT USAGE ON SEQUENCE handler_calls TO {0}; GRANT SELECT ON fail_switch, handler_delay TO {0}".format(
+            psycopg.sql.Identifier(str(role)).as_string(conn)
+        )
+    )
     broken, fix, says = HALTS[sqlstate]
     for statement in broken:
         conn.execute(statement, {"role": role} if "%(role)s" in statement else None)
     tenant_of = {"bad": "globex"} if sqlstate == "42501" else {}
     good = [f"g{i}" for i in range(5)]
     with channel(broker) as ch:
-        ch.publish([Out(mid, credit(mid), tenant=tenant_of.get(mid, "acme" if sqlstate == "42501" else None))
-                    for mid in [*good[:2], "bad", *good[2:]]])
+        ch.publish(
+            [
+                Out(mid, credit(mid), tenant=tenant_of.get(mid, "acme" if sqlstate == "42501" else None))
+                for mid in [*good[:2], "bad", *good[2:]]
+            ]
+        )
         consumer = make_consumer(ch, dsn, prefetch=10, halt_recheck=1.0)
         with caplog.at_level(logging.WARNING, logger="pginbox.consumer"), ConsumerThread(consumer):
             wait_for(lambda: consumer.halted is not None, "the consumer halted", timeout=30)
@@ -319,16 +356,27 @@ def test_crash_mid_batch_loses_nothing(broker: str, conn: Conn, db_dsn: str) -> 
     with channel(broker) as ch:
         ch.publish([Out(mid, credit(mid)) for mid in ids])
         if broker in REAL:
-            env = subprocess_env(ch, db_dsn, handler="test_broker_conformance:slow_credit", prefetch=20,
-                                 claim_idle=2.0)
-            proc = subprocess.Popen([sys.executable, "-m", "pginbox", "consume"], env=env,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            env = subprocess_env(ch, db_dsn, handler="test_broker_conformance:slow_credit", prefetch=20, claim_idle=2.0)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "pginbox", "consume"],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             try:
                 wait_for(lambda: sum(ledger_counts(conn).values()) >= 30, "some messages applied")
                 # mid-batch: its transaction open
-                wait_for(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = "
-                                              "'pginbox-consume:billing' AND xact_start IS NOT NULL").fetchone()
-                         != (0,), "a batch in progress", interval=0.001)
+                wait_for(
+                    lambda: (
+                        conn.execute(
+                            "SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                            "'pginbox-consume:billing' AND xact_start IS NOT NULL"
+                        ).fetchone()
+                        != (0,)
+                    ),
+                    "a batch in progress",
+                    interval=0.001,
+                )
                 os.kill(proc.pid, signal.SIGKILL)
             finally:
                 proc.wait(10)
@@ -354,8 +402,13 @@ def test_sigterm_finishes_the_batch(broker: str, conn: Conn, db_dsn: str) -> Non
     with channel(broker) as ch:
         ch.publish([Out(f"s{i}", credit(f"s{i}")) for i in range(total)])
         env = subprocess_env(ch, db_dsn, handler="test_broker_conformance:slow_credit", prefetch=20)
-        proc = subprocess.Popen([sys.executable, "-m", "pginbox", "consume"], env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pginbox", "consume"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             wait_for(lambda: sum(ledger_counts(conn).values()) >= 30, "some messages applied")
             proc.send_signal(signal.SIGTERM)
@@ -368,5 +421,6 @@ def test_sigterm_finishes_the_batch(broker: str, conn: Conn, db_dsn: str) -> Non
         applied = ledger_counts(conn)
         assert all(n == 1 for n in applied.values()) and 0 < len(applied) < total
         # everything applied was acked: what the broker still holds is exactly the rest
-        wait_for(lambda: ch.pending() == total - len(applied), "the broker holding exactly the unapplied rest",
-                 timeout=15)
+        wait_for(
+            lambda: ch.pending() == total - len(applied), "the broker holding exactly the unapplied rest", timeout=15
+        )

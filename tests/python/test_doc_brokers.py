@@ -38,7 +38,10 @@ def test_every_toml_example_loads(tmp_path: Path) -> None:
     transports: dict[str, Any] = load_config(path, environ={}, use_entry_points=False)
     try:
         assert {name: type(t).__name__ for name, t in transports.items()} == {
-            "orders": "RabbitMQTransport", "events": "JetStreamTransport", "feed": "RedisStreamsTransport"}
+            "orders": "RabbitMQTransport",
+            "events": "JetStreamTransport",
+            "feed": "RedisStreamsTransport",
+        }
         assert transports["feed"].publisher.maxlen == 1000000 and transports["orders"].producer == "shop"
     finally:
         for transport in transports.values():

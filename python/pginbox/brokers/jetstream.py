@@ -56,8 +56,14 @@ async def connect_nats(url: str, timeout: float = 5.0) -> Client:
     server it knows, max_reconnect_attempts times), which would hang the caller."""
     try:
         return await asyncio.wait_for(
-            nats.connect(servers=[url], connect_timeout=min(timeout, 2.0), allow_reconnect=True,
-                         max_reconnect_attempts=-1, reconnect_time_wait=0.25, name="pginbox"),
+            nats.connect(
+                servers=[url],
+                connect_timeout=min(timeout, 2.0),
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.25,
+                name="pginbox",
+            ),
             timeout,
         )
     except (*_ERRORS, TimeoutError) as exc:
@@ -90,16 +96,23 @@ class JetStreamBroker:
                 try:
                     await js.consumer_info(stream, durable)
                 except nats.js.errors.NotFoundError:
-                    await js.add_consumer(stream, api.ConsumerConfig(
-                        durable_name=durable, ack_policy=api.AckPolicy.EXPLICIT, filter_subject=self.config.subject,
-                        ack_wait=self.ack_wait, max_ack_pending=max(1000, 4 * self.config.prefetch),
-                        deliver_policy=api.DeliverPolicy.ALL,
-                    ))
+                    await js.add_consumer(
+                        stream,
+                        api.ConsumerConfig(
+                            durable_name=durable,
+                            ack_policy=api.AckPolicy.EXPLICIT,
+                            filter_subject=self.config.subject,
+                            ack_wait=self.ack_wait,
+                            max_ack_pending=max(1000, 4 * self.config.prefetch),
+                            deliver_policy=api.DeliverPolicy.ALL,
+                        ),
+                    )
             self._sub = await js.pull_subscribe_bind(durable, stream)
         except _ERRORS as exc:
             await self.close()
-            raise BrokerError(f"NATS JetStream stream {stream!r} consumer {durable!r}: "
-                              f"{type(exc).__name__}: {exc}") from exc
+            raise BrokerError(
+                f"NATS JetStream stream {stream!r} consumer {durable!r}: {type(exc).__name__}: {exc}"
+            ) from exc
 
     async def fetch(self, max_messages: int, timeout: float) -> list[Delivery]:
         """Up to max_messages from the local buffer, which one pull request at a time keeps
@@ -155,8 +168,12 @@ class JetStreamBroker:
     @staticmethod
     def _delivery(m: Msg) -> Delivery:
         meta = m.metadata
-        properties = {"subject": m.subject, "stream": meta.stream, "sequence": meta.sequence.stream,
-                      "timestamp": meta.timestamp}
+        properties = {
+            "subject": m.subject,
+            "stream": meta.stream,
+            "sequence": meta.sequence.stream,
+            "timestamp": meta.timestamp,
+        }
         return Delivery(m.data, properties, dict(m.headers or {}), meta.num_delivered > 1, m)
 
     async def ack(self, delivery: Delivery) -> None:
@@ -184,8 +201,9 @@ class JetStreamBroker:
             await self._nc.jetstream().publish(subject, delivery.body, headers=headers, timeout=5.0)
             await delivery.raw.term()
         except _ERRORS as exc:
-            raise BrokerError(f"NATS dead letter to {subject!r} failed (does a stream capture it?): "
-                              f"{type(exc).__name__}: {exc}") from exc
+            raise BrokerError(
+                f"NATS dead letter to {subject!r} failed (does a stream capture it?): {type(exc).__name__}: {exc}"
+            ) from exc
 
     async def hand_back(self, delivery: Delivery, delay: float) -> None:
         await self.retry(delivery, delay)
@@ -281,8 +299,9 @@ class JetStreamTransport(BrokerDestination):
         self.url = url
         self.subject = subject
         self._publisher = JetStreamPublisher(url, subject=subject, timeout=timeout)
-        super().__init__(self._publisher, producer=producer, message_type=message_type, timeout=timeout,
-                         destination=destination)
+        super().__init__(
+            self._publisher, producer=producer, message_type=message_type, timeout=timeout, destination=destination
+        )
 
     @property
     def duplicates(self) -> int:

@@ -75,8 +75,9 @@ class MemoryBroker:
     _named: ClassVar[dict[str, MemoryBroker]] = {}
     _named_lock: ClassVar[threading.Lock] = threading.Lock()
 
-    def __init__(self, *, visibility_timeout: float = 30.0, race_rate: float = 0.0,
-                 rng: random.Random | None = None) -> None:
+    def __init__(
+        self, *, visibility_timeout: float = 30.0, race_rate: float = 0.0, rng: random.Random | None = None
+    ) -> None:
         self.visibility_timeout = visibility_timeout
         self.race_rate = race_rate
         self._rng = rng or random.Random()
@@ -106,8 +107,15 @@ class MemoryBroker:
         self._seq += 1
         heapq.heappush(q.ready, (ready_at, self._seq, tag, redelivered, raced))
 
-    def publish(self, queue: str, body: bytes, headers: Mapping[str, str] | None = None, *,
-                redelivered: bool = False, delay: float = 0.0) -> int:
+    def publish(
+        self,
+        queue: str,
+        body: bytes,
+        headers: Mapping[str, str] | None = None,
+        *,
+        redelivered: bool = False,
+        delay: float = 0.0,
+    ) -> int:
         """Queue a message (redelivered: as the copy of a delivery whose ack was lost); its tag."""
         with self._cond:
             q = self._queue(queue)
@@ -231,8 +239,10 @@ class MemoryBroker:
         handle = delivery.raw
         if not isinstance(handle, MemoryHandle):
             raise BrokerError("not a delivery of the in-memory broker")
-        headers = {**{str(k): str(v) for k, v in delivery.headers.items()},
-                   **dead_letter_headers(sqlstate, reason, handle.queue)}
+        headers = {
+            **{str(k): str(v) for k, v in delivery.headers.items()},
+            **dead_letter_headers(sqlstate, reason, handle.queue),
+        }
         self.publish(target, delivery.body, headers)
         with self._cond:
             self.stats["dead_letters"] += 1
@@ -371,7 +381,15 @@ class MemoryPublisher:
 class MemoryTransport(BrokerDestination):
     """A dispatcher destination publishing to a queue of a MemoryBroker."""
 
-    def __init__(self, broker: MemoryBroker, queue: str, *, producer: str = "pginbox",
-                 message_type: str | None = None, destination: str = "") -> None:
-        super().__init__(MemoryPublisher(broker, queue), producer=producer, message_type=message_type,
-                         destination=destination)
+    def __init__(
+        self,
+        broker: MemoryBroker,
+        queue: str,
+        *,
+        producer: str = "pginbox",
+        message_type: str | None = None,
+        destination: str = "",
+    ) -> None:
+        super().__init__(
+            MemoryPublisher(broker, queue), producer=producer, message_type=message_type, destination=destination
+        )

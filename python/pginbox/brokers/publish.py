@@ -27,8 +27,15 @@ __all__ = ["BrokerDestination"]
 
 
 class BrokerDestination:
-    def __init__(self, publisher: Publisher, *, producer: str = "pginbox", message_type: str | None = None,
-                 timeout: float = 10.0, destination: str = "") -> None:
+    def __init__(
+        self,
+        publisher: Publisher,
+        *,
+        producer: str = "pginbox",
+        message_type: str | None = None,
+        timeout: float = 10.0,
+        destination: str = "",
+    ) -> None:
         self.publisher = publisher
         self.producer = producer
         self.message_type = message_type
@@ -46,13 +53,19 @@ class BrokerDestination:
         return report
 
     def deliver_batch(self, effects: Sequence[Any]) -> list[DeliveryReport]:
-        messages = [outgoing(e, producer=self.producer, message_type=self.message_type, destination=self.destination)
-                    for e in effects]
+        messages = [
+            outgoing(e, producer=self.producer, message_type=self.message_type, destination=self.destination)
+            for e in effects
+        ]
         try:
             return self._loop.run(self.publisher.publish(messages), self.timeout + 5.0)
         except TimeoutError:
-            return [DeliveryReport.failed(f"ambiguous: no {self.publisher.confirm} within {self.timeout:g} s",
-                                          retryable=True) for _ in effects]
+            return [
+                DeliveryReport.failed(
+                    f"ambiguous: no {self.publisher.confirm} within {self.timeout:g} s", retryable=True
+                )
+                for _ in effects
+            ]
 
     def close(self) -> None:
         self._loop.close(self.publisher.close())

@@ -48,12 +48,32 @@ __all__ = ["RabbitMQBroker", "RabbitMQPublisher", "RabbitMQTransport", "retry_qu
 
 # Any failure of a broker operation means the connection or channel is gone (aiormq raises
 # ChannelInvalidStateError, an asyncio.InvalidStateError, on a closed channel): reconnect.
-_BROKER_ERRORS = (aio_pika.exceptions.AMQPError, aiormq.exceptions.AMQPError, ConnectionError, OSError,
-                  asyncio.TimeoutError, asyncio.InvalidStateError, RuntimeError)
-_CONNECTION_ERRORS = (aiormq.exceptions.AMQPConnectionError, aiormq.exceptions.ChannelInvalidStateError,
-                      ConnectionError, OSError, aio_pika.exceptions.ChannelClosed)
-_BROKER_HEADERS = ("x-death", "x-first-death-exchange", "x-first-death-queue", "x-first-death-reason",
-                   "x-last-death-exchange", "x-last-death-queue", "x-last-death-reason", "x-delivery-count")
+_BROKER_ERRORS = (
+    aio_pika.exceptions.AMQPError,
+    aiormq.exceptions.AMQPError,
+    ConnectionError,
+    OSError,
+    asyncio.TimeoutError,
+    asyncio.InvalidStateError,
+    RuntimeError,
+)
+_CONNECTION_ERRORS = (
+    aiormq.exceptions.AMQPConnectionError,
+    aiormq.exceptions.ChannelInvalidStateError,
+    ConnectionError,
+    OSError,
+    aio_pika.exceptions.ChannelClosed,
+)
+_BROKER_HEADERS = (
+    "x-death",
+    "x-first-death-exchange",
+    "x-first-death-queue",
+    "x-first-death-reason",
+    "x-last-death-exchange",
+    "x-last-death-queue",
+    "x-last-death-reason",
+    "x-delivery-count",
+)
 
 
 def retry_queue_name(queue: str, delay: float) -> str:
@@ -89,11 +109,13 @@ class RabbitMQBroker:
             await self._queue.consume(self._on_message, no_ack=False)
         except _BROKER_ERRORS as exc:
             await self.close()
-            raise BrokerError(f"RabbitMQ {safe_url(self.config.url)} queue {self.queue_name!r}: "
-                              f"{type(exc).__name__}: {exc}") from exc
+            raise BrokerError(
+                f"RabbitMQ {safe_url(self.config.url)} queue {self.queue_name!r}: {type(exc).__name__}: {exc}"
+            ) from exc
 
-    async def _ensure_queue(self, name: str, *, create: bool = True,
-                            arguments: dict[str, Any] | None = None) -> AbstractQueue:
+    async def _ensure_queue(
+        self, name: str, *, create: bool = True, arguments: dict[str, Any] | None = None
+    ) -> AbstractQueue:
         """The queue `name`: an existing one as it is (a quorum queue, with its own arguments, is
         not declared again: RabbitMQ would refuse arguments that differ), else declared durable.
         The existence check runs on a channel of its own: a passive declare of a missing queue
@@ -145,9 +167,16 @@ class RabbitMQBroker:
         count = headers.get("x-delivery-count")
         redelivered = bool(m.redelivered) or (isinstance(count, int) and count > 0)
         properties = {
-            "app_id": m.app_id, "message_id": m.message_id, "type": m.type, "timestamp": m.timestamp,
-            "correlation_id": m.correlation_id, "user_id": m.user_id, "routing_key": m.routing_key,
-            "exchange": m.exchange, "content_type": m.content_type, "reply_to": m.reply_to,
+            "app_id": m.app_id,
+            "message_id": m.message_id,
+            "type": m.type,
+            "timestamp": m.timestamp,
+            "correlation_id": m.correlation_id,
+            "user_id": m.user_id,
+            "routing_key": m.routing_key,
+            "exchange": m.exchange,
+            "content_type": m.content_type,
+            "reply_to": m.reply_to,
         }
         return Delivery(m.body, properties, headers, redelivered, m)
 
@@ -166,9 +195,18 @@ class RabbitMQBroker:
         headers = {k: v for k, v in (m.headers or {}).items() if k not in _BROKER_HEADERS}
         headers.update(extra or {})
         return aio_pika.Message(
-            m.body, headers=headers, content_type=m.content_type, content_encoding=m.content_encoding,
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT, priority=m.priority, correlation_id=m.correlation_id,
-            reply_to=m.reply_to, message_id=m.message_id, timestamp=m.timestamp, type=m.type, user_id=m.user_id,
+            m.body,
+            headers=headers,
+            content_type=m.content_type,
+            content_encoding=m.content_encoding,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            priority=m.priority,
+            correlation_id=m.correlation_id,
+            reply_to=m.reply_to,
+            message_id=m.message_id,
+            timestamp=m.timestamp,
+            type=m.type,
+            user_id=m.user_id,
             app_id=m.app_id,
         )
 
@@ -177,11 +215,14 @@ class RabbitMQBroker:
         try:
             assert self._channel is not None
             if name not in self._retry_queues:
-                await self._ensure_queue(name, arguments={
-                    "x-message-ttl": max(1, round(delay * 1000)),
-                    "x-dead-letter-exchange": "",
-                    "x-dead-letter-routing-key": self.queue_name,
-                })
+                await self._ensure_queue(
+                    name,
+                    arguments={
+                        "x-message-ttl": max(1, round(delay * 1000)),
+                        "x-dead-letter-exchange": "",
+                        "x-dead-letter-routing-key": self.queue_name,
+                    },
+                )
                 self._retry_queues.add(name)
             await self._channel.default_exchange.publish(self._copy(delivery.raw), routing_key=name, mandatory=True)
             await delivery.raw.ack()
@@ -218,8 +259,15 @@ class RabbitMQPublisher:
     name = "rabbitmq"
     confirm = "confirm"
 
-    def __init__(self, url: str, *, routing_key: str | None = None, exchange: str = "",
-                 ordering_key: str = "header", timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        routing_key: str | None = None,
+        exchange: str = "",
+        ordering_key: str = "header",
+        timeout: float = 10.0,
+    ) -> None:
         if ordering_key not in ("header", "routing_key"):
             raise ValueError(f"ordering_key must be 'header' or 'routing_key', got {ordering_key!r}")
         if routing_key is None and not (exchange and ordering_key == "routing_key"):
@@ -243,8 +291,12 @@ class RabbitMQPublisher:
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            if self._channel is None or self._channel.is_closed or self._connection is None \
-                    or self._connection.is_closed:
+            if (
+                self._channel is None
+                or self._channel.is_closed
+                or self._connection is None
+                or self._connection.is_closed
+            ):
                 await self.close()
                 self._connection = await aio_pika.connect(self.url, timeout=self.timeout)
                 self._channel = await self._connection.channel(publisher_confirms=True, on_return_raises=True)
@@ -273,24 +325,28 @@ class RabbitMQPublisher:
     async def publish(self, messages: Sequence[Outgoing]) -> list[DeliveryReport]:
         try:
             channel = await self._ready()
-            exchange = (channel.default_exchange if not self.exchange_name
-                        else await channel.get_exchange(self.exchange_name, ensure=False))
+            exchange = (
+                channel.default_exchange
+                if not self.exchange_name
+                else await channel.get_exchange(self.exchange_name, ensure=False)
+            )
         except (TimeoutError, *_CONNECTION_ERRORS, aio_pika.exceptions.AMQPError) as exc:
             await self.close()
-            return [DeliveryReport.failed(f"RabbitMQ unreachable: {type(exc).__name__}: {exc}", retryable=True)
-                    for _ in messages]
+            return [
+                DeliveryReport.failed(f"RabbitMQ unreachable: {type(exc).__name__}: {exc}", retryable=True)
+                for _ in messages
+            ]
 
         async def one(out: Outgoing) -> DeliveryReport:
             message, routing_key = self._message(out)
             try:
-                await asyncio.wait_for(exchange.publish(message, routing_key=routing_key, mandatory=True),
-                                       self.timeout)
+                await asyncio.wait_for(exchange.publish(message, routing_key=routing_key, mandatory=True), self.timeout)
             except aio_pika.exceptions.PublishError as exc:
-                return DeliveryReport.failed(f"unroutable: no queue bound for routing key {routing_key!r} "
-                                             f"({_reply_text(exc)})", retryable=True)
+                return DeliveryReport.failed(
+                    f"unroutable: no queue bound for routing key {routing_key!r} ({_reply_text(exc)})", retryable=True
+                )
             except aio_pika.exceptions.DeliveryError as exc:
-                return DeliveryReport.failed(f"RabbitMQ refused the message (nack): {_reply_text(exc)}",
-                                             retryable=True)
+                return DeliveryReport.failed(f"RabbitMQ refused the message (nack): {_reply_text(exc)}", retryable=True)
             except (TimeoutError, *_CONNECTION_ERRORS, aio_pika.exceptions.AMQPError) as exc:
                 return DeliveryReport.failed(f"ambiguous: {type(exc).__name__}: {exc}", retryable=True)
             return DeliveryReport.ok()
@@ -317,10 +373,12 @@ class RabbitMQTransport(BrokerDestination):
         destination: str = "",
     ) -> None:
         self.url = url
-        publisher = RabbitMQPublisher(url, routing_key=routing_key, exchange=exchange, ordering_key=ordering_key,
-                                      timeout=timeout)
-        super().__init__(publisher, producer=producer, message_type=message_type, timeout=timeout,
-                         destination=destination)
+        publisher = RabbitMQPublisher(
+            url, routing_key=routing_key, exchange=exchange, ordering_key=ordering_key, timeout=timeout
+        )
+        super().__init__(
+            publisher, producer=producer, message_type=message_type, timeout=timeout, destination=destination
+        )
 
 
 def _reply_text(exc: BaseException) -> str:

@@ -55,8 +55,13 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 
 __all__ = ["RedisStreamsBroker", "RedisStreamsPublisher", "RedisStreamsTransport"]
 
-_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, ConnectionError, OSError,
-           asyncio.TimeoutError)
+_ERRORS = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    ConnectionError,
+    OSError,
+    asyncio.TimeoutError,
+)
 
 # KEYS: stream, retry set; ARGV: group, entry id, delay (ms), fields... -> acked count
 _RETRY = """
@@ -88,16 +93,18 @@ def _text(value: Any) -> str:
 class RedisStreamsBroker:
     name = "redis"
 
-    def __init__(self, config: SourceConfig, *, connect_timeout: float = 5.0,
-                 maintenance_interval: float = 1.0) -> None:
+    def __init__(
+        self, config: SourceConfig, *, connect_timeout: float = 5.0, maintenance_interval: float = 1.0
+    ) -> None:
         if not config.stream:
             raise BrokerError("the Redis Streams adapter needs a stream")
         self.config = config
         self.stream = config.stream
         self.group = config.durable or config.consumer
         self.retry_key = str(config.options.get("retry_key") or f"{config.stream}:retry")
-        self.member = str(config.options.get("consumer_name")
-                          or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+        self.member = str(
+            config.options.get("consumer_name") or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        )
         self.connect_timeout = connect_timeout
         self.maintenance_interval = min(maintenance_interval, max(config.claim_idle / 4, 0.05))
         self._redis: aioredis.Redis | None = None
@@ -113,8 +120,12 @@ class RedisStreamsBroker:
 
     async def connect(self) -> None:
         await self.close()
-        client = aioredis.from_url(self.config.url, socket_connect_timeout=self.connect_timeout,
-                                   socket_keepalive=True, health_check_interval=30)
+        client = aioredis.from_url(
+            self.config.url,
+            socket_connect_timeout=self.connect_timeout,
+            socket_keepalive=True,
+            health_check_interval=30,
+        )
         self._redis = client
         try:
             if self.config.declare:
@@ -129,15 +140,22 @@ class RedisStreamsBroker:
             self._move_script = client.register_script(_MOVE)
         except (*_ERRORS, redis.exceptions.RedisError) as exc:
             await self.close()
-            raise BrokerError(f"Redis {safe_url(self.config.url)} stream {self.stream!r} group {self.group!r}: "
-                              f"{type(exc).__name__}: {exc}") from exc
+            raise BrokerError(
+                f"Redis {safe_url(self.config.url)} stream {self.stream!r} group {self.group!r}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
         self._next_maintenance = 0.0
 
     def _delivery(self, entry_id: Any, fields: dict[Any, Any], redelivered: bool) -> Delivery:
         headers = {_text(k): v for k, v in fields.items()}
         body = headers.pop(Header.BODY, b"")
-        return Delivery(body if isinstance(body, bytes) else str(body).encode(), {"stream": self.stream}, headers,
-                        redelivered, _text(entry_id))
+        return Delivery(
+            body if isinstance(body, bytes) else str(body).encode(),
+            {"stream": self.stream},
+            headers,
+            redelivered,
+            _text(entry_id),
+        )
 
     async def fetch(self, max_messages: int, timeout: float) -> list[Delivery]:
         client = self._client()
@@ -145,15 +163,21 @@ class RedisStreamsBroker:
             if time.monotonic() >= self._next_maintenance:
                 self._next_maintenance = time.monotonic() + self.maintenance_interval
                 await self._move_script(keys=[self.retry_key, self.stream], args=[1000])
-                reply = await client.xautoclaim(self.stream, self.group, self.member,
-                                                min_idle_time=int(self.config.claim_idle * 1000),
-                                                start_id=self._claim_cursor, count=max_messages)
+                reply = await client.xautoclaim(
+                    self.stream,
+                    self.group,
+                    self.member,
+                    min_idle_time=int(self.config.claim_idle * 1000),
+                    start_id=self._claim_cursor,
+                    count=max_messages,
+                )
                 self._claim_cursor = reply[0]
                 reclaimed = [self._delivery(i, f, True) for i, f in reply[1] if f is not None]
                 if reclaimed:
                     return reclaimed
-            read: Any = await client.xreadgroup(self.group, self.member, {self.stream: ">"}, count=max_messages,
-                                                block=max(1, int(timeout * 1000)))
+            read: Any = await client.xreadgroup(
+                self.group, self.member, {self.stream: ">"}, count=max_messages, block=max(1, int(timeout * 1000))
+            )
         except redis.exceptions.ResponseError as exc:
             if "NOGROUP" in str(exc):  # the stream or the group was deleted: declare again
                 raise BrokerError(f"Redis stream {self.stream!r}: {exc}") from exc
@@ -185,9 +209,10 @@ class RedisStreamsBroker:
 
     async def retry(self, delivery: Delivery, delay: float) -> None:
         try:
-            await self._retry_script(keys=[self.stream, self.retry_key],
-                                     args=[self.group, delivery.raw, max(1, round(delay * 1000)),
-                                           *self._fields(delivery)])
+            await self._retry_script(
+                keys=[self.stream, self.retry_key],
+                args=[self.group, delivery.raw, max(1, round(delay * 1000)), *self._fields(delivery)],
+            )
         except (*_ERRORS, redis.exceptions.RedisError) as exc:
             raise BrokerError(f"Redis retry through {self.retry_key!r} failed: {exc}") from exc
 
@@ -206,8 +231,7 @@ class RedisStreamsBroker:
     async def hand_back(self, delivery: Delivery, delay: float) -> None:
         idle = max(0, int((self.config.claim_idle - delay) * 1000))
         try:
-            await self._client().xclaim(self.stream, self.group, self.member, 0, [delivery.raw], idle=idle,
-                                        justid=True)
+            await self._client().xclaim(self.stream, self.group, self.member, 0, [delivery.raw], idle=idle, justid=True)
         except (*_ERRORS, redis.exceptions.RedisError) as exc:
             raise BrokerError(f"Redis XCLAIM failed: {exc}") from exc
         self._next_maintenance = min(self._next_maintenance, time.monotonic() + delay)
@@ -241,8 +265,9 @@ class RedisStreamsPublisher:
 
     def _client(self) -> aioredis.Redis:
         if self._redis is None:
-            self._redis = aioredis.from_url(self.url, socket_connect_timeout=min(self.timeout, 5.0),
-                                            socket_timeout=self.timeout)
+            self._redis = aioredis.from_url(
+                self.url, socket_connect_timeout=min(self.timeout, 5.0), socket_timeout=self.timeout
+            )
         return self._redis
 
     @staticmethod
@@ -257,10 +282,13 @@ class RedisStreamsPublisher:
                 replies = await pipe.execute(raise_on_error=False)
         except (*_ERRORS, redis.exceptions.RedisError) as exc:
             await self.close()
-            return [DeliveryReport.failed(f"ambiguous: {type(exc).__name__}: {exc}", retryable=True)
-                    for _ in messages]
-        return [DeliveryReport.failed(f"Redis refused the entry: {r}", retryable=True) if isinstance(r, Exception)
-                else DeliveryReport.ok() for r in replies]
+            return [DeliveryReport.failed(f"ambiguous: {type(exc).__name__}: {exc}", retryable=True) for _ in messages]
+        return [
+            DeliveryReport.failed(f"Redis refused the entry: {r}", retryable=True)
+            if isinstance(r, Exception)
+            else DeliveryReport.ok()
+            for r in replies
+        ]
 
     async def close(self) -> None:
         client, self._redis = self._redis, None
@@ -285,5 +313,10 @@ class RedisStreamsTransport(BrokerDestination):
     ) -> None:
         self.url = url
         self.stream = stream
-        super().__init__(RedisStreamsPublisher(url, stream=stream, maxlen=maxlen, timeout=timeout),
-                         producer=producer, message_type=message_type, timeout=timeout, destination=destination)
+        super().__init__(
+            RedisStreamsPublisher(url, stream=stream, maxlen=maxlen, timeout=timeout),
+            producer=producer,
+            message_type=message_type,
+            timeout=timeout,
+            destination=destination,
+        )

@@ -69,8 +69,20 @@ BROKERS: Final = (RABBITMQ, NATS, REDIS, MEMORY)
 
 #: Broker properties an identity field may be read from (besides header:NAME and const:VALUE).
 PROPERTIES: Final[Mapping[str, frozenset[str]]] = {
-    RABBITMQ: frozenset({"app_id", "message_id", "type", "timestamp", "correlation_id", "user_id",
-                         "routing_key", "exchange", "content_type", "reply_to"}),
+    RABBITMQ: frozenset(
+        {
+            "app_id",
+            "message_id",
+            "type",
+            "timestamp",
+            "correlation_id",
+            "user_id",
+            "routing_key",
+            "exchange",
+            "content_type",
+            "reply_to",
+        }
+    ),
     NATS: frozenset({"subject", "stream", "sequence", "timestamp"}),
     REDIS: frozenset({"stream"}),
     MEMORY: frozenset({"queue"}),
@@ -105,8 +117,10 @@ IDENTITY_FIELDS: Final = ("producer", "message_id", "message_type", "produced_at
 #: produced_at outside [low, high) is refused (22008), never reinterpreted: AMQP timestamps past
 #: 2106 come out of the client library as 1970 (read as milliseconds), and a year-1970 message
 #: would be taken for one older than every purge ("expired").
-PRODUCED_AT_RANGE: Final = (datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC),
-                            datetime.datetime(2100, 1, 1, tzinfo=datetime.UTC))
+PRODUCED_AT_RANGE: Final = (
+    datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC),
+    datetime.datetime(2100, 1, 1, tzinfo=datetime.UTC),
+)
 #: Deeper JSON is refused (22P02): the consumer's JSON encoder and decoder recurse.
 MAX_JSON_DEPTH: Final = 200
 
@@ -136,7 +150,8 @@ class IdentitySource:
             if setting == "message_id" and first in OFFSETS.get(broker, ()):
                 raise ConsumerConfigError(
                     f"consume setting message_id={first!r}: a {broker} {first} is a position in the stream, not "
-                    "the message's identity (a message published again gets a new one): read the id from a header")
+                    "the message's identity (a message published again gets a new one): read the id from a header"
+                )
             return cls("property", first, fallback)
         raise ConsumerConfigError(
             f"consume setting {setting}={spec!r}: expected one of {sorted(PROPERTIES[broker])} (a {broker} "
@@ -201,14 +216,18 @@ def _timestamp(value: Any, source: IdentitySource) -> datetime.datetime | None:
         try:
             parsed = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
         except ValueError:
-            raise BadInput("22007", f"produced_at {text[:64]!r} (from {source.describe()}) is not an ISO 8601 "
-                                    "timestamp") from None
+            raise BadInput(
+                "22007", f"produced_at {text[:64]!r} (from {source.describe()}) is not an ISO 8601 timestamp"
+            ) from None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=datetime.UTC)
     low, high = PRODUCED_AT_RANGE
     if not low <= parsed < high:
-        raise BadInput("22008", f"produced_at {parsed.isoformat()} (from {source.describe()}) is outside "
-                                f"{low.year}..{high.year}: refused, not reinterpreted")
+        raise BadInput(
+            "22008",
+            f"produced_at {parsed.isoformat()} (from {source.describe()}) is outside "
+            f"{low.year}..{high.year}: refused, not reinterpreted",
+        )
     return parsed
 
 
@@ -321,12 +340,14 @@ def identity_headers(message: Outgoing) -> dict[str, str]:
     """The message's headers with the identity written as the Pginbox-* headers (JetStream, Redis
     fields, the in-memory broker; RabbitMQ uses its properties instead)."""
     headers = dict(message.headers)
-    headers.update({
-        Header.MESSAGE_ID: message.message_id,
-        Header.PRODUCER: message.producer,
-        Header.TYPE: message.message_type,
-        Header.PRODUCED_AT: message.produced_at.isoformat(),
-    })
+    headers.update(
+        {
+            Header.MESSAGE_ID: message.message_id,
+            Header.PRODUCER: message.producer,
+            Header.TYPE: message.message_type,
+            Header.PRODUCED_AT: message.produced_at.isoformat(),
+        }
+    )
     if message.ordering_key:
         headers[Header.ORDERING_KEY] = message.ordering_key
     return headers

@@ -74,8 +74,11 @@ log = logging.getLogger("pginbox.consumer")
 Handler = Callable[[Any, Message], Any]
 
 #: The outcomes that leave the message to operators: logged with the identity.
-_LOGGED = {Outcome.CONFLICT: "message_conflict", Outcome.QUARANTINED: "message_quarantined",
-           Outcome.EXPIRED: "message_expired"}
+_LOGGED = {
+    Outcome.CONFLICT: "message_conflict",
+    Outcome.QUARANTINED: "message_quarantined",
+    Outcome.EXPIRED: "message_expired",
+}
 
 
 def retry_delay(attempts: int | None, base: float, cap: float) -> float:
@@ -113,11 +116,18 @@ class ConsumerStats:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "consumed": self.consumed, "batches": self.batches, "transactions": self.transactions,
-            "redeliveries": self.redeliveries, "dead_letters": self.dead_letters, "retried": self.retried,
-            "handed_back": self.handed_back, "broker_reconnects": self.broker_reconnects,
-            "database_outages": self.database_outages, "halts": self.halts,
-            "outcomes": dict(sorted(self.outcomes.items())), "last_lag_seconds": self.last_lag_seconds,
+            "consumed": self.consumed,
+            "batches": self.batches,
+            "transactions": self.transactions,
+            "redeliveries": self.redeliveries,
+            "dead_letters": self.dead_letters,
+            "retried": self.retried,
+            "handed_back": self.handed_back,
+            "broker_reconnects": self.broker_reconnects,
+            "database_outages": self.database_outages,
+            "halts": self.halts,
+            "outcomes": dict(sorted(self.outcomes.items())),
+            "last_lag_seconds": self.last_lag_seconds,
         }
 
 
@@ -127,8 +137,9 @@ class _Metrics:
         self.consumed = m.counter("messages", "Messages consumed, by outcome", ["outcome"])
         self.redeliveries = m.counter("redeliveries", "Deliveries the broker marked as redelivered")
         self.dead_letters = m.counter("dead_letters", "Messages sent to the dead letter, by SQLSTATE", ["sqlstate"])
-        self.handed_back = m.counter("handed_back", "Messages handed back while the database was unavailable "
-                                     "or the consumer halted")
+        self.handed_back = m.counter(
+            "handed_back", "Messages handed back while the database was unavailable or the consumer halted"
+        )
         self.reconnects = m.counter("broker_reconnects", "Broker connections opened again")
         self.halted = m.gauge("halted", "1 while the consumer is halted by a configuration or rights error")
         self.batch_size = m.histogram("batch_size", "Messages per batch", (1, 2, 5, 10, 20, 50, 64))
@@ -194,11 +205,21 @@ class _AsyncRunner:
     def __init__(self, consumer: Consumer, handler: AsyncHandler | None) -> None:
         c = consumer
         self.pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            c.dsn, min_size=1, max_size=1, open=False, timeout=c.database_timeout,
+            c.dsn,
+            min_size=1,
+            max_size=1,
+            open=False,
+            timeout=c.database_timeout,
             kwargs={"application_name": f"pginbox-consume:{c.config.consumer}"},
-            name=f"pginbox-consume-{c.config.consumer}")
-        self.inbox = AsyncInbox(self.pool, consumer=c.config.consumer, handler_version=c.config.handler_version,
-                                retry=c.retry, batch_size=c.config.prefetch)
+            name=f"pginbox-consume-{c.config.consumer}",
+        )
+        self.inbox = AsyncInbox(
+            self.pool,
+            consumer=c.config.consumer,
+            handler_version=c.config.handler_version,
+            retry=c.retry,
+            batch_size=c.config.prefetch,
+        )
         self.handler = handler
 
     async def open(self) -> None:
@@ -223,11 +244,21 @@ class _ThreadRunner:
     def __init__(self, consumer: Consumer, handler: Handler) -> None:
         c = consumer
         self.pool: ConnectionPool[Any] = ConnectionPool(
-            c.dsn, min_size=1, max_size=1, open=False, timeout=c.database_timeout,
+            c.dsn,
+            min_size=1,
+            max_size=1,
+            open=False,
+            timeout=c.database_timeout,
             kwargs={"application_name": f"pginbox-consume:{c.config.consumer}"},
-            name=f"pginbox-consume-{c.config.consumer}")
-        self.inbox = Inbox(self.pool, consumer=c.config.consumer, handler_version=c.config.handler_version,
-                           retry=c.retry, batch_size=c.config.prefetch)
+            name=f"pginbox-consume-{c.config.consumer}",
+        )
+        self.inbox = Inbox(
+            self.pool,
+            consumer=c.config.consumer,
+            handler_version=c.config.handler_version,
+            retry=c.retry,
+            batch_size=c.config.prefetch,
+        )
         self.handler = handler
 
     async def open(self) -> None:
@@ -313,12 +344,23 @@ class Consumer:
         age = None if last is None else time.monotonic() - last
         # a halted consumer sleeps up to halt_recheck between its checks: not a stall
         stall = self.stall_after + (self.halt_recheck if self._halted else 0.0)
-        healthy = (self._connected and self._db_ok and self._halted is None and age is not None and age <= stall
-                   and not self._stop_requested)
+        healthy = (
+            self._connected
+            and self._db_ok
+            and self._halted is None
+            and age is not None
+            and age <= stall
+            and not self._stop_requested
+        )
         return healthy, {
-            "healthy": healthy, "consumer": self.config.consumer, "broker": self.config.broker,
-            "source": self.config.source_name, "broker_connected": self._connected, "database_ok": self._db_ok,
-            "halted": self._halted, "last_loop_age_seconds": None if age is None else round(age, 3),
+            "healthy": healthy,
+            "consumer": self.config.consumer,
+            "broker": self.config.broker,
+            "source": self.config.source_name,
+            "broker_connected": self._connected,
+            "database_ok": self._db_ok,
+            "halted": self._halted,
+            "last_loop_age_seconds": None if age is None else round(age, 3),
             "counters": self.stats.as_dict(),
         }
 
@@ -337,8 +379,10 @@ class Consumer:
             self._stop.set()
         handler = self.handler
         runner: _AsyncRunner | _ThreadRunner = (
-            _AsyncRunner(self, cast(AsyncHandler | None, handler)) if handler is None or is_async_handler(handler)
-            else _ThreadRunner(self, handler))
+            _AsyncRunner(self, cast(AsyncHandler | None, handler))
+            if handler is None or is_async_handler(handler)
+            else _ThreadRunner(self, handler)
+        )
         await runner.open()
         try:
             while not self._stop.is_set():
@@ -361,8 +405,13 @@ class Consumer:
                 await self.broker.close()
             self._connected = False
             await runner.close()
-            log.info(kv("consumer_stopped", consumer=self.config.consumer, **{
-                k: v for k, v in self.stats.as_dict().items() if k != "outcomes"}))
+            log.info(
+                kv(
+                    "consumer_stopped",
+                    consumer=self.config.consumer,
+                    **{k: v for k, v in self.stats.as_dict().items() if k != "outcomes"},
+                )
+            )
 
     async def _connect(self) -> bool:
         try:
@@ -370,8 +419,15 @@ class Consumer:
         except BrokerError as exc:
             self._broker_failures += 1
             delay = self._backoff(self._broker_failures)
-            log.warning(kv("broker_connect_failed", consumer=self.config.consumer, attempt=self._broker_failures,
-                           retry_in=round(delay, 3), error=str(exc)))
+            log.warning(
+                kv(
+                    "broker_connect_failed",
+                    consumer=self.config.consumer,
+                    attempt=self._broker_failures,
+                    retry_in=round(delay, 3),
+                    error=str(exc),
+                )
+            )
             await self._sleep(delay)
             return False
         if self._broker_failures or self.stats.batches:
@@ -379,8 +435,14 @@ class Consumer:
             self.metrics.reconnects.inc()
         self._broker_failures = 0
         self._connected = True
-        log.info(kv("broker_connected", consumer=self.config.consumer, broker=self.config.broker,
-                    source=self.config.source_name))
+        log.info(
+            kv(
+                "broker_connected",
+                consumer=self.config.consumer,
+                broker=self.config.broker,
+                source=self.config.source_name,
+            )
+        )
         return True
 
     # ------------------------------------------------------------------ one batch
@@ -391,8 +453,15 @@ class Consumer:
         if key in self._handed_back:
             del self._handed_back[key]
             if message.redelivered:
-                return Message(message.producer, message.message_id, message.message_type, message.payload,
-                               message.tenant, message.produced_at, False)
+                return Message(
+                    message.producer,
+                    message.message_id,
+                    message.message_type,
+                    message.payload,
+                    message.tenant,
+                    message.produced_at,
+                    False,
+                )
         return message
 
     async def _process(self, runner: _AsyncRunner | _ThreadRunner, deliveries: list[Delivery]) -> None:
@@ -415,8 +484,9 @@ class Consumer:
             verdicts.extend(await self._decide(runner, good))
         await self._tell_broker(verdicts)
 
-    async def _decide(self, runner: _AsyncRunner | _ThreadRunner,
-                      batch: list[Delivery]) -> list[tuple[Delivery, _Verdict]]:
+    async def _decide(
+        self, runner: _AsyncRunner | _ThreadRunner, batch: list[Delivery]
+    ) -> list[tuple[Delivery, _Verdict]]:
         """The batch in one transaction; a batch the database refuses (bad input, or a halting
         error of one message) is split in halves until each refusal is alone, so that the good
         messages are applied."""
@@ -485,20 +555,45 @@ class Consumer:
         m = d.message
         event = _LOGGED.get(result.outcome)
         if event is not None and m is not None:
-            log.warning(kv(event, consumer=self.config.consumer, tenant=m.tenant, producer=m.producer,
-                           message_id=m.message_id, message_type=m.message_type, quarantine_id=result.quarantine_id,
-                           reason=result.reason_code, redelivered=d.redelivered))
+            log.warning(
+                kv(
+                    event,
+                    consumer=self.config.consumer,
+                    tenant=m.tenant,
+                    producer=m.producer,
+                    message_id=m.message_id,
+                    message_type=m.message_type,
+                    quarantine_id=result.quarantine_id,
+                    reason=result.reason_code,
+                    redelivered=d.redelivered,
+                )
+            )
         elif result.outcome is not Outcome.APPLIED and log.isEnabledFor(logging.DEBUG):
-            log.debug(kv("message_outcome", consumer=self.config.consumer, outcome=outcome,
-                         message_id=m and m.message_id, redelivered=d.redelivered))
+            log.debug(
+                kv(
+                    "message_outcome",
+                    consumer=self.config.consumer,
+                    outcome=outcome,
+                    message_id=m and m.message_id,
+                    redelivered=d.redelivered,
+                )
+            )
         return result.ack
 
     async def _retry(self, d: Delivery, result: Result) -> None:
         delay = retry_delay(result.attempts, self.config.retry_delay, self.config.max_retry_delay)
         self.stats.retried += 1
         self._remember(d)
-        log.info(kv("message_failed", consumer=self.config.consumer, message_id=d.message and d.message.message_id,
-                    attempts=result.attempts, reason=result.reason_code, retry_in=delay))
+        log.info(
+            kv(
+                "message_failed",
+                consumer=self.config.consumer,
+                message_id=d.message and d.message.message_id,
+                attempts=result.attempts,
+                reason=result.reason_code,
+                retry_in=delay,
+            )
+        )
         await self.broker.retry(d, delay)
 
     def _remember(self, d: Delivery) -> None:
@@ -513,9 +608,17 @@ class Consumer:
         self.metrics.dead_letters.labels(sqlstate).inc()
         self.stats.outcomes["dead_letter"] = self.stats.outcomes.get("dead_letter", 0) + 1
         m = d.message
-        log.warning(kv("dead_letter", consumer=self.config.consumer, sqlstate=sqlstate, reason=reason[:300],
-                       producer=m and m.producer, message_id=m and m.message_id,
-                       target=self.config.dead_letter_target))
+        log.warning(
+            kv(
+                "dead_letter",
+                consumer=self.config.consumer,
+                sqlstate=sqlstate,
+                reason=reason[:300],
+                producer=m and m.producer,
+                message_id=m and m.message_id,
+                target=self.config.dead_letter_target,
+            )
+        )
         await self.broker.dead_letter(d, sqlstate, reason[:1000])
 
     async def _hand_back(self, deliveries: Sequence[Delivery], delay: float) -> None:
@@ -531,8 +634,16 @@ class Consumer:
         if self._db_failures == 1:
             self.stats.database_outages += 1
         pause = self._backoff(self._db_failures, base=0.2)
-        log.warning(kv("database_unavailable", consumer=self.config.consumer, attempt=self._db_failures,
-                       handed_back=len(batch), pause=round(pause, 3), error=_one_line(batch[0][1].error)))
+        log.warning(
+            kv(
+                "database_unavailable",
+                consumer=self.config.consumer,
+                attempt=self._db_failures,
+                handed_back=len(batch),
+                pause=round(pause, 3),
+                error=_one_line(batch[0][1].error),
+            )
+        )
         await self._hand_back([d for d, _ in batch], pause)
         await self._sleep(pause)
 
@@ -543,13 +654,28 @@ class Consumer:
         state = getattr(error, "sqlstate", None) or type(error).__name__
         if self._halted is None or self._halted["sqlstate"] != state:
             self.stats.halts += 1
-        self._halted = {"sqlstate": state, "error": _one_line(error)[:1000], "fix": _fix(error)[:1000],
-                        "since": (self._halted or {}).get("since") or datetime.datetime.now(datetime.UTC).isoformat(),
-                        "messages": len(halts)}
+        self._halted = {
+            "sqlstate": state,
+            "error": _one_line(error)[:1000],
+            "fix": _fix(error)[:1000],
+            "since": (self._halted or {}).get("since") or datetime.datetime.now(datetime.UTC).isoformat(),
+            "messages": len(halts),
+        }
         self.metrics.halted.set(1)
         m = halts[0][0].message
-        log.error(kv("consumer_halted", consumer=self.config.consumer, sqlstate=state, error=self._halted["error"],
-                     fix=self._halted["fix"], producer=m and m.producer, message_id=m and m.message_id,
-                     tenant=m and m.tenant, held=len(halts), recheck_in=self.halt_recheck))
+        log.error(
+            kv(
+                "consumer_halted",
+                consumer=self.config.consumer,
+                sqlstate=state,
+                error=self._halted["error"],
+                fix=self._halted["fix"],
+                producer=m and m.producer,
+                message_id=m and m.message_id,
+                tenant=m and m.tenant,
+                held=len(halts),
+                recheck_in=self.halt_recheck,
+            )
+        )
         await self._hand_back([d for d, _ in halts], self.halt_recheck)
         await self._sleep(self.halt_recheck)

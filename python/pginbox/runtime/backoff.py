@@ -1,10 +1,10 @@
 """The two backoffs of the daemons, written once.
 
-  jittered(failures, base, cap)  capped exponential backoff with "equal jitter": base, 2 x base, ...
-                                 up to cap, each drawn from 50..100% of the step (reconnects, the
-                                 consumer's pause while the database is down, failed claims)
-  doubling(attempt, base, cap)   the delay before a FAILED message comes back: base, 2 x base, ...
-                                 up to cap, not jittered (the broker holds it that long)
+jittered(failures, base, cap)  capped exponential backoff with "equal jitter": base, 2 x base, ...
+                               up to cap, each drawn from 50..100% of the step (reconnects, the
+                               consumer's pause while the database is down, failed claims)
+doubling(attempt, base, cap)   the delay before a FAILED message comes back: base, 2 x base, ...
+                               up to cap, not jittered (the broker holds it that long)
 """
 
 from __future__ import annotations

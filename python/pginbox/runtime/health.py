@@ -46,8 +46,9 @@ class HealthServer:
                 path = self.path.split("?", 1)[0]
                 if path == "/healthz":
                     healthy, details = owner.dispatcher.health()
-                    self._reply(200 if healthy else 503, "application/json",
-                                json.dumps(details, sort_keys=True).encode())
+                    self._reply(
+                        200 if healthy else 503, "application/json", json.dumps(details, sort_keys=True).encode()
+                    )
                 elif path == "/metrics":
                     self._reply(200, CONTENT_TYPE_LATEST, generate_latest(owner.dispatcher.registry))
                 else:
@@ -65,8 +66,12 @@ class HealthServer:
         self._server.daemon_threads = True
         self.host = host
         self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name=f"health-{dispatcher.name}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name=f"health-{dispatcher.name}",
+            daemon=True,
+        )
 
     def start(self) -> HealthServer:
         self._thread.start()
