@@ -538,8 +538,8 @@ class Consumer:
             self._db_failures = 0
             self._db_ok = True
         await self.broker.ack_many(acks)
-        if unavailable:
-            await self._database_unavailable(unavailable)
+        if unavailable:  # a halt found before the database went away is handed back with the rest
+            await self._database_unavailable(unavailable + [(d, _Unavailable(h.error)) for d, h in halts])
         elif halts:
             await self._halt(halts)
         elif decided and self._halted is not None:
