@@ -219,8 +219,8 @@ def test_another_dispatcher_cannot_report_on_a_lease_it_does_not_hold(
     for effect_id in ("fx-held", "fx-own"):
         conn.execute("SELECT inbox.enqueue_effect(%s, 'sink', '{}')", (effect_id,))
     with holder.connect() as a, intruder.connect() as b:
-        held = a.execute("SELECT effect_id, lease_token FROM inbox.claim_effects('a', 1)").fetchone()
-        own = b.execute("SELECT effect_id, lease_token FROM inbox.claim_effects('b', 1)").fetchone()
+        held = a.execute("SELECT effect_id, lease_token FROM inbox.claim_effects('a', 1, key_aware => true)").fetchone()
+        own = b.execute("SELECT effect_id, lease_token FROM inbox.claim_effects('b', 1, key_aware => true)").fetchone()
         assert held is not None and own is not None
         effect_id, token = held
         mine = int(own[1])
@@ -246,7 +246,7 @@ def test_another_dispatcher_cannot_report_on_a_lease_it_does_not_hold(
 def test_lease_tokens_are_not_a_sequence(conn: Conn) -> None:
     for i in range(20):
         conn.execute("SELECT inbox.enqueue_effect(%s, 'sink', '{}')", (f"t-{i}",))
-    tokens = [int(r[0]) for r in conn.execute("SELECT lease_token FROM inbox.claim_effects('d', 20)").fetchall()]
+    tokens = [int(r[0]) for r in conn.execute("SELECT lease_token FROM inbox.claim_effects('d', 20, key_aware => true)").fetchall()]
     assert len(tokens) == 20 and len(set(tokens)) == 20
     gaps = sorted(abs(x - y) for x, y in zip(sorted(tokens), sorted(tokens)[1:], strict=False))
     assert gaps[0] > 1_000_000, f"neighbouring tokens: {sorted(tokens)}"

@@ -143,7 +143,7 @@ def test_report_limit(conn: Conn) -> None:
 
 
 def test_claim_and_lease_limits(conn: Conn) -> None:
-    query = "SELECT count(*) FROM inbox.claim_effects('contract', %s, make_interval(secs => %s))"
+    query = "SELECT count(*) FROM inbox.claim_effects('contract', %s, make_interval(secs => %s), key_aware => true)"
     assert conn.execute(query, (CLAIM_LIMIT, LEASE_MAX_SECONDS)).fetchone() == (0,)
     refused(conn, query, (CLAIM_LIMIT + 1, 30), "22023")
     refused(conn, query, (1, LEASE_MAX_SECONDS + 1), "22023")
@@ -153,7 +153,7 @@ def test_excerpts_and_errors_are_cut_where_the_webhook_cuts(conn: Conn) -> None:
     """The dispatcher sends excerpts and errors as they are; SQL keeps EXCERPT_CHARS of them."""
     for effect_id in ("fx-done", "fx-failed"):
         conn.execute("SELECT inbox.enqueue_effect(%s, 'contract-dest', '{}')", (effect_id,))
-    leases = dict(conn.execute("SELECT effect_id, lease_token FROM inbox.claim_effects('contract', 2)").fetchall())
+    leases = dict(conn.execute("SELECT effect_id, lease_token FROM inbox.claim_effects('contract', 2, key_aware => true)").fetchall())
     long = "é" * (EXCERPT_CHARS + 500)
     conn.execute("SELECT inbox.complete_effects(ARRAY[%s], ARRAY[%s::bigint], ARRAY[200], ARRAY[%s], ARRAY[5])",
                  ("fx-done", leases["fx-done"], long))

@@ -1,5 +1,7 @@
 """`Effect`: one effect of the outbox, as inbox.claim_effects returns it (the dispatcher claims
-them; transports deliver them). `effect_id` is the idempotency key of every attempt."""
+them; transports deliver them). Every attempt carries the same key, `delivery_key(effect)`: the
+`idempotency_key` claim_effects returns (since 0.3.0 derived from consumer, tenant and effect id,
+so that two consumers sharing a destination never send each other's key), else the effect id."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["Effect", "EffectLike"]
+__all__ = ["Effect", "EffectLike", "delivery_key"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,7 @@ class Effect:
     lease_token: int = 0
     lease_expires_at: datetime.datetime | None = None
     created_at: datetime.datetime | None = None
+    idempotency_key: str | None = None
 
 
 class EffectLike(Protocol):
@@ -36,3 +39,9 @@ class EffectLike(Protocol):
     def payload(self) -> Any: ...
     @property
     def headers(self) -> Mapping[str, str]: ...
+
+
+def delivery_key(effect: EffectLike) -> str:
+    """The key the destination deduplicates on: the same on every attempt of the effect."""
+    key = getattr(effect, "idempotency_key", None)
+    return str(key) if key else str(effect.effect_id)

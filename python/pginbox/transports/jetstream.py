@@ -28,6 +28,7 @@ from typing import Any
 
 from pginbox.errors import BrokerError
 from pginbox.transports.aioloop import LoopThread, LoopTransport
+from pginbox.transports.effect import delivery_key
 from pginbox.transports.protocol import DeliveryReport
 
 try:
@@ -89,7 +90,7 @@ class JetStreamTransport(LoopTransport):
         if not isinstance(created, datetime.datetime):
             created = datetime.datetime.now(datetime.UTC)
         headers.update({
-            "Nats-Msg-Id": str(effect.effect_id),
+            "Nats-Msg-Id": delivery_key(effect),
             "Pginbox-Producer": self.producer,
             "Pginbox-Type": headers.get("Pginbox-Type") or self.message_type or self.destination or "effect",
             "Pginbox-Produced-At": created.isoformat(),

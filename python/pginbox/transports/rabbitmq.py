@@ -32,6 +32,7 @@ from typing import Any
 
 from pginbox.errors import BrokerError
 from pginbox.transports.aioloop import LoopThread, LoopTransport
+from pginbox.transports.effect import delivery_key
 from pginbox.transports.protocol import DeliveryReport
 
 try:
@@ -110,7 +111,7 @@ class RabbitMQTransport(LoopTransport):
             json.dumps(effect.payload, separators=(",", ":")).encode(),
             content_type="application/json",
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            message_id=str(effect.effect_id),
+            message_id=delivery_key(effect),
             app_id=self.producer,
             type=message_type,
             timestamp=created if isinstance(created, datetime.datetime) else datetime.datetime.now(datetime.UTC),

@@ -24,7 +24,7 @@ import httpx
 
 from pginbox.errors import AmbiguousDelivery, DestinationRefused
 from pginbox.sql_limits import EXCERPT_CHARS  # the excerpt kept: what inbox.outbox keeps
-from pginbox.transports.effect import EffectLike
+from pginbox.transports.effect import EffectLike, delivery_key
 from pginbox.transports.protocol import DeliveryReport
 from pginbox.transports.ssrf import AddressPolicy, GuardedHTTPTransport
 
@@ -116,7 +116,7 @@ class WebhookTransport:
         for name, value in self.headers.items():  # configured headers win
             if name.lower() != "idempotency-key":
                 merged[name.lower()] = (name, str(value))
-        merged["idempotency-key"] = ("Idempotency-Key", effect.effect_id)
+        merged["idempotency-key"] = ("Idempotency-Key", delivery_key(effect))
         return dict(merged.values())
 
     def deliver(self, effect: EffectLike) -> DeliveryReport:
