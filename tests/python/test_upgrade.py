@@ -131,8 +131,9 @@ class Client:
                 message_id = f"live-{n // 2}"  # every id twice: a first delivery, then its redelivery
                 n += 1
                 try:
-                    row = conn.execute(APPLY, (CONSUMER, PRODUCER, message_id, "credit",
-                                               json.dumps({"amount": 1}), None)).fetchone()
+                    row = conn.execute(
+                        APPLY, (CONSUMER, PRODUCER, message_id, "credit", json.dumps({"amount": 1}), None)
+                    ).fetchone()
                 except psycopg.Error as exc:
                     self.errors.append(f"{message_id}: {exc.sqlstate} {exc}")
                     continue
@@ -202,9 +203,13 @@ def rework_drill(dest: Path) -> Path:
         sqitch_in(project, "tag", "drill-base", "-n", "rework drill: what HEAD has since the release")
     first_delivery = "    -- The first delivery, inline: it is the path every message takes once.\n"
     rework(project, "claim", "030_claim.sql", first_delivery, "    PERFORM 1;  -- rework drill\n" + first_delivery)
-    rework(project, "outbox", "065_outbox.sql",
-           "CREATE OR REPLACE FUNCTION inbox.enqueue_effect(\n",
-           "-- (rework drill)\nCREATE OR REPLACE FUNCTION inbox.enqueue_effect(\n")
+    rework(
+        project,
+        "outbox",
+        "065_outbox.sql",
+        "CREATE OR REPLACE FUNCTION inbox.enqueue_effect(\n",
+        "-- (rework drill)\nCREATE OR REPLACE FUNCTION inbox.enqueue_effect(\n",
+    )
     version_source = (project / "sql" / "999_version.sql").read_text()
     current = int(re.search(r"    RETURN (\d+);\n", version_source).group(1))  # type: ignore[union-attr]
     rework(project, "version", "999_version.sql", f"    RETURN {current};\n", f"    RETURN {current + 1};\n")
@@ -256,22 +261,29 @@ def as_role(dsn: str, role: str) -> str:
 def create_roles(dsn: str, roles: Roles) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         for role, group in zip(roles.all(), ("inbox_consumer", "inbox_operator", "inbox_dispatcher"), strict=True):
-            conn.execute(sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(sql.Identifier(role),
-                                                                           sql.Identifier(group)))
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(sql.Identifier(role), sql.Identifier(group)))
         conn.execute(DOMAIN)
-        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA app TO {0}; GRANT INSERT ON app.ledger, app.compensation TO {0}")
-                     .format(sql.Identifier(roles.service)))
-        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA app TO {0}; GRANT INSERT ON app.compensation TO {0}")
-                     .format(sql.Identifier(roles.operator)))
+        conn.execute(
+            sql.SQL("GRANT USAGE ON SCHEMA app TO {0}; GRANT INSERT ON app.ledger, app.compensation TO {0}").format(
+                sql.Identifier(roles.service)
+            )
+        )
+        conn.execute(
+            sql.SQL("GRANT USAGE ON SCHEMA app TO {0}; GRANT INSERT ON app.compensation TO {0}").format(
+                sql.Identifier(roles.operator)
+            )
+        )
 
 
 # ---------------------------------------------------------------------------- traffic at the release
 
 
-def apply(conn: Conn, message_id: str, payload: dict[str, Any], message_type: str = "credit",
-          produced_at: Any = None) -> str:
-    row = conn.execute(APPLY, (CONSUMER, PRODUCER, message_id, message_type, json.dumps(payload),
-                               produced_at)).fetchone()
+def apply(
+    conn: Conn, message_id: str, payload: dict[str, Any], message_type: str = "credit", produced_at: Any = None
+) -> str:
+    row = conn.execute(
+        APPLY, (CONSUMER, PRODUCER, message_id, message_type, json.dumps(payload), produced_at)
+    ).fetchone()
     assert row is not None
     return str(row[0])
 
@@ -283,15 +295,20 @@ def traffic_at_release(dsn: str, roles: Roles) -> Released:
     ops = as_role(dsn, roles.operator)
     dsp = as_role(dsn, roles.dispatcher)
     with psycopg.connect(ops, autocommit=True) as op:
-        op.execute("SELECT inbox.register_handler(%s, 'credit', 'app.credit(jsonb, inbox.message_context)', 'v1')",
-                   (CONSUMER,))
-        op.execute("SELECT inbox.register_handler(%s, 'note', 'app.note(jsonb, inbox.message_context)', 'v1')",
-                   (CONSUMER,))
+        op.execute(
+            "SELECT inbox.register_handler(%s, 'credit', 'app.credit(jsonb, inbox.message_context)', 'v1')", (CONSUMER,)
+        )
+        op.execute(
+            "SELECT inbox.register_handler(%s, 'note', 'app.note(jsonb, inbox.message_context)', 'v1')", (CONSUMER,)
+        )
         op.execute("SELECT inbox.configure_consumer(%s, max_attempts => 2)", (CONSUMER,))
-        op.execute("""SELECT inbox.set_retention_policy(%s, '', broker_retention => '7 days',
+        op.execute(
+            """SELECT inbox.set_retention_policy(%s, '', broker_retention => '7 days',
                       max_offset_rewind => '0', dead_letter_redrive_horizon => '0', producer_retry_horizon => '1 day',
                       outage_allowance => '1 day', backup_restore_window => '0', planned_replay_horizon => '0',
-                      safety_margin => '1 hour', note => 'upgrade test')""", (CONSUMER,))
+                      safety_margin => '1 hour', note => 'upgrade test')""",
+            (CONSUMER,),
+        )
     with psycopg.connect(svc, autocommit=True) as conn:
         applied = [f"m-{i}" for i in range(40)]
         assert [apply(conn, m, {"amount": 10}) for m in applied] == ["applied"] * 40
@@ -301,8 +318,9 @@ def traffic_at_release(dsn: str, roles: Roles) -> Released:
         assert apply(conn, "poison-1", {"poison": True}) == "quarantined"
         assert apply(conn, "poison-2", {"poison": True}) == "failed"
         for _ in range(2):
-            row = conn.execute("SELECT outcome FROM inbox.record_start(%s, %s, 'crash-1', payload => '{}')",
-                               (CONSUMER, PRODUCER)).fetchone()
+            row = conn.execute(
+                "SELECT outcome FROM inbox.record_start(%s, %s, 'crash-1', payload => '{}')", (CONSUMER, PRODUCER)
+            ).fetchone()
         assert row == ("quarantined",)
         old = [f"old-{i}" for i in range(10)]
         produced = conn.execute("SELECT now() - interval '30 days'").fetchone()
@@ -310,11 +328,17 @@ def traffic_at_release(dsn: str, roles: Roles) -> Released:
         assert [apply(conn, m, {"amount": 1}, "note", produced[0]) for m in old] == ["applied"] * 10
     with psycopg.connect(dsn, autocommit=True) as admin:
         # The old notes were processed 30 days ago by a consumer active all along: the purge forgets them.
-        admin.execute("UPDATE inbox.message SET processed_at = now() - interval '30 days'"
-                      " WHERE consumer = %s AND message_id LIKE 'old-%%'", (CONSUMER,))
+        admin.execute(
+            "UPDATE inbox.message SET processed_at = now() - interval '30 days'"
+            " WHERE consumer = %s AND message_id LIKE 'old-%%'",
+            (CONSUMER,),
+        )
         admin.execute("DELETE FROM inbox.activity_gap WHERE consumer = %s", (CONSUMER,))
-        admin.execute("INSERT INTO inbox.activity_gap (consumer, gap_from, gap_to)"
-                      " VALUES (%s, '-infinity', now() - interval '60 days')", (CONSUMER,))
+        admin.execute(
+            "INSERT INTO inbox.activity_gap (consumer, gap_from, gap_to)"
+            " VALUES (%s, '-infinity', now() - interval '60 days')",
+            (CONSUMER,),
+        )
     with psycopg.connect(ops, autocommit=True) as op:
         entry = op.execute("SELECT quarantine_id FROM inbox.quarantine WHERE message_id = 'crash-1'").fetchone()
         assert entry is not None
@@ -326,24 +350,30 @@ def traffic_at_release(dsn: str, roles: Roles) -> Released:
         # would be applied, and a discard would let the next delivery in).
         assert apply(conn, "old-9", {"amount": 1}, "note", produced[0]) == "expired"
     with psycopg.connect(ops, autocommit=True) as op:
-        op.execute("SELECT inbox.register_handler(%s, 'credit-fix', 'app.credit_fix(jsonb, inbox.message_context)',"
-                   " 'fix-1')", (CONSUMER,))
-        plan = op.execute("SELECT plan_id FROM inbox.create_replay_plan('upgrade-plan', %s, 'credit-fix',"
-                          " 'app.credit_fix(jsonb, inbox.message_context)', 'fix-1', 'upgrade test')",
-                          (CONSUMER,)).fetchone()
+        op.execute(
+            "SELECT inbox.register_handler(%s, 'credit-fix', 'app.credit_fix(jsonb, inbox.message_context)', 'fix-1')",
+            (CONSUMER,),
+        )
+        plan = op.execute(
+            "SELECT plan_id FROM inbox.create_replay_plan('upgrade-plan', %s, 'credit-fix',"
+            " 'app.credit_fix(jsonb, inbox.message_context)', 'fix-1', 'upgrade test')",
+            (CONSUMER,),
+        ).fetchone()
         assert plan is not None
         items = [{"producer": PRODUCER, "message_id": m, "payload": {"amount": 10}} for m in applied[1:11]]
         op.execute("SELECT inbox.add_replay_items(%s, %s)", (plan[0], json.dumps(items)))
         op.execute("SELECT inbox.run_replay_plan(%s, 3)", (plan[0],))
     with psycopg.connect(dsp, autocommit=True) as dispatcher:
-        claimed = dispatcher.execute("SELECT effect_id, lease_token FROM inbox.claim_effects('old-dispatcher', 10,"
-                                     " '1 second')").fetchall()
+        claimed = dispatcher.execute(
+            "SELECT effect_id, lease_token FROM inbox.claim_effects('old-dispatcher', 10, '1 second')"
+        ).fetchall()
         assert len(claimed) == 10
         for effect_id, token in claimed[:5]:
             dispatcher.execute("SELECT inbox.complete_effect(%s, %s, 200)", (effect_id, token))
     with psycopg.connect(dsn, autocommit=True) as admin:
-        return snapshot(admin, applied + old, plan[0],
-                        delivered={e for e, _ in claimed[:5]}, leased={e for e, _ in claimed[5:]})
+        return snapshot(
+            admin, applied + old, plan[0], delivered={e for e, _ in claimed[:5]}, leased={e for e, _ in claimed[5:]}
+        )
 
 
 def snapshot(conn: Conn, applied: list[str], plan_id: int, delivered: set[str], leased: set[str]) -> Released:
@@ -351,8 +381,13 @@ def snapshot(conn: Conn, applied: list[str], plan_id: int, delivered: set[str], 
         return conn.execute(statement).fetchall()
 
     state = conn.execute("SELECT watermark FROM inbox.purge_state WHERE consumer = %s", (CONSUMER,)).fetchone()
-    purged = [r[0] for r in rows("SELECT m FROM unnest(ARRAY(SELECT 'old-' || g FROM generate_series(0, 9) g)) m"
-                                 " WHERE NOT EXISTS (SELECT 1 FROM inbox.message WHERE message_id = m)")]
+    purged = [
+        r[0]
+        for r in rows(
+            "SELECT m FROM unnest(ARRAY(SELECT 'old-' || g FROM generate_series(0, 9) g)) m"
+            " WHERE NOT EXISTS (SELECT 1 FROM inbox.message WHERE message_id = m)"
+        )
+    ]
     plan = conn.execute("SELECT count(*) FROM inbox.replay_item WHERE plan_id = %s", (plan_id,)).fetchone()
     compensated = conn.execute("SELECT count(*) FROM app.compensation").fetchone()
     registrations = conn.execute("SELECT count(*) FROM inbox.handler_registration").fetchone()
@@ -362,10 +397,12 @@ def snapshot(conn: Conn, applied: list[str], plan_id: int, delivered: set[str], 
     assert compensated[0] == 3, "the replay plan should be in progress (3 of 10 applied)"
     return Released(
         applied=applied,
-        quarantine=rows("SELECT quarantine_id, message_id, kind, status, reason_code, attempts FROM inbox.quarantine"
-                        " ORDER BY 1"),
-        decisions=rows("SELECT decision_id, quarantine_id, decision, result, note FROM inbox.quarantine_decision"
-                       " ORDER BY 1"),
+        quarantine=rows(
+            "SELECT quarantine_id, message_id, kind, status, reason_code, attempts FROM inbox.quarantine ORDER BY 1"
+        ),
+        decisions=rows(
+            "SELECT decision_id, quarantine_id, decision, result, note FROM inbox.quarantine_decision ORDER BY 1"
+        ),
         attempts=rows("SELECT message_id, started, failed, reason_code FROM inbox.attempt ORDER BY 1"),
         effects={r[0] for r in rows("SELECT effect_id FROM inbox.outbox")},
         delivered=delivered,
@@ -389,21 +426,25 @@ def check_nothing_lost(dsn: str, roles: Roles, released: Released, client: Clien
         # The client never failed, and what it applied is applied once, like everything before.
         assert not client.errors, f"the client failed during the upgrade: {client.errors[:5]}"
         assert client.outcomes["applied"] > 0 and client.outcomes["duplicate"] > 0
-        ledger: Counter[str] = Counter(dict(admin.execute("SELECT message_id, count(*) FROM app.ledger GROUP BY 1")
-                                            .fetchall()))
+        ledger: Counter[str] = Counter(
+            dict(admin.execute("SELECT message_id, count(*) FROM app.ledger GROUP BY 1").fetchall())
+        )
         twice = {m: n for m, n in ledger.items() if n > 1}
         assert not twice, f"applied more than once: {twice}"
         assert set(client.applied) <= set(ledger)
         # Every identity is still remembered: its redelivery is a duplicate (the purged ones: expired).
         remembered = [m for m in released.applied if m not in released.purged]
-        outcomes = Counter(apply(svc, m, {"amount": 10 if m.startswith("m-") else 1},
-                                 "credit" if m.startswith("m-") else "note") for m in remembered)
+        outcomes = Counter(
+            apply(svc, m, {"amount": 10 if m.startswith("m-") else 1}, "credit" if m.startswith("m-") else "note")
+            for m in remembered
+        )
         assert outcomes == Counter({"duplicate": len(remembered)}), outcomes
         old_produced = admin.execute("SELECT now() - interval '30 days'").fetchone()
         assert old_produced is not None
         assert apply(svc, released.purged[0], {"amount": 1}, "note", old_produced[0]) == "expired"
-        assert admin.execute("SELECT watermark FROM inbox.purge_state WHERE consumer = %s",
-                             (CONSUMER,)).fetchone() == (released.watermark,)
+        assert admin.execute("SELECT watermark FROM inbox.purge_state WHERE consumer = %s", (CONSUMER,)).fetchone() == (
+            released.watermark,
+        )
         # Quarantine, its audit trail, attempts and registrations survived as they were.
         after = snapshot_rows(admin)
         assert after["quarantine"][: len(released.quarantine)] == released.quarantine
@@ -414,8 +455,9 @@ def check_nothing_lost(dsn: str, roles: Roles, released: Released, client: Clien
         # discard makes its redeliveries duplicates (never applied).
         assert apply(svc, "old-9", {"amount": 1}, "note") == "expired"
         assert apply(svc, "old-9", {"amount": 1}, "note", old_produced[0]) == "expired"
-        entry = admin.execute("SELECT quarantine_id FROM inbox.quarantine WHERE message_id = 'old-9'"
-                              " AND kind = 'expired'").fetchone()
+        entry = admin.execute(
+            "SELECT quarantine_id FROM inbox.quarantine WHERE message_id = 'old-9' AND kind = 'expired'"
+        ).fetchone()
         assert entry is not None
         admin.execute("SELECT inbox.discard(%s, 'upgrade test: expired, never apply')", (entry[0],))
         assert apply(svc, "old-9", {"amount": 1}, "note") == "duplicate"
@@ -427,12 +469,16 @@ def check_nothing_lost(dsn: str, roles: Roles, released: Released, client: Clien
 
 def snapshot_rows(conn: Conn) -> dict[str, list[tuple[Any, ...]]]:
     return {
-        "quarantine": conn.execute("SELECT quarantine_id, message_id, kind, status, reason_code, attempts"
-                                   " FROM inbox.quarantine ORDER BY 1").fetchall(),
-        "decisions": conn.execute("SELECT decision_id, quarantine_id, decision, result, note"
-                                  " FROM inbox.quarantine_decision ORDER BY 1").fetchall(),
-        "attempts": conn.execute("SELECT message_id, started, failed, reason_code FROM inbox.attempt"
-                                 " WHERE message_id NOT LIKE 'live-%' ORDER BY 1").fetchall(),
+        "quarantine": conn.execute(
+            "SELECT quarantine_id, message_id, kind, status, reason_code, attempts FROM inbox.quarantine ORDER BY 1"
+        ).fetchall(),
+        "decisions": conn.execute(
+            "SELECT decision_id, quarantine_id, decision, result, note FROM inbox.quarantine_decision ORDER BY 1"
+        ).fetchall(),
+        "attempts": conn.execute(
+            "SELECT message_id, started, failed, reason_code FROM inbox.attempt"
+            " WHERE message_id NOT LIKE 'live-%' ORDER BY 1"
+        ).fetchall(),
     }
 
 
@@ -448,8 +494,9 @@ def deliver_everything(dsn: str, roles: Roles, released: Released) -> None:
             if not rows:
                 break
             for effect_id, token in rows:
-                assert conn.execute("SELECT inbox.complete_effect(%s, %s, 200)", (effect_id, token)).fetchone() \
-                    == (True,)
+                assert conn.execute("SELECT inbox.complete_effect(%s, %s, 200)", (effect_id, token)).fetchone() == (
+                    True,
+                )
                 deliveries[effect_id] += 1
     with psycopg.connect(dsn, autocommit=True) as admin:
         statuses: dict[str, str] = dict(admin.execute("SELECT effect_id, status::text FROM inbox.outbox").fetchall())
@@ -474,8 +521,19 @@ def finish_replay_plan(dsn: str, roles: Roles, released: Released) -> None:
 def data_counts(dsn: str) -> dict[str, int]:
     counts = {}
     with psycopg.connect(dsn, autocommit=True) as conn:
-        for table in ("message", "attempt", "quarantine", "quarantine_decision", "outbox", "handler",
-                      "handler_registration", "purge_state", "replay_plan", "replay_item", "retention_hold"):
+        for table in (
+            "message",
+            "attempt",
+            "quarantine",
+            "quarantine_decision",
+            "outbox",
+            "handler",
+            "handler_registration",
+            "purge_state",
+            "replay_plan",
+            "replay_item",
+            "retention_hold",
+        ):
             row = conn.execute(sql.SQL("SELECT count(*) FROM inbox.{}").format(sql.Identifier(table))).fetchone()
             assert row is not None
             counts[table] = int(row[0])
@@ -504,8 +562,12 @@ def test_upgrade_from_the_release_while_a_client_claims(
     create_database(pg_base, fresh)
     try:
         build_from_sql_sources(dsn_for(pg_base, fresh), project / "sql")
-        assert_same_lines(schema_dump(dsn_for(pg_base, fresh)), schema_dump(dsn), "schema inbox",
-                          ("fresh build from sql/", f"deployed at {tag}, upgraded to HEAD"))
+        assert_same_lines(
+            schema_dump(dsn_for(pg_base, fresh)),
+            schema_dump(dsn),
+            "schema inbox",
+            ("fresh build from sql/", f"deployed at {tag}, upgraded to HEAD"),
+        )
     finally:
         drop_database(pg_base, fresh)
 
@@ -517,8 +579,12 @@ def test_upgrade_from_the_release_while_a_client_claims(
     create_database(pg_base, at_release)
     try:
         sqitch.deploy(dsn_for(pg_base, at_release), to_change=tag, project=project)
-        assert_same_lines(schema_dump(dsn_for(pg_base, at_release)), schema_dump(dsn), "schema inbox",
-                          (f"fresh deploy to {tag}", f"reverted to {tag}"))
+        assert_same_lines(
+            schema_dump(dsn_for(pg_base, at_release)),
+            schema_dump(dsn),
+            "schema inbox",
+            (f"fresh deploy to {tag}", f"reverted to {tag}"),
+        )
     finally:
         drop_database(pg_base, at_release)
     with psycopg.connect(as_role(dsn, roles.service), autocommit=True) as svc:
@@ -568,19 +634,25 @@ def test_an_interrupted_build_of_the_claim_key_is_taken_over_by_the_next_deploy(
         conn.execute(
             "INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version)"
             " SELECT 'c' || g % 3, '', 'p', gen_random_uuid()::text, sha256(g::text::bytea), 'v1'"
-            " FROM generate_series(1, 3000) g")
+            " FROM generate_series(1, 3000) g"
+        )
 
     # A transaction holding a lock on the table makes the build wait; the build is then cancelled.
-    with psycopg.connect(dsn) as holder, psycopg.connect(dsn, autocommit=True) as builder, \
-            psycopg.connect(dsn, autocommit=True) as watcher:
+    with (
+        psycopg.connect(dsn) as holder,
+        psycopg.connect(dsn, autocommit=True) as builder,
+        psycopg.connect(dsn, autocommit=True) as watcher,
+    ):
         holder.execute("LOCK TABLE inbox.message IN ROW EXCLUSIVE MODE")
         pid = builder.info.backend_pid
         failure: list[BaseException] = []
 
         def build() -> None:
             try:
-                builder.execute("CREATE UNIQUE INDEX CONCURRENTLY message_key_building"
-                                " ON inbox.message (message_id, consumer, tenant, producer)")
+                builder.execute(
+                    "CREATE UNIQUE INDEX CONCURRENTLY message_key_building"
+                    " ON inbox.message (message_id, consumer, tenant, producer)"
+                )
             except psycopg.errors.QueryCanceled as exc:
                 failure.append(exc)
 
@@ -596,8 +668,9 @@ def test_an_interrupted_build_of_the_claim_key_is_taken_over_by_the_next_deploy(
         holder.rollback()
     assert failure, "the build was not cancelled"
     with psycopg.connect(dsn) as conn:
-        assert conn.execute("SELECT indisvalid FROM pg_index WHERE indexrelid = 'inbox.message_key_building'::regclass"
-                            ).fetchone() == (False,)
+        assert conn.execute(
+            "SELECT indisvalid FROM pg_index WHERE indexrelid = 'inbox.message_key_building'::regclass"
+        ).fetchone() == (False,)
 
     sqitch.deploy(dsn, project=REPO_ROOT)
     sqitch.verify(dsn, project=REPO_ROOT)
@@ -606,12 +679,15 @@ def test_an_interrupted_build_of_the_claim_key_is_taken_over_by_the_next_deploy(
         assert conn.execute(
             "SELECT pg_get_constraintdef(c.oid), i.indisvalid, i.indisunique FROM pg_constraint c"
             " JOIN pg_index i ON i.indexrelid = c.conindid"
-            " WHERE c.conrelid = 'inbox.message'::regclass AND c.contype = 'p'").fetchone() == (
-            "PRIMARY KEY (message_id, consumer, tenant, producer)", True, True)
+            " WHERE c.conrelid = 'inbox.message'::regclass AND c.contype = 'p'"
+        ).fetchone() == ("PRIMARY KEY (message_id, consumer, tenant, producer)", True, True)
         assert conn.execute("SELECT count(*), count(DISTINCT message_id) FROM inbox.message").fetchone() == (3000, 3000)
         # The key still refuses a second row for an identity (a claim's ON CONFLICT relies on it).
         row = conn.execute("SELECT consumer, tenant, producer, message_id FROM inbox.message LIMIT 1").fetchone()
         assert row is not None
         with pytest.raises(psycopg.errors.UniqueViolation):
-            conn.execute("INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256,"
-                         " handler_version) VALUES (%s, %s, %s, %s, '\\x00', 'v1')", row)
+            conn.execute(
+                "INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256,"
+                " handler_version) VALUES (%s, %s, %s, %s, '\\x00', 'v1')",
+                row,
+            )

@@ -55,24 +55,31 @@ def check_release(row: object, where: str) -> SchemaRelease:
     """The release a row of SCHEMA_RELEASE describes, when this package can work with it; else
     SchemaVersionError saying what to do. A newer, compatible schema passes with a warning."""
     if not isinstance(row, tuple | list) or len(row) != 3 or not all(isinstance(v, int) for v in (row[0], row[2])):
-        raise SchemaVersionError(f"schema inbox in {where} does not say which release it is: {_DEPLOY}",
-                                 found=None, supported=_supported())
+        raise SchemaVersionError(
+            f"schema inbox in {where} does not say which release it is: {_DEPLOY}", found=None, supported=_supported()
+        )
     release = SchemaRelease(int(row[0]), str(row[1]), int(row[2]))
     if release.version > KNOWN_SCHEMA_VERSION:
         if release.breaking_since > KNOWN_SCHEMA_VERSION:
             raise SchemaVersionError(
                 f"schema inbox in {where} is release {release.release} (version {release.version}), which breaks "
                 f"clients of version {KNOWN_SCHEMA_VERSION} and older: {_UPGRADE}",
-                found=release.version, supported=_supported())
+                found=release.version,
+                supported=_supported(),
+            )
         warnings.warn(
             f"schema inbox in {where} is release {release.release} (version {release.version}), newer than this "
             f"package knows (version {KNOWN_SCHEMA_VERSION}); it is compatible: {_UPGRADE} when you can",
-            SchemaNewerWarning, stacklevel=3)
+            SchemaNewerWarning,
+            stacklevel=3,
+        )
         return release
     needed = [v for v in BREAKING_SCHEMA_VERSIONS if release.version < v <= KNOWN_SCHEMA_VERSION]
     if needed or release.version < 1:
         raise SchemaVersionError(
             f"schema inbox in {where} is release {release.release} (version {release.version}); this package "
             f"needs version {max(needed, default=1)} or later: {_DEPLOY}",
-            found=release.version, supported=_supported())
+            found=release.version,
+            supported=_supported(),
+        )
     return release
