@@ -115,8 +115,13 @@ def plan_targets(project: Path = REPO_ROOT) -> list[str]:
     return targets
 
 
-def last_tag(project: Path = REPO_ROOT) -> str:
+def release_tags(project: Path = REPO_ROOT) -> list[str]:
+    """The @tags of sqitch.plan, oldest first: every tag is a release (docs/releasing.md)."""
     tags = [entry for entry in plan_entries(project) if entry.startswith("@")]
     if not tags:
         pytest.fail("sqitch.plan has no release tag")
-    return tags[-1]
+    return tags
+
+
+def last_tag(project: Path = REPO_ROOT) -> str:
+    return release_tags(project)[-1]
