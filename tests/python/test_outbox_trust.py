@@ -23,8 +23,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import REPO_ROOT, create_database, drop_database, dsn_for, sqitch_project
-from helpers_schema import last_tag
+from conftest import create_database, drop_database, dsn_for, sqitch_project
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.json import Jsonb
@@ -360,7 +359,8 @@ def empty_db(pg_base: str) -> Iterator[str]:
 
 
 def test_an_upgrade_keeps_anonymous_enqueue_working(empty_db: str) -> None:
-    sqitch.deploy(empty_db, to_change=last_tag(REPO_ROOT), project=sqitch_project())
+    # 0.1.0 is the release before the outbox's trust boundaries (change outbox_scope_tables, 0.2.0).
+    sqitch.deploy(empty_db, to_change="@v0.1.0", project=sqitch_project())
     service = f"t_svc_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(empty_db, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE ROLE {} LOGIN IN ROLE inbox_consumer").format(sql.Identifier(service)))
