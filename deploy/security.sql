@@ -165,7 +165,7 @@ BEGIN
                             ELSE 'The consumer is bound to other roles or tenants (inbox.consumer_binding).' END,
               HINT = pg_catalog.format('An operator binds it: SELECT inbox.bind_consumer(%L, %L%s);',
                                        _authorize.consumer, caller,
-                                       CASE WHEN _authorize.tenant IS NULL THEN ''
+                                       CASE WHEN coalesce(_authorize.tenant, '') = '' THEN ''
                                             ELSE pg_catalog.format(', tenants => ARRAY[%L]', _authorize.tenant) END);
 END
 $$;

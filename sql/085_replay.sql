@@ -439,11 +439,11 @@ BEGIN
     END IF;
     plan := inbox._lock_replay_plan(fn, _replay_run_start.plan_id);
     PERFORM inbox._check_plan_active(fn, plan);
-    -- The payloads are the consumer's own (add_replay_items checked them against the stored hashes).
-    handler_owner := inbox._check_operator_run(fn, plan.consumer, NULL, plan.handler, NULL, true);
     -- The pinned handler is checked again at every run, as claim_and_apply and repair do: it may have
     -- been dropped, or altered into a privileged SECURITY DEFINER function, since the plan was made.
     PERFORM inbox._check_handler(fn, plan.handler, plan.consumer, plan.message_type);
+    -- The payloads are the consumer's own (add_replay_items checked them against the stored hashes).
+    handler_owner := inbox._check_operator_run(fn, plan.consumer, NULL, plan.handler, NULL, true);
     IF plan.status = 'stopped_version_changed' THEN
         SELECT h.* INTO registered FROM inbox.handler h
          WHERE h.consumer = plan.consumer AND h.message_type = plan.message_type;
