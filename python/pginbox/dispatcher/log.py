@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from pginbox.textsafe import printable
+
 __all__ = ["kv", "log"]
 
 log = logging.getLogger("pginbox.dispatcher")
@@ -13,7 +15,7 @@ def kv(event: str, **fields: object) -> str:
     """A structured log line: `event key=value ...` (values with spaces quoted)."""
     parts = [event]
     for key, value in fields.items():
-        text = "-" if value is None else str(value)
+        text = "-" if value is None else printable(str(value))
         if not text or any(c.isspace() or c in '"=' for c in text):
             text = '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
         parts.append(f"{key}={text}")

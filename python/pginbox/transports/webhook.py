@@ -12,6 +12,9 @@ guard (pginbox.transports.ssrf); redirects are followed by hand (at most 5), eac
 301/302/307/308 keep the method and the payload, 303 is followed with GET. When a redirect changes
 the origin, every configured header is treated as a secret and dropped, unless the destination
 lists it in `forward_on_redirect`; Authorization, Proxy-Authorization and Cookie are dropped always.
+A webhook URL is often the credential itself (Slack, Teams): the errors this transport reports (which
+reach inbox.outbox.last_error, the audit rows and the dispatcher's log) name a URL only by its scheme,
+host and port (pginbox.textsafe.public_url), redirect targets included.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import httpx
 
 from pginbox.errors import AmbiguousDelivery, DestinationRefused
 from pginbox.sql_limits import EXCERPT_CHARS  # the excerpt kept: what inbox.outbox keeps
+from pginbox.textsafe import public_url, redact_urls
 from pginbox.transports.effect import EffectLike, delivery_key
 from pginbox.transports.protocol import DeliveryReport
 from pginbox.transports.ssrf import AddressPolicy, GuardedHTTPTransport
@@ -77,7 +81,7 @@ class WebhookTransport:
     ) -> None:
         parsed = httpx.URL(url)
         if parsed.scheme not in ("http", "https") or not parsed.host:
-            raise ValueError(f"webhook url must be http(s)://host/...: {url!r}")
+            raise ValueError(f"webhook url must be http(s)://host/...: {public_url(url)!r}")
         self.url = url
         self.method = method.upper()
         self.headers = dict(headers or {})
@@ -105,7 +109,7 @@ class WebhookTransport:
         self.close()
 
     def __repr__(self) -> str:
-        return f"WebhookTransport({self.method} {self.url})"
+        return f"WebhookTransport({self.method} {public_url(self.url)})"
 
     def _request_headers(self, effect: EffectLike) -> dict[str, str]:
         # By lower-case name, so that "x-a" from the effect cannot ride along with a configured "X-A".
@@ -120,6 +124,14 @@ class WebhookTransport:
         return dict(merged.values())
 
     def deliver(self, effect: EffectLike) -> DeliveryReport:
+        seen = [self.url]  # every URL of this delivery: no error may quote one whole
+
+        def redacted(report: DeliveryReport) -> DeliveryReport:
+            if report.error is None:
+                return report
+            return DeliveryReport(report.status_code, report.response_excerpt, report.retryable,
+                                  redact_urls(report.error, seen))
+
         body = json.dumps(effect.payload, separators=(",", ":"), ensure_ascii=False).encode()
         method = self.method
         url = httpx.URL(self.url)
@@ -129,21 +141,24 @@ class WebhookTransport:
             try:
                 status, excerpt, location = self._send(method, url, headers, content)
             except DestinationRefused as exc:
-                return DeliveryReport(None, None, False, str(exc))
+                return redacted(DeliveryReport(None, None, False, str(exc)))
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
                 # Nothing was sent: an ordinary retryable failure.
-                return DeliveryReport(None, None, True, f"connect failed: {type(exc).__name__}: {exc}")
+                return redacted(DeliveryReport(None, None, True, f"connect failed: {type(exc).__name__}: {exc}"))
             except httpx.UnsupportedProtocol as exc:
-                return DeliveryReport(None, None, False, f"unsupported url: {exc}")
+                return redacted(DeliveryReport(None, None, False, f"unsupported url: {exc}"))
             except httpx.TransportError as exc:
-                raise AmbiguousDelivery(
-                    f"outcome unknown for effect {effect.effect_id} at {url}: {type(exc).__name__}: {exc}"
-                ) from exc
+                raise AmbiguousDelivery(redact_urls(
+                    f"outcome unknown for effect {effect.effect_id} at {url}: {type(exc).__name__}: {exc}", seen
+                )) from exc
             if status in _REDIRECT_STATUSES and location is not None:
+                seen.append(location)
                 try:
                     target = url.join(location)
                 except httpx.InvalidURL as exc:
-                    return DeliveryReport(status, excerpt, False, f"invalid redirect location {location!r}: {exc}")
+                    return redacted(DeliveryReport(status, excerpt, False,
+                                                   f"invalid redirect location {location!r}: {exc}"))
+                seen.append(str(target))
                 if target.scheme not in ("http", "https"):
                     return DeliveryReport(status, excerpt, False, f"refused: redirect to {target.scheme} url")
                 # 301/302/307/308 keep the method and the payload (a webhook that lost its payload on
