@@ -6,11 +6,12 @@ so that two consumers sharing a destination never send each other's key), else t
 from __future__ import annotations
 
 import datetime
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["Effect", "EffectLike", "delivery_key"]
+__all__ = ["Effect", "EffectLike", "delivery_key", "idempotency_key"]
 
 
 @dataclass(frozen=True)
@@ -45,3 +46,16 @@ def delivery_key(effect: EffectLike) -> str:
     """The key the destination deduplicates on: the same on every attempt of the effect."""
     key = getattr(effect, "idempotency_key", None)
     return str(key) if key else str(effect.effect_id)
+
+
+def idempotency_key(consumer: str, tenant: str, effect_id: str) -> str:
+    """inbox.idempotency_key(consumer, tenant, effect_id), computed here: "ik_" and the hex SHA-256 of
+    a version tag and the three parts, each prefixed with its length in bytes (4, big-endian). A
+    destination can check a key against the effect it names; the SQL function is the reference
+    (tests/python/test_sql_contract.py compares the two)."""
+    digest = hashlib.sha256(b"pginbox.idempotency_key.v1")
+    for part in (consumer, tenant, effect_id):
+        data = part.encode()
+        digest.update(len(data).to_bytes(4, "big", signed=True))
+        digest.update(data)
+    return "ik_" + digest.hexdigest()
