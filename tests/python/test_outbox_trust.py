@@ -281,7 +281,8 @@ def test_another_dispatcher_cannot_report_on_a_lease_it_does_not_hold(
 def test_lease_tokens_are_not_a_sequence(conn: Conn) -> None:
     for i in range(20):
         conn.execute("SELECT inbox.enqueue_effect(%s, 'sink', '{}')", (f"t-{i}",))
-    tokens = [int(r[0]) for r in conn.execute("SELECT lease_token FROM inbox.claim_effects('d', 20, key_aware => true)").fetchall()]
+    claim = "SELECT lease_token FROM inbox.claim_effects('d', 20, key_aware => true)"
+    tokens = [int(r[0]) for r in conn.execute(claim).fetchall()]
     assert len(tokens) == 20 and len(set(tokens)) == 20
     gaps = sorted(abs(x - y) for x, y in zip(sorted(tokens), sorted(tokens)[1:], strict=False))
     assert gaps[0] > 1_000_000, f"neighbouring tokens: {sorted(tokens)}"
