@@ -17,12 +17,13 @@ ALTER TABLE inbox.quarantine ADD COLUMN release_used_at timestamptz;
 COMMENT ON COLUMN inbox.quarantine.release_used_at IS
     'expired entries: when the one delivery their release allowed was claimed (NULL: not yet, or not released)';
 
--- A watermark announced before 0.3.0 covered rows whose produced_at nobody recorded: the
--- watermark itself is the bound.
+-- A purge before 0.3.0 deleted rows whose produced_at nobody recorded: they were produced before
+-- the watermark, and claimed (their produced_at checked against the clock) before this upgrade.
+-- A watermark a mistyped margin pushed ahead of the clock therefore bounds nothing after now.
 ALTER TABLE inbox.purge_state ADD COLUMN purged_produced_max timestamptz;
 COMMENT ON COLUMN inbox.purge_state.purged_produced_max IS
-    'Latest produced_at of the rows this policy''s purges deleted (before 0.3.0: the watermark then); the watermark never goes below it';
-UPDATE inbox.purge_state s SET purged_produced_max = s.watermark WHERE s.rows_purged > 0;
+    'Latest produced_at of the rows this policy''s purges deleted (before 0.3.0: the watermark, at most the upgrade''s time); nothing produced after it is expired';
+UPDATE inbox.purge_state s SET purged_produced_max = least(s.watermark, pg_catalog.now()) WHERE s.rows_purged > 0;
 
 CREATE TABLE inbox.watermark_change (
     change_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

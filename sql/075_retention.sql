@@ -303,16 +303,20 @@ CREATE OR REPLACE FUNCTION inbox._expire_check(
 AS $$
 DECLARE
     mark timestamptz;
+    purged_max timestamptz;
     entry_id bigint;
 BEGIN
     mark := inbox._watermark(_expire_check.consumer, _expire_check.producer);
     IF _expire_check.produced_at IS NULL OR mark IS NULL OR _expire_check.produced_at >= mark THEN
         RETURN NULL;
     END IF;
-    -- A watermark ahead of the clock (one a mistyped margin pushed there before 0.3.0) must not
-    -- expire what is produced now: nothing produced within the clock tolerance was ever purged.
-    IF _expire_check.produced_at >= now() - coalesce((inbox._policy_for(_expire_check.consumer, _expire_check.producer)).safety_margin,
-                                                    inbox._default_clock_tolerance()) THEN
+    -- Nothing produced after the latest produced_at a purge deleted can be a copy of a purged
+    -- message, whatever the watermark says: a watermark a mistyped margin pushed ahead (before
+    -- 0.3.0) does not expire traffic produced since. Rows of the producer purged under the
+    -- consumer's default policy count too.
+    SELECT max(s.purged_produced_max) INTO purged_max FROM inbox.purge_state s
+     WHERE s.consumer = _expire_check.consumer AND s.producer IN (_expire_check.producer, '');
+    IF purged_max IS NULL OR _expire_check.produced_at > purged_max THEN
         RETURN NULL;
     END IF;
     -- An operator released an expired entry of this identity: exactly one delivery goes through.
@@ -784,9 +788,9 @@ COMMENT ON PROCEDURE inbox.purge(text, text, integer, integer, interval, bigint,
 
 -- ------------------------------------------------------------------ correcting a watermark
 -- The audited way out of a watermark set too far ahead (by a mistyped policy, or a margin before
--- 0.3.0): moves the watermark of one policy of a consumer down to `watermark`, never below the
--- latest produced_at its purges deleted (purged_produced_max: a redelivery of anything purged stays
--- expired), never up (the purge raises it). The cutoffs follow it down, so nothing processed after it
+-- 0.3.0): moves the watermark of one policy of a consumer down to `watermark`, which must stay later
+-- than the latest produced_at its purges deleted (purged_produced_max: a redelivery of anything
+-- purged stays expired, as it is produced before the watermark), never up (the purge raises it). The cutoffs follow it down, so nothing processed after it
 -- is deleted until a purge announces again. Fix the policy first (set_retention_policy): the next
 -- announcement takes its cutoff from the policy.
 CREATE OR REPLACE FUNCTION inbox.correct_watermark(consumer text, producer text, watermark timestamptz, note text)
@@ -820,12 +824,12 @@ BEGIN
         RAISE EXCEPTION '%: % is above the watermark %: only a purge raises it', fn, correct_watermark.watermark,
             state.watermark USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF correct_watermark.watermark < state.purged_produced_max THEN
-        RAISE EXCEPTION '%: % is below the latest produced_at the purge deleted (%)', fn, correct_watermark.watermark,
-            state.purged_produced_max
+    IF correct_watermark.watermark <= state.purged_produced_max THEN
+        RAISE EXCEPTION '%: % is not later than the latest produced_at the purge deleted (%)', fn,
+            correct_watermark.watermark, state.purged_produced_max
             USING ERRCODE = 'invalid_parameter_value',
-                  DETAIL = 'A redelivery of a purged message produced after the new watermark would be applied again.',
-                  HINT = pg_catalog.format('The lowest watermark allowed is %s.', state.purged_produced_max);
+                  DETAIL = 'A redelivery of a purged message produced at or after the new watermark would be applied again.',
+                  HINT = pg_catalog.format('Pass a watermark later than %s.', state.purged_produced_max);
     END IF;
     INSERT INTO inbox.watermark_change (consumer, producer, previous_watermark, watermark, purged_produced_max, note)
     VALUES (state.consumer, state.producer, state.watermark, correct_watermark.watermark, state.purged_produced_max,
@@ -844,7 +848,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION inbox.correct_watermark(text, text, timestamptz, text) IS
-    'Move a purge watermark down (never below what the purge deleted, never up), audited in inbox.watermark_change';
+    'Move a purge watermark down (kept later than what the purge deleted, never up), audited in inbox.watermark_change';
 
 -- ------------------------------------------------------------------ status
 CREATE OR REPLACE VIEW inbox.retention_status AS

@@ -10,7 +10,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(25);
+SELECT plan(28);
 
 \ir write_counter.psql
 
@@ -82,25 +82,33 @@ UPDATE inbox.purge_state SET watermark = now() + interval '29 days' WHERE consum
 UPDATE inbox.consumer_config SET purge_watermark = now() + interval '29 days' WHERE consumer = 'rw';
 SELECT is((SELECT outcome FROM inbox.claim_and_apply('rw', 'p', 'now-1', 'credit', '{}', '', now())), 'applied',
           'a watermark ahead of the clock does not expire a message produced now');
-SELECT is((SELECT outcome FROM inbox.claim_and_apply('rw', 'p', 'day-1', 'credit', '{}', '', now() - interval '1 day')), 'expired',
-          '... one produced a day ago (before it, outside the tolerance) still expires');
+SELECT is((SELECT outcome FROM inbox.claim_and_apply('rw', 'p', 'day-1', 'credit', '{}', '', now() - interval '1 day')), 'applied',
+          '... nor one produced a day ago: nothing produced after the latest purged produced_at is expired');
+SELECT is((SELECT outcome FROM inbox.claim_and_apply('rw', 'p', 'old-3', 'credit', '{}', '', now() - interval '32 days')), 'expired',
+          '... one produced before what was purged still expires');
 
 -- ================================================================== correcting a watermark
 SELECT throws_ok($$SELECT inbox.correct_watermark('rw', '', now() - interval '40 days', 'too low')$$, '22023', NULL,
                  'correct_watermark: never below the latest produced_at purged');
+SELECT throws_ok($$SELECT inbox.correct_watermark('rw', '', now() - interval '31 days', 'equal')$$, '22023',
+                 format('inbox.correct_watermark: %s is not later than the latest produced_at the purge deleted (%s)',
+                        now() - interval '31 days', now() - interval '31 days'),
+                 'correct_watermark: not even down to it (that row''s redelivery would not be before the watermark)');
 SELECT throws_ok($$SELECT inbox.correct_watermark('rw', '', now() + interval '40 days', 'up')$$, '22023', NULL,
                  'correct_watermark: never up');
 SELECT throws_ok($$SELECT inbox.correct_watermark('rw', '', now(), ' ')$$, '22023', NULL, 'correct_watermark: needs a note');
 SELECT throws_ok($$SELECT inbox.correct_watermark('nobody', '', now(), 'x')$$, 'P0002', NULL,
                  'correct_watermark: a consumer without a watermark is P0002');
-SELECT is((SELECT watermark FROM inbox.correct_watermark('rw', '', now() - interval '31 days', 'margin typo of 0.2.0')),
-          now() - interval '31 days', 'correct_watermark: moves it down to what was purged');
+SELECT is((SELECT watermark FROM inbox.correct_watermark('rw', '', now() - interval '30 days', 'margin typo of 0.2.0')),
+          now() - interval '30 days', 'correct_watermark: moves it down to just after what was purged');
 SELECT is((SELECT (previous_watermark, watermark, changed_by = session_user, note)::text FROM inbox.watermark_change
             WHERE consumer = 'rw'),
-          (now() + interval '29 days', now() - interval '31 days', true, 'margin typo of 0.2.0')::text,
+          (now() + interval '29 days', now() - interval '30 days', true, 'margin typo of 0.2.0')::text,
           'correct_watermark: audited');
 SELECT is((SELECT outcome FROM inbox.claim_and_apply('rw', 'p', 'day-1b', 'credit', '{}', '', now() - interval '1 day')), 'applied',
-          'correct_watermark: a message produced a day ago is applied again (nothing that young was purged)');
+          'correct_watermark: a message produced a day ago is applied (nothing that young was purged)');
+SELECT is((SELECT outcome FROM inbox.claim_and_apply('rw', 'p', 'old-2', 'credit', '{}', '', now() - interval '31 days')), 'expired',
+          'correct_watermark: a redelivery of the latest purged message stays expired');
 
 SELECT * FROM finish();
 ROLLBACK;
