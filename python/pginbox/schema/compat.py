@@ -31,9 +31,9 @@ __all__ = [
     "check_release",
 ]
 
-#: The schema version of this package's own release (0.2.0, released 2026-12-03).
-KNOWN_SCHEMA_VERSION: Final = 2
-#: Versions whose release broke the clients of the versions before it (1: the first release; 0.2.0 broke none).
+#: The schema version of this package's own release (0.3.0).
+KNOWN_SCHEMA_VERSION: Final = 3
+#: Versions whose release broke the clients of the versions before it (1: the first release; 0.2.0 and 0.3.0 broke none).
 BREAKING_SCHEMA_VERSIONS: Final = frozenset({1})
 #: The one query every check runs.
 SCHEMA_RELEASE: Final = "SELECT r.version, r.release, r.breaking_since FROM inbox.schema_release() r"
