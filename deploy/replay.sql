@@ -1,10 +1,15 @@
 -- Deploy pginbox:replay. Generated from sql/085_replay.sql by python/tools/sync_deploy.py: edit that file.
--- pginbox: replay's functions (tables in 080_replay_tables.sql). Reworked in 0.2.0: a plan runs its
--- handler only within the consumer's rights (inbox._check_operator_run: SECURITY DEFINER, owned by
--- the consumer's role; the items' payloads match the hashes the consumer stored).
+-- pginbox: replay's functions (tables in 080_replay_tables.sql). A plan runs its handler only within
+-- the rights of a role bound to the consumer (inbox._check_operator_run: SECURITY DEFINER, owned by
+-- the consumer's role; the items' payloads match the hashes the consumer stored), and since 0.3.0
+-- confined (inbox._run_for_operator): run_replay_plan is SECURITY DEFINER, and its halves are its
+-- own. Reworked in 0.3.0 (docs/releasing.md).
 BEGIN;
 
+SET LOCAL search_path = pg_catalog, pg_temp;
 SET LOCAL ROLE inbox_owner;
+-- DROP ... IF EXISTS below makes this script rerunnable (sqitch rework): no notices for it.
+SET LOCAL client_min_messages = warning;
 
 -- Progress per plan, and whether the pin still equals what is registered. No payloads.
 CREATE OR REPLACE VIEW inbox.replay_status AS
@@ -406,17 +411,25 @@ COMMENT ON FUNCTION inbox.cancel_replay_plan(bigint, text) IS
 
 -- ------------------------------------------------------------------ the runner
 
--- The definer halves of run_replay_plan. They are executable by operators (like repair's): the
--- runner calls them with the operator's rights in between, and runs the handler itself.
+-- The halves of run_replay_plan (called by it alone since 0.3.0).
 
--- Locks the plan for this run (a second runner of the same plan waits) and checks it may run.
-CREATE OR REPLACE FUNCTION inbox._replay_run_start(plan_id bigint, max_items integer) RETURNS inbox.replay_plan
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+-- Locks the plan for this run (a second runner of the same plan waits), checks it may run, and
+-- returns it with the rights its handler runs with (its owner's).
+DROP FUNCTION IF EXISTS inbox._replay_run_start(bigint, integer);
+DROP TYPE IF EXISTS inbox._replay_start;
+CREATE TYPE inbox._replay_start AS (
+    plan inbox.replay_plan,
+    handler_owner oid
+);
+COMMENT ON TYPE inbox._replay_start IS 'internal: a replay plan locked for a run and the role whose rights its handler runs with';
+CREATE OR REPLACE FUNCTION inbox._replay_run_start(plan_id bigint, max_items integer) RETURNS inbox._replay_start
+    LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     fn constant text := 'inbox.run_replay_plan';
     plan inbox.replay_plan;
+    handler_owner oid;
     registered inbox.handler;
 BEGIN
     IF _replay_run_start.max_items IS NULL OR _replay_run_start.max_items NOT BETWEEN 1 AND 10000 THEN
@@ -427,11 +440,11 @@ BEGIN
     END IF;
     plan := inbox._lock_replay_plan(fn, _replay_run_start.plan_id);
     PERFORM inbox._check_plan_active(fn, plan);
-    -- The payloads are the consumer's own (add_replay_items checked them against the stored hashes).
-    PERFORM inbox._check_operator_run(fn, plan.consumer, plan.handler, NULL, true);
     -- The pinned handler is checked again at every run, as claim_and_apply and repair do: it may have
     -- been dropped, or altered into a privileged SECURITY DEFINER function, since the plan was made.
     PERFORM inbox._check_handler(fn, plan.handler, plan.consumer, plan.message_type);
+    -- The payloads are the consumer's own (add_replay_items checked them against the stored hashes).
+    handler_owner := inbox._check_operator_run(fn, plan.consumer, NULL, plan.handler, NULL, true);
     IF plan.status = 'stopped_version_changed' THEN
         SELECT h.* INTO registered FROM inbox.handler h
          WHERE h.consumer = plan.consumer AND h.message_type = plan.message_type;
@@ -445,17 +458,17 @@ BEGIN
                                              coalesce(pg_catalog.quote_literal(registered.handler_version), 'none')),
                   HINT = 'Review the new handler, then inbox.accept_replay_version(plan_id, handler, version, note) resumes the plan with it; or inbox.cancel_replay_plan.';
     END IF;
-    RETURN plan;
+    RETURN ROW(plan, handler_owner)::inbox._replay_start;
 END
 $$;
 COMMENT ON FUNCTION inbox._replay_run_start(bigint, integer) IS
-    'internal (granted to operators): locks a replay plan for a run; IR001 when it is stopped';
+    'internal: locks a replay plan for a run and returns the rights its handler runs with; IR001 when it is stopped';
 
 -- The next step: checks the pin against the registration (a change stops the plan, committed with
 -- the caller), then takes the next pending item. An item whose message was processed with the
 -- pinned version already has that version's effect: it is skipped (same_version).
 CREATE OR REPLACE FUNCTION inbox._replay_next(plan_id bigint) RETURNS inbox._replay_step
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -517,13 +530,13 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION inbox._replay_next(bigint) IS
-    'internal (granted to operators): checks the pinned handler version and takes the next pending replay item';
+    'internal: checks the pinned handler version and takes the next pending replay item';
 
 -- Claims the item's operation id in inbox.message (consumer 'replay:<plan_id>') and marks the item
 -- applied; runs inside the runner's subtransaction, so a handler error rolls both back. Returns
 -- false when the operation id was already claimed (the item is then skipped, nothing runs).
 CREATE OR REPLACE FUNCTION inbox._begin_replay_item(plan_id bigint, item_no bigint) RETURNS boolean
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -552,11 +565,11 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION inbox._begin_replay_item(bigint, bigint) IS
-    'internal (granted to operators): claims a replay item''s operation id and marks it applied';
+    'internal: claims a replay item''s operation id and marks it applied';
 
 CREATE OR REPLACE FUNCTION inbox._replay_item_failed(plan_id bigint, item_no bigint, reason_code text, error_message text)
     RETURNS void
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -571,12 +584,12 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION inbox._replay_item_failed(bigint, bigint, text, text) IS
-    'internal (granted to operators): records a replay item whose handler raised';
+    'internal: records a replay item whose handler raised';
 
 -- Ends a run: an open plan without pending items (and with at least one item) completes, and
 -- its retention holds go. Returns the plan's totals.
 CREATE OR REPLACE FUNCTION inbox._replay_run_finish(plan_id bigint) RETURNS inbox.replay_run
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -602,19 +615,23 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION inbox._replay_run_finish(bigint) IS
-    'internal (granted to operators): completes a replay plan without pending items and returns its totals';
+    'internal: completes a replay plan without pending items and returns its totals';
 
--- Runs up to max_items pending items of a plan, each in a subtransaction, with the caller's
--- rights. The rule on handler errors: the item's writes and its operation id roll back, the item is
--- recorded failed with its reason code, and the plan goes on with the next item (a failed item is
--- not retried by this plan; put it in a new plan once the cause is fixed). Transient errors (classes
--- 40, 08, 53, 57, and 55P03) are re-raised: retry the call. When the registered handler changed,
--- the plan stops: this call returns status stopped_version_changed (with a WARNING, SQLSTATE IR001)
--- and later calls raise IR001 until inbox.accept_replay_version.
+-- Runs up to max_items pending items of a plan, each in a subtransaction. The handler runs through
+-- inbox._run_for_operator: confined, with its owner's rights (a role bound to the consumer), its
+-- code acting as that role for the call; an item of a tenant that role is not bound for fails
+-- (42501) without running. The rule on handler errors: the item's writes and its operation id roll
+-- back, the item is recorded failed with its reason code, and the plan goes on with the next item
+-- (a failed item is not retried by this plan; put it in a new plan once the cause is fixed).
+-- Transient errors (classes 40, 08, 53, 57, and 55P03) are re-raised: retry the call. When the
+-- registered handler changed, the plan stops: this call returns status stopped_version_changed
+-- (with a WARNING, SQLSTATE IR001) and later calls raise IR001 until inbox.accept_replay_version.
 CREATE OR REPLACE FUNCTION inbox.run_replay_plan(plan_id bigint, max_items integer DEFAULT 100) RETURNS inbox.replay_run
-    LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    started inbox._replay_start;
     plan inbox.replay_plan;
     step inbox._replay_step;
     result inbox.replay_run;
@@ -626,27 +643,32 @@ DECLARE
     err_message text;
     err_constraint text;
 BEGIN
-    plan := inbox._replay_run_start(run_replay_plan.plan_id, run_replay_plan.max_items);
+    started := inbox._replay_run_start(run_replay_plan.plan_id, run_replay_plan.max_items);
+    plan := started.plan;
     FOR i IN 1 .. run_replay_plan.max_items LOOP
         step := inbox._replay_next(plan.plan_id);
-        EXIT WHEN step.action OPERATOR(pg_catalog.=) ANY (ARRAY['stop', 'done']);
-        IF step.action OPERATOR(pg_catalog.=) 'skipped' THEN
-            skipped_now := skipped_now OPERATOR(pg_catalog.+) 1;
+        EXIT WHEN step.action = ANY (ARRAY['stop', 'done']);
+        IF step.action = 'skipped' THEN
+            skipped_now := skipped_now + 1;
+            CONTINUE;
+        END IF;
+        IF NOT inbox._role_may_act_as(started.handler_owner, plan.consumer, (step.context).tenant) THEN
+            PERFORM inbox._replay_item_failed(plan.plan_id, step.item_no, '42501',
+                format('the handler''s owner %s is not bound to consumer %s for tenant %s',
+                       quote_ident(pg_get_userbyid(started.handler_owner)), quote_literal(plan.consumer),
+                       quote_literal((step.context).tenant)));
+            failed_now := failed_now + 1;
             CONTINUE;
         END IF;
         handler_running := false;
         BEGIN
             IF inbox._begin_replay_item(plan.plan_id, step.item_no) THEN
                 handler_running := true;
-                -- The handler acts as the consumer (an effect it enqueues is the consumer's): see
-                -- inbox._authorize.
-                PERFORM pg_catalog.set_config('inbox.consumer', (step.context).consumer, true);
-                PERFORM pg_catalog.set_config('inbox.operator_run', (step.context).consumer, true);
-                PERFORM inbox._run_handler(step.handler, step.takes_context, step.payload, step.context);
-                PERFORM pg_catalog.set_config('inbox.operator_run', '', true);
-                applied_now := applied_now OPERATOR(pg_catalog.+) 1;
+                PERFORM inbox._run_for_operator('replay', plan.consumer, (step.context).tenant, started.handler_owner,
+                                                step.handler, step.takes_context, step.payload, step.context);
+                applied_now := applied_now + 1;
             ELSE
-                skipped_now := skipped_now OPERATOR(pg_catalog.+) 1;
+                skipped_now := skipped_now + 1;
             END IF;
         EXCEPTION WHEN OTHERS OR assert_failure THEN
             GET STACKED DIAGNOSTICS err_state = RETURNED_SQLSTATE, err_message = MESSAGE_TEXT,
@@ -656,17 +678,17 @@ BEGIN
             END IF;
             PERFORM inbox._replay_item_failed(plan.plan_id, step.item_no, inbox._reason_code(err_state, err_constraint),
                                               err_message);
-            failed_now := failed_now OPERATOR(pg_catalog.+) 1;
+            failed_now := failed_now + 1;
         END;
     END LOOP;
     result := inbox._replay_run_finish(plan.plan_id);
     result.applied_now := applied_now;
     result.failed_now := failed_now;
     result.skipped_now := skipped_now;
-    IF result.status OPERATOR(pg_catalog.=) 'stopped_version_changed' THEN
+    IF result.status = 'stopped_version_changed' THEN
         RAISE WARNING 'inbox.run_replay_plan: replay plan % stopped: the handler registered for consumer % and message type % is no longer the pinned % version %',
-            plan.plan_id, pg_catalog.quote_literal(plan.consumer), pg_catalog.quote_literal(plan.message_type),
-            plan.handler, pg_catalog.quote_literal(plan.handler_version)
+            plan.plan_id, quote_literal(plan.consumer), quote_literal(plan.message_type),
+            plan.handler, quote_literal(plan.handler_version)
             USING ERRCODE = 'IR001',
                   HINT = 'Nothing more is applied until an operator calls inbox.accept_replay_version (or cancels the plan).';
     END IF;
@@ -674,7 +696,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION inbox.run_replay_plan(bigint, integer) IS
-    'Run up to max_items pending items of a replay plan, each exactly once, with the caller''s rights';
+    'Run up to max_items pending items of a replay plan, each exactly once, confined to the rights of a role bound to the consumer';
 
 REVOKE ALL ON FUNCTION inbox.versioned_consumer(text, text),
     inbox.replay_operation_id(bigint, text, text, text, text),
@@ -698,11 +720,9 @@ GRANT EXECUTE ON FUNCTION inbox.create_replay_plan(text, text, text, regprocedur
     inbox.add_replay_items(bigint, jsonb),
     inbox.accept_replay_version(bigint, regprocedure, text, text),
     inbox.cancel_replay_plan(bigint, text),
-    inbox._replay_run_start(bigint, integer),
-    inbox._replay_next(bigint),
-    inbox._begin_replay_item(bigint, bigint),
-    inbox._replay_item_failed(bigint, bigint, text, text),
-    inbox._replay_run_finish(bigint),
     inbox.run_replay_plan(bigint, integer) TO inbox_operator;
+-- 0.2.0 granted run_replay_plan's halves to operators: they are its own now.
+REVOKE ALL ON FUNCTION inbox._replay_next(bigint), inbox._begin_replay_item(bigint, bigint),
+    inbox._replay_item_failed(bigint, bigint, text, text), inbox._replay_run_finish(bigint) FROM inbox_operator;
 
 COMMIT;

@@ -1,16 +1,25 @@
 -- Deploy pginbox:security. Generated from sql/027_security.sql by python/tools/sync_deploy.py: edit that file.
 -- pginbox: the authorization of consumers (docs/security.md). Every function that acts under a
 -- consumer name (claim, claim_bytea, claim_and_apply[_batch], record_failure, record_start,
--- enqueue_effect) asks inbox._may_act_as first: one index probe of inbox.consumer_binding and the
--- backend's cached role memberships. Only when it says no does inbox._authorize run, to let a
--- superuser through (unless strict_consumers) or to name what is wrong. inbox._check_operator_run
--- keeps an operator's repair or replay within the consumer's rights.
--- The caller is session_user: inside a SECURITY DEFINER function current_user is the owner, and
--- a session may act as a consumer exactly when its login role is a member of a bound role (which
--- is also when it could SET ROLE to it).
+-- enqueue_effect) asks inbox._acting_as first: one index probe of inbox.consumer_binding and the
+-- backend's cached role memberships. Only when it says no does inbox._authorize run, to let the
+-- handler of an operator's decision act with its owner's rights (inbox.operator_run), to let a
+-- superuser through (unless strict_consumers), or to name what is wrong.
+-- The caller is the session's effective role (inbox._caller): session_user, or the role a SET ROLE
+-- chose. PostgreSQL lets a session SET ROLE only to a role its login is a member of, and never
+-- inside a SECURITY DEFINER function, so the effective role has at most the login's rights and no
+-- handler can change it; a pooled login that switches role per request (SET LOCAL ROLE) is held to
+-- that role's bindings. Nothing else a caller can set (a setting, a table it can write) decides.
+-- An operator's repair or replay runs the consumer's handler through inbox._run_for_operator: the
+-- handler's code acts with its owner's rights, recorded for the call in inbox.operator_run, and
+-- runs confined (inbox._run_confined, owned by inbox_runner, which holds no rights).
+-- Reworked in 0.3.0 (docs/releasing.md).
 BEGIN;
 
+SET LOCAL search_path = pg_catalog, pg_temp;
 SET LOCAL ROLE inbox_owner;
+-- DROP ... IF EXISTS below makes this script rerunnable (sqitch rework): no notices for it.
+SET LOCAL client_min_messages = warning;
 
 -- The base name of a versioned consumer ('<base>@<version>', inbox.versioned_consumer): bindings of
 -- the base cover every version of it.
@@ -19,10 +28,36 @@ CREATE OR REPLACE FUNCTION inbox._consumer_base(consumer text) RETURNS text
     RETURN pg_catalog.split_part(consumer, '@', 1);
 COMMENT ON FUNCTION inbox._consumer_base(text) IS 'internal: the name a versioned consumer is bound under';
 
--- The rule: may session_user act as the consumer (or its base name) for the tenant (NULL tenant:
--- any binding)? It must be a member of a role bound to it. A one-row SQL function with a
--- standard body: the planner inlines it into the query that calls it (claim_and_apply's handler
--- lookup asks in the same query), and its names were resolved when it was created.
+-- Who is calling: the session's effective role. 'role' is the setting SET ROLE writes; PostgreSQL
+-- checks the login's membership when it is set, and refuses to set it inside a SECURITY DEFINER
+-- function (or anything such a function calls). Inlined by the planner.
+CREATE OR REPLACE FUNCTION inbox._caller() RETURNS name
+    LANGUAGE sql STABLE PARALLEL SAFE
+    RETURN CASE pg_catalog.current_setting('role')
+                WHEN 'none' THEN session_user
+                ELSE pg_catalog.current_setting('role')::name END;
+COMMENT ON FUNCTION inbox._caller() IS 'internal: the effective role of the session (session_user, or the SET ROLE one)';
+
+-- Is `member` a member of `role` through real grants? pg_has_role says yes for a superuser and any
+-- role; strict_consumers holds superusers to their grants.
+CREATE OR REPLACE FUNCTION inbox._real_member(member name, role oid) RETURNS boolean
+    LANGUAGE sql STABLE
+BEGIN ATOMIC
+    WITH RECURSIVE up(r) AS (
+        SELECT a.oid FROM pg_catalog.pg_roles a WHERE a.rolname OPERATOR(pg_catalog.=) _real_member.member
+        UNION
+        SELECT m.roleid FROM pg_catalog.pg_auth_members m JOIN up ON m.member OPERATOR(pg_catalog.=) up.r)
+    SELECT EXISTS (SELECT 1 FROM up WHERE up.r OPERATOR(pg_catalog.=) _real_member.role);
+END;
+COMMENT ON FUNCTION inbox._real_member(name, oid) IS 'internal: membership through grants (a superuser is not a member of everything here)';
+
+-- The rule: may the caller act as the consumer (or its base name) for the tenant (NULL tenant: any
+-- binding)? It must hold the rights of a live role bound to it (pg_has_role USAGE: a member that
+-- inherits them, or the role itself; a NOINHERIT member only after SET ROLE to it); under
+-- strict_consumers a superuser only through real grants. A one-row SQL function with a standard body: the planner inlines it into the
+-- query that calls it (claim_and_apply's handler lookup asks in the same query), and its names were
+-- resolved when it was created. pg_has_role(caller, inbox_runner) is true only for superusers
+-- (nobody is a member of inbox_runner): only they pay for the strict check.
 CREATE OR REPLACE FUNCTION inbox._acting_as(consumer text, tenant text) RETURNS TABLE (allowed boolean)
     LANGUAGE sql STABLE
 BEGIN ATOMIC
@@ -30,13 +65,16 @@ BEGIN ATOMIC
         SELECT 1 FROM inbox.consumer_binding b
          WHERE b.consumer OPERATOR(pg_catalog.=) ANY (ARRAY[_acting_as.consumer, inbox._consumer_base(_acting_as.consumer)])
            AND (b.tenants IS NULL OR _acting_as.tenant IS NULL OR _acting_as.tenant OPERATOR(pg_catalog.=) ANY (b.tenants))
-           AND pg_catalog.pg_has_role(session_user, b.role, 'MEMBER')
+           AND pg_catalog.pg_has_role(inbox._caller(), b.role, 'USAGE')
            -- A dropped role matches nobody (a superuser is a member of any OID). pg_get_userbyid
            -- looks the OID up in the role cache and names a missing one 'unknown (OID=n)'; a role
            -- that calls itself so only locks itself out. (A subplan on pg_roles cost 2 us of every
            -- claim; as a join, the planner called pg_has_role for every role of the cluster.)
            AND pg_catalog.pg_get_userbyid(b.role) OPERATOR(pg_catalog.<>)
-               ('unknown (OID=' OPERATOR(pg_catalog.||) b.role::pg_catalog.text OPERATOR(pg_catalog.||) ')'));
+               ('unknown (OID=' OPERATOR(pg_catalog.||) b.role::pg_catalog.text OPERATOR(pg_catalog.||) ')')
+           AND (NOT pg_catalog.pg_has_role(inbox._caller(), 'inbox_runner'::pg_catalog.name, 'MEMBER')
+                OR NOT (SELECT s.strict_consumers FROM inbox.security_settings s)
+                OR inbox._real_member(inbox._caller(), b.role)));
 END;
 COMMENT ON FUNCTION inbox._acting_as(text, text) IS 'internal: the authorization rule, inlined into the queries that ask it';
 
@@ -49,27 +87,48 @@ BEGIN
     RETURN (SELECT a.allowed FROM inbox._acting_as(_may_act_as.consumer, _may_act_as.tenant) a);
 END
 $$;
-COMMENT ON FUNCTION inbox._may_act_as(text, text) IS 'internal: may session_user act as the consumer (for the tenant)?';
+COMMENT ON FUNCTION inbox._may_act_as(text, text) IS 'internal: may the caller act as the consumer (for the tenant)?';
 
--- The slow path of the check: a superuser passes (unless strict_consumers), everyone else gets an
--- error that says what is wrong: 42501 (reserved name, or not bound to this role or tenant), 42704
--- (nobody is bound to the consumer: a typo, or a consumer no operator has bound yet).
+-- The rule for a given role (the owner of a handler an operator's decision runs): the same
+-- bindings, no superuser exception (a superuser-owned handler is never run: inbox._check_handler).
+CREATE OR REPLACE FUNCTION inbox._role_may_act_as(role oid, consumer text, tenant text) RETURNS boolean
+    LANGUAGE sql STABLE
+BEGIN ATOMIC
+    SELECT EXISTS (
+        SELECT 1 FROM inbox.consumer_binding b
+         WHERE b.consumer OPERATOR(pg_catalog.=) ANY (ARRAY[_role_may_act_as.consumer,
+                                                            inbox._consumer_base(_role_may_act_as.consumer)])
+           AND (b.tenants IS NULL OR _role_may_act_as.tenant IS NULL
+                OR _role_may_act_as.tenant OPERATOR(pg_catalog.=) ANY (b.tenants))
+           AND pg_catalog.pg_get_userbyid(b.role) OPERATOR(pg_catalog.<>)
+               ('unknown (OID=' OPERATOR(pg_catalog.||) b.role::pg_catalog.text OPERATOR(pg_catalog.||) ')')
+           AND pg_catalog.pg_get_userbyid(_role_may_act_as.role) OPERATOR(pg_catalog.<>)
+               ('unknown (OID=' OPERATOR(pg_catalog.||) _role_may_act_as.role::pg_catalog.text OPERATOR(pg_catalog.||) ')')
+           AND inbox._real_member(pg_catalog.pg_get_userbyid(_role_may_act_as.role), b.role));
+END;
+COMMENT ON FUNCTION inbox._role_may_act_as(oid, text, text) IS
+    'internal: may this role act as the consumer (for the tenant)? The rights an operator-run handler acts with';
+
+-- The slow path of the check. In order: the caller's own bindings; the handler of an operator's
+-- decision running now in this transaction (inbox.operator_run: its owner's bindings); a superuser
+-- (unless strict_consumers); else an error that says what is wrong: 42501 (reserved name, or not
+-- bound to this role or tenant), 42704 (nobody is bound to the consumer: a typo, or a consumer no
+-- operator has bound yet).
 CREATE OR REPLACE FUNCTION inbox._authorize(fn text, consumer text, tenant text) RETURNS void
     LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    caller name := inbox._caller();
     is_superuser boolean;
+    strict_mode boolean;
 BEGIN
     IF inbox._may_act_as(_authorize.consumer, _authorize.tenant) THEN
         RETURN;
     END IF;
-    IF current_setting('inbox.operator_run', true) = _authorize.consumer
-       AND pg_has_role(session_user, 'inbox_operator', 'MEMBER') THEN
-        -- An operator's repair or replay runs the consumer's handler (SECURITY DEFINER, owned by
-        -- the consumer's role: inbox._check_operator_run), whose enqueue_effect acts as the
-        -- consumer. inbox.repair and inbox.run_replay_plan set the marker around the handler call;
-        -- an operator who set it by hand could as well bind itself to the consumer (audited).
+    IF EXISTS (SELECT 1 FROM inbox.operator_run r
+                WHERE r.xact = pg_current_xact_id_if_assigned()
+                  AND inbox._role_may_act_as(r.handler_owner, _authorize.consumer, _authorize.tenant)) THEN
         RETURN;
     END IF;
     IF starts_with(_authorize.consumer, 'replay:') THEN
@@ -77,83 +136,90 @@ BEGIN
             USING ERRCODE = 'insufficient_privilege',
                   HINT = 'Replay plans claim their operation ids themselves (inbox.run_replay_plan).';
     END IF;
-    SELECT r.rolsuper INTO is_superuser FROM pg_roles r WHERE r.rolname = session_user;
+    SELECT r.rolsuper INTO is_superuser FROM pg_roles r WHERE r.rolname = caller;
+    SELECT s.strict_consumers INTO strict_mode FROM inbox.security_settings s;
     IF NOT EXISTS (SELECT 1 FROM inbox.consumer_binding b
                     WHERE b.consumer = ANY (ARRAY[_authorize.consumer, inbox._consumer_base(_authorize.consumer)])) THEN
-        IF is_superuser AND NOT (SELECT s.strict_consumers FROM inbox.security_settings s) THEN
+        IF is_superuser AND NOT strict_mode THEN
             RETURN;
         END IF;
         RAISE EXCEPTION '%: consumer % is not known: no role is bound to it', fn, quote_literal(_authorize.consumer)
             USING ERRCODE = 'undefined_object',
                   DETAIL = 'A consumer that nobody is bound to would start a fresh identity space, applying every message again.',
                   HINT = pg_catalog.format('Check the name for a typo. An operator binds a consumer to the roles that act as it: SELECT inbox.bind_consumer(%L, %L);',
-                                           _authorize.consumer, session_user);
+                                           _authorize.consumer, caller);
     END IF;
-    IF is_superuser THEN
-        -- A superuser is a member of every role, so it passes inbox._may_act_as for every bound
-        -- consumer and tenant. Without strict_consumers it may act as any consumer and tenant; with
-        -- it, a tenant outside every binding (or an unbound consumer, above) stops it too.
-        IF NOT (SELECT s.strict_consumers FROM inbox.security_settings s) THEN
-            RETURN;
-        END IF;
+    IF is_superuser AND NOT strict_mode THEN
+        -- A superuser is a member of every role, so it passes the rule for every bound consumer and
+        -- tenant. Without strict_consumers it may act as any consumer and tenant; with it, only
+        -- through real grants (inbox._acting_as).
+        RETURN;
     END IF;
 
-    RAISE EXCEPTION '%: role % may not act as consumer %', fn, quote_ident(session_user),
+    RAISE EXCEPTION '%: role % may not act as consumer %', fn, quote_ident(caller),
         quote_literal(_authorize.consumer)
         || CASE WHEN _authorize.tenant IS NULL THEN '' ELSE ' for tenant ' || quote_literal(_authorize.tenant) END
         USING ERRCODE = 'insufficient_privilege',
-              DETAIL = 'The consumer is bound to other roles (inbox.consumer_binding).',
-              HINT = pg_catalog.format('An operator binds it: SELECT inbox.bind_consumer(%L, %L);',
-                                       _authorize.consumer, session_user);
+              DETAIL = CASE WHEN is_superuser
+                            THEN 'strict_consumers holds superusers to the bindings of the roles they are granted.'
+                            ELSE 'The consumer is bound to other roles or tenants (inbox.consumer_binding).' END,
+              HINT = pg_catalog.format('An operator binds it: SELECT inbox.bind_consumer(%L, %L%s);',
+                                       _authorize.consumer, caller,
+                                       CASE WHEN coalesce(_authorize.tenant, '') = '' THEN ''
+                                            ELSE pg_catalog.format(', tenants => ARRAY[%L]', _authorize.tenant) END);
 END
 $$;
 COMMENT ON FUNCTION inbox._authorize(text, text, text) IS
-    'internal: returns when session_user may act as the consumer for the tenant, else raises 42501 / 42704';
+    'internal: returns when the caller may act as the consumer for the tenant, else raises 42501 / 42704';
 
 -- An operator's repair or replay runs a consumer's handler, and must never do so with more rights
--- than the consumer's own role, nor with a payload the consumer's role did not send (an operator's
+-- than a role bound to the consumer, nor with a payload such a role did not send (an operator's
 -- action never runs with more rights than the role that supplied its input). Both hold when
---   the payload came from a member of a role bound to the consumer (recorded_by, or a replay item
---   whose payload matches the hash the consumer stored), and
---   the handler is SECURITY DEFINER, owned by a role that bound role is a member of: it then runs
---   with no more than the consumer's rights, and no SET ROLE / RESET ROLE inside it can escape
---   (PostgreSQL forbids both within a security-definer function).
--- A SECURITY INVOKER handler would run with the operator's rights: refused, with what to do.
--- Allowed as in 0.1.0 (the operator's rights): a consumer bound only by the upgrade from 0.1.0
--- (legacy, with a notice, until an operator binds its real role), or one bound to nobody (only a
--- superuser can have delivered its messages).
-CREATE OR REPLACE FUNCTION inbox._check_operator_run(fn text, consumer text, handler regprocedure, sender text,
-                                                     sender_checked boolean)
-    RETURNS void
+--   a live role is bound to the consumer for the tenant (an unbound consumer, or one whose bound
+--   roles were dropped, is refused: nobody's rights are left to run it with),
+--   the payload came from a member of such a role (sender, recorded_by; or sender_checked: replay
+--   items whose payloads match the hashes the consumer stored), and
+--   the handler is SECURITY DEFINER, owned by a member of such a role: it runs with no more than
+--   the consumer's rights, and no SET ROLE / RESET ROLE inside it can escape (PostgreSQL forbids
+--   both within a security-definer function). A SECURITY INVOKER handler would run with the
+--   rights of whoever calls it: refused, with what to do.
+-- inbox_runner calls it (inbox._run_confined): it needs USAGE on the handler's schema and EXECUTE.
+-- Returns the handler's owner: the rights its code acts with (inbox.operator_run).
+DROP FUNCTION IF EXISTS inbox._check_operator_run(text, text, regprocedure, text, boolean);
+CREATE OR REPLACE FUNCTION inbox._check_operator_run(fn text, consumer text, tenant text, handler regprocedure,
+                                                     sender text, sender_checked boolean)
+    RETURNS oid
     LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     bound oid[];
-    any_legacy boolean;
     trusted oid[];
-    handler_owner oid;
-    handler_definer boolean;
+    proc record;
 BEGIN
-    SELECT array_agg(b.role) FILTER (WHERE NOT b.legacy), coalesce(bool_or(b.legacy), false)
-      INTO bound, any_legacy
+    SELECT array_agg(DISTINCT b.role) INTO bound
       FROM inbox.consumer_binding b JOIN pg_roles r ON r.oid = b.role
-     WHERE b.consumer = ANY (ARRAY[_check_operator_run.consumer, inbox._consumer_base(_check_operator_run.consumer)]);
+     WHERE b.consumer = ANY (ARRAY[_check_operator_run.consumer, inbox._consumer_base(_check_operator_run.consumer)])
+       AND (b.tenants IS NULL OR _check_operator_run.tenant = ANY (b.tenants));
     IF bound IS NULL THEN
-        IF any_legacy THEN
-            RAISE NOTICE '%: consumer % is bound only by the upgrade from 0.1.0: the handler runs with your rights', fn,
-                quote_literal(_check_operator_run.consumer)
-                USING HINT = 'Bind the consumer to its own role (docs/security.md#repair-and-replay).';
-        END IF;
-        RETURN;
+        RAISE EXCEPTION '%: no live role is bound to consumer %', fn, quote_literal(_check_operator_run.consumer)
+            || CASE WHEN coalesce(_check_operator_run.tenant, '') = '' THEN ''
+                    ELSE ' for tenant ' || quote_literal(_check_operator_run.tenant) END
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = 'Its handler runs with the rights of a role bound to the consumer; it was unbound, or its role was dropped.',
+                  HINT = pg_catalog.format('Bind the consumer''s role again (SELECT inbox.bind_consumer(%L, ''<role>'', note => ''...'')), or discard or release the entry.',
+                                           _check_operator_run.consumer);
     END IF;
     IF _check_operator_run.sender_checked THEN
         trusted := bound;
     ELSE
-        -- The bound roles the payload's sender belongs to (a dropped sender belongs to none).
+        -- The bound roles the payload's sender belongs to (a dropped sender belongs to none); a
+        -- superuser sender, to all of them unless strict_consumers (it may act as any consumer).
         trusted := ARRAY(SELECT b FROM unnest(bound) b
                           WHERE EXISTS (SELECT 1 FROM pg_roles s WHERE s.rolname = _check_operator_run.sender)
-                            AND pg_has_role(_check_operator_run.sender, b, 'MEMBER'));
+                            AND (inbox._real_member(_check_operator_run.sender::name, b)
+                                 OR ((SELECT s.rolsuper FROM pg_roles s WHERE s.rolname = _check_operator_run.sender)
+                                     AND NOT (SELECT c.strict_consumers FROM inbox.security_settings c))));
         IF cardinality(trusted) = 0 THEN
             RAISE EXCEPTION '%: the stored payload came from %, not from a role bound to consumer %', fn,
                 coalesce(quote_ident(_check_operator_run.sender), 'an unknown role (recorded before 0.2.0)'),
@@ -163,22 +229,134 @@ BEGIN
                       HINT = 'Discard the entry, or release it so that the consumer processes its next delivery itself.';
         END IF;
     END IF;
-    SELECT p.proowner, p.prosecdef INTO handler_owner, handler_definer FROM pg_proc p WHERE p.oid = _check_operator_run.handler;
-    IF NOT handler_definer OR NOT EXISTS (SELECT 1 FROM unnest(trusted) b WHERE pg_has_role(b, handler_owner, 'MEMBER')) THEN
+    SELECT p.proowner, p.prosecdef, n.nspname INTO proc
+      FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+     WHERE p.oid = _check_operator_run.handler;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '%: the handler function (OID %) no longer exists', fn, _check_operator_run.handler::oid
+            USING ERRCODE = 'undefined_function', HINT = 'Register the handler again with inbox.register_handler.';
+    END IF;
+    IF NOT proc.prosecdef
+       OR NOT EXISTS (SELECT 1 FROM unnest(trusted) b WHERE inbox._real_member(pg_get_userbyid(proc.proowner), b)) THEN
         RAISE EXCEPTION '%: handler % would run with more rights than consumer % has', fn, _check_operator_run.handler,
             quote_literal(_check_operator_run.consumer)
             USING ERRCODE = 'insufficient_privilege',
-                  DETAIL = CASE WHEN NOT handler_definer
-                                THEN 'It is SECURITY INVOKER: it would run with your rights, and its owner can change its body.'
-                                ELSE pg_catalog.format('It is SECURITY DEFINER owned by %s, which the consumer''s roles are not members of.',
-                                                       pg_get_userbyid(handler_owner)) END,
+                  DETAIL = CASE WHEN NOT proc.prosecdef
+                                THEN 'It is SECURITY INVOKER: it would run with the rights of whoever calls it.'
+                                ELSE pg_catalog.format('It is SECURITY DEFINER owned by %s, which is not a member of a role bound to the consumer.',
+                                                       quote_ident(pg_get_userbyid(proc.proowner))) END,
                   HINT = pg_catalog.format('Have the consumer''s role own it as SECURITY DEFINER: ALTER FUNCTION %s SECURITY DEFINER SET search_path = <its schemas>, pg_temp; ALTER FUNCTION %s OWNER TO %I;',
                                            _check_operator_run.handler, _check_operator_run.handler, pg_get_userbyid(trusted[1]));
     END IF;
+    IF NOT has_schema_privilege('inbox_runner', proc.nspname, 'USAGE')
+       OR NOT has_function_privilege('inbox_runner', _check_operator_run.handler, 'EXECUTE') THEN
+        RAISE EXCEPTION '%: role inbox_runner, which calls the handlers of operator decisions, may not call %', fn,
+            _check_operator_run.handler
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = 'inbox_runner holds no rights of its own: it needs USAGE on the handler''s schema and EXECUTE on it.',
+                  HINT = pg_catalog.format('As the handler''s owner: GRANT USAGE ON SCHEMA %I TO inbox_runner; GRANT EXECUTE ON FUNCTION %s TO inbox_runner;',
+                                           proc.nspname, _check_operator_run.handler);
+    END IF;
+    RETURN proc.proowner;
 END
 $$;
-COMMENT ON FUNCTION inbox._check_operator_run(text, text, regprocedure, text, boolean) IS
-    'internal: may an operator run this consumer''s handler on this payload without exceeding the consumer''s rights?';
+COMMENT ON FUNCTION inbox._check_operator_run(text, text, text, regprocedure, text, boolean) IS
+    'internal: may an operator run this consumer''s handler on this payload without exceeding the rights of a role bound to it? Returns the handler''s owner';
+
+-- Calls the handler of an operator's decision, confined: owned by inbox_runner, which holds no
+-- rights (not even USAGE on schema inbox, so it cannot name this function to alter it). A SECURITY
+-- DEFINER handler runs with its owner's rights; one altered into SECURITY INVOKER after the checks
+-- runs with none. Nothing the handler leaves behind may act with the operator's rights later:
+--   * deferred triggers it queued fire here, confined (SET CONSTRAINTS ALL IMMEDIATE), not at the
+--     operator's COMMIT;
+--   * a setting it changed for the session (search_path above all: the operator's next statement
+--     would resolve names through it) fails the call, which rolls the change back.
+-- No name of schema inbox appears in the body: inbox_runner could not resolve it.
+-- Owned by inbox_runner: to replace it, the owner takes it back first (as the deployer).
+RESET ROLE;
+DO $own$
+BEGIN
+    IF pg_catalog.to_regprocedure('inbox._run_confined(regprocedure, boolean, jsonb, inbox.message_context)') IS NOT NULL THEN
+        ALTER FUNCTION inbox._run_confined(regprocedure, boolean, jsonb, inbox.message_context) OWNER TO inbox_owner;
+    END IF;
+END
+$own$;
+SET LOCAL ROLE inbox_owner;
+CREATE OR REPLACE FUNCTION inbox._run_confined(handler regprocedure, takes_context boolean, payload jsonb,
+                                               context inbox.message_context)
+    RETURNS void
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    before text[];
+    after text[];
+    changed text;
+BEGIN
+    before := ARRAY(SELECT s.name || '=' || coalesce(s.setting, '') FROM pg_settings s ORDER BY s.name);
+    IF takes_context THEN
+        EXECUTE format('SELECT %s($1, $2)', handler::regproc) USING payload, context;
+    ELSE
+        EXECUTE format('SELECT %s($1)', handler::regproc) USING payload;
+    END IF;
+    SET CONSTRAINTS ALL IMMEDIATE;
+    after := ARRAY(SELECT s.name || '=' || coalesce(s.setting, '') FROM pg_settings s ORDER BY s.name);
+    IF after IS DISTINCT FROM before THEN
+        SELECT string_agg(DISTINCT split_part(d.x, '=', 1), ', ') INTO changed
+          FROM ((SELECT unnest(before) EXCEPT SELECT unnest(after))
+                UNION ALL (SELECT unnest(after) EXCEPT SELECT unnest(before))) d(x);
+        RAISE EXCEPTION 'handler % changed settings of the session that runs it: %', handler, changed
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = 'An operator''s decision runs it in the operator''s session: a changed setting would outlive the handler.',
+                  HINT = 'Change settings only with SET LOCAL inside a function that has a SET clause for them (ALTER FUNCTION ... SET name = value).';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION inbox._run_confined(regprocedure, boolean, jsonb, inbox.message_context) IS
+    'internal: calls the handler of an operator decision as inbox_runner (no rights), firing its deferred triggers and refusing changed settings';
+REVOKE ALL ON FUNCTION inbox._run_confined(regprocedure, boolean, jsonb, inbox.message_context) FROM PUBLIC;
+RESET ROLE;
+ALTER FUNCTION inbox._run_confined(regprocedure, boolean, jsonb, inbox.message_context) OWNER TO inbox_runner;
+GRANT EXECUTE ON FUNCTION inbox._run_confined(regprocedure, boolean, jsonb, inbox.message_context) TO inbox_owner;
+SET LOCAL ROLE inbox_owner;
+
+-- Runs the handler of an operator's decision (inbox.repair, inbox.run_replay_plan) for the length of
+-- the call as the consumer: inbox.operator_run says whose rights its code acts with. Callers hold a
+-- subtransaction around it: an error rolls the row back with the handler's work.
+CREATE OR REPLACE FUNCTION inbox._run_for_operator(decision text, consumer text, tenant text, handler_owner oid,
+                                                   handler regprocedure, takes_context boolean, payload jsonb,
+                                                   context inbox.message_context)
+    RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO inbox.operator_run (xact, consumer, tenant, handler, handler_owner, decision)
+    VALUES (pg_current_xact_id(), _run_for_operator.consumer, _run_for_operator.tenant, _run_for_operator.handler,
+            _run_for_operator.handler_owner, _run_for_operator.decision);
+    PERFORM set_config('inbox.consumer', _run_for_operator.consumer, true);
+    PERFORM set_config('inbox.tenant', _run_for_operator.tenant, true);
+    PERFORM inbox._run_confined(_run_for_operator.handler, _run_for_operator.takes_context, _run_for_operator.payload,
+                                _run_for_operator.context);
+    DELETE FROM inbox.operator_run r WHERE r.xact = pg_current_xact_id();
+END
+$$;
+COMMENT ON FUNCTION inbox._run_for_operator(text, text, text, oid, regprocedure, boolean, jsonb, inbox.message_context) IS
+    'internal: runs an operator decision''s handler confined, its code acting with its owner''s rights for the call';
+
+-- An advisory lock key nobody outside the package can compute in advance: the purge's and the first
+-- heartbeat's. (Another session can still see a key in pg_locks while it is held: docs/security.md.)
+CREATE OR REPLACE FUNCTION inbox._lock_key(space text, name text) RETURNS integer
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN (SELECT ('x' || left(encode(sha256(s.salt || convert_to(_lock_key.space, 'UTF8') || '\x00'::bytea
+                                              || convert_to(_lock_key.name, 'UTF8')), 'hex'), 8))::bit(32)::integer
+              FROM inbox.lock_salt s);
+END
+$$;
+COMMENT ON FUNCTION inbox._lock_key(text, text) IS 'internal: a salted advisory lock key (the salt is readable by the owner only)';
 
 CREATE OR REPLACE FUNCTION inbox._check_note(fn text, note text) RETURNS void
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE

@@ -1,11 +1,12 @@
--- Revert pginbox:claim to @v0.1.0: the released functions again (deploy/claim@v0.1.0.sql),
--- then the functions this version added.
--- Deploy pginbox:claim. Generated from sql/030_claim.sql by python/tools/sync_deploy.py: edit that file.
+-- Revert pginbox:claim to @v0.2.0: the released functions again (deploy/claim@v0.2.0.sql), then the function this version added.
 -- pginbox: the claim. inbox.claim takes a message identity inside the caller's transaction; the
 -- caller then makes its domain change and both commit or roll back together. Failures and crash
 -- loops are recorded here too, because quarantine is decided on the same identity.
+-- Every function acting under a consumer name first asks whether session_user may act as it
+-- (sql/027_security.sql). Reworked in 0.2.0 (docs/releasing.md).
 BEGIN;
 
+SET LOCAL search_path = pg_catalog, pg_temp;
 SET LOCAL ROLE inbox_owner;
 
 -- The semantic hash: SHA-256 of jsonb's canonical text (key order and whitespace normalised),
@@ -17,16 +18,24 @@ SET LOCAL ROLE inbox_owner;
 CREATE OR REPLACE FUNCTION inbox.payload_hash(payload jsonb, exclude_keys text[] DEFAULT '{}') RETURNS bytea
     LANGUAGE sql STABLE PARALLEL SAFE
     RETURN pg_catalog.sha256(pg_catalog.convert_to(
-        (CASE WHEN pg_catalog.cardinality(exclude_keys) > 0 AND pg_catalog.jsonb_typeof(payload) = 'object'
+        (CASE WHEN pg_catalog.cardinality(exclude_keys) OPERATOR(pg_catalog.>) 0
+                   AND pg_catalog.jsonb_typeof(payload) OPERATOR(pg_catalog.=) 'object'
               THEN payload OPERATOR(pg_catalog.-) exclude_keys
               ELSE payload END)::text,
         'UTF8'));
 COMMENT ON FUNCTION inbox.payload_hash(jsonb, text[]) IS 'SHA-256 of the canonical payload text, without the excluded top-level keys';
 
 -- Rejects a bad identity before anything is written. fn names the public function in messages.
+-- True for a string made only of whitespace (and for ''). Inlined; operators schema-qualified.
+CREATE OR REPLACE FUNCTION inbox._blank(value text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN pg_catalog.btrim(value, E' \t\n\r\f\x0b') OPERATOR(pg_catalog.=) '';
+COMMENT ON FUNCTION inbox._blank(text) IS 'internal: true for an empty or whitespace-only string';
+
 CREATE OR REPLACE FUNCTION inbox._check_identity(fn text, consumer text, producer text, message_id text, tenant text)
     RETURNS void
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF consumer IS NULL OR producer IS NULL OR message_id IS NULL OR tenant IS NULL THEN
@@ -43,6 +52,14 @@ BEGIN
             CASE WHEN consumer = '' THEN 'consumer' WHEN producer = '' THEN 'producer' ELSE 'message_id' END
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'An empty id cannot tell one message from another.';
+    END IF;
+    IF inbox._blank(consumer) OR inbox._blank(producer) OR inbox._blank(message_id)
+       OR (tenant <> '' AND inbox._blank(tenant)) THEN
+        RAISE EXCEPTION '%: % must not be only whitespace', fn,
+            CASE WHEN inbox._blank(consumer) THEN 'consumer' WHEN inbox._blank(producer) THEN 'producer'
+                 WHEN inbox._blank(message_id) THEN 'message_id' ELSE 'tenant' END
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A blank name is almost always a bug in the producer or the consumer''s mapping.';
     END IF;
     IF pg_catalog.octet_length(consumer) > 128 OR pg_catalog.octet_length(producer) > 128
        OR pg_catalog.octet_length(tenant) > 128 THEN
@@ -65,9 +82,12 @@ COMMENT ON FUNCTION inbox._check_identity(text, text, text, text, text) IS 'inte
 -- one says no does the caller run the _check_* function, which names what is wrong.
 CREATE OR REPLACE FUNCTION inbox._identity_ok(consumer text, producer text, message_id text, tenant text) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    RETURN consumer <> '' AND producer <> '' AND message_id <> '' AND tenant IS NOT NULL
-       AND pg_catalog.octet_length(consumer) <= 128 AND pg_catalog.octet_length(producer) <= 128
-       AND pg_catalog.octet_length(tenant) <= 128 AND pg_catalog.octet_length(message_id) <= 256;
+    RETURN NOT inbox._blank(consumer) AND NOT inbox._blank(producer) AND NOT inbox._blank(message_id)
+       AND (tenant OPERATOR(pg_catalog.=) '' OR NOT inbox._blank(tenant))
+       AND pg_catalog.octet_length(consumer) OPERATOR(pg_catalog.<=) 128
+       AND pg_catalog.octet_length(producer) OPERATOR(pg_catalog.<=) 128
+       AND pg_catalog.octet_length(tenant) OPERATOR(pg_catalog.<=) 128
+       AND pg_catalog.octet_length(message_id) OPERATOR(pg_catalog.<=) 256;
 COMMENT ON FUNCTION inbox._identity_ok(text, text, text, text) IS 'internal: true when inbox._check_identity would accept the identity';
 
 -- The settings of a consumer that has no row: the column defaults of inbox.consumer_config
@@ -80,6 +100,7 @@ COMMENT ON FUNCTION inbox._default_settings(text) IS 'internal: settings of an u
 
 CREATE OR REPLACE FUNCTION inbox._settings(consumer text) RETURNS inbox.consumer_config
     LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     settings inbox.consumer_config;
@@ -98,13 +119,14 @@ COMMENT ON FUNCTION inbox._settings(text) IS 'internal: a consumer''s settings, 
 CREATE OR REPLACE FUNCTION inbox._delivery_ok(payload_size integer, max_payload_bytes integer, handler_version text)
     RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    RETURN payload_size <= max_payload_bytes AND handler_version <> ''
-       AND pg_catalog.octet_length(handler_version) <= 128;
+    RETURN payload_size OPERATOR(pg_catalog.<=) max_payload_bytes AND NOT inbox._blank(handler_version)
+       AND pg_catalog.octet_length(handler_version) OPERATOR(pg_catalog.<=) 128;
 COMMENT ON FUNCTION inbox._delivery_ok(integer, integer, text) IS 'internal: true when inbox._check_delivery would accept the delivery';
 
 CREATE OR REPLACE FUNCTION inbox._check_delivery(fn text, payload_size integer, max_payload_bytes integer, handler_version text)
     RETURNS void
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF payload_size IS NULL THEN
@@ -116,6 +138,11 @@ BEGIN
         RAISE EXCEPTION '%: payload is % bytes, the consumer''s limit is % bytes', fn, payload_size, max_payload_bytes
             USING ERRCODE = 'program_limit_exceeded',
                   HINT = 'Store large bodies elsewhere and send a reference, or raise max_payload_bytes with inbox.configure_consumer.';
+    END IF;
+    IF handler_version IS NOT NULL AND handler_version <> '' AND inbox._blank(handler_version) THEN
+        RAISE EXCEPTION '%: handler_version must not be only whitespace', fn
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Name the version of the code that applies the message, e.g. ''v1'' or a git sha.';
     END IF;
     IF handler_version IS NULL OR handler_version = '' THEN
         RAISE EXCEPTION '%: handler_version must not be NULL or empty', fn
@@ -129,6 +156,53 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION inbox._check_delivery(text, integer, integer, text) IS 'internal: validates payload size and handler version (22004, 54000, 22023, 22001)';
+
+-- The size a payload is held to: the length of its JSON text. pg_column_size would be the stored
+-- size, compressed for a value read from a table, so a large body could pass a small limit.
+CREATE OR REPLACE FUNCTION inbox._payload_size(payload jsonb) RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN pg_catalog.octet_length(payload::text);
+COMMENT ON FUNCTION inbox._payload_size(jsonb) IS 'internal: the size a payload limit applies to (bytes of its JSON text)';
+
+-- How far ahead of the database clock a produced_at may be when no retention policy names a
+-- safety margin. The purge's watermark covers at least this much (sql/075_retention.sql).
+CREATE OR REPLACE FUNCTION inbox._default_clock_tolerance() RETURNS interval
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN '5 minutes'::interval;
+COMMENT ON FUNCTION inbox._default_clock_tolerance() IS 'internal: produced_at tolerance without a retention policy (5 minutes)';
+
+-- A produced_at ahead of the database clock by more than the consumer's retention safety margin
+-- (or 5 minutes without a policy) is refused before anything is written: once purged, a message
+-- "from the future" would be newer than every watermark and apply again on its next redelivery.
+-- Called only when produced_at > now(), so the happy path pays nothing.
+CREATE OR REPLACE FUNCTION inbox._check_produced_at(fn text, consumer text, producer text, produced_at timestamptz)
+    RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    tolerance interval;
+BEGIN
+    IF _check_produced_at.produced_at IS NULL OR _check_produced_at.produced_at <= now() THEN
+        RETURN;
+    END IF;
+    SELECT p.safety_margin INTO tolerance
+      FROM inbox.retention_policy p
+     WHERE p.consumer = _check_produced_at.consumer AND p.producer IN (_check_produced_at.producer, '')
+     ORDER BY p.producer DESC
+     LIMIT 1;
+    tolerance := coalesce(tolerance, inbox._default_clock_tolerance());
+    IF _check_produced_at.produced_at > now() + tolerance THEN
+        RAISE EXCEPTION '%: produced_at % is ahead of the database clock (%) by more than %', fn,
+            _check_produced_at.produced_at, now(), tolerance
+            USING ERRCODE = 'datetime_field_overflow',
+                  DETAIL = 'Once purged, a message from the future would be newer than every purge watermark and be applied again.',
+                  HINT = 'Fix the producer''s clock, pass produced_at => NULL (no watermark protection), or raise the retention policy''s safety_margin.';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION inbox._check_produced_at(text, text, text, timestamptz) IS
+    'internal: refuses a produced_at ahead of the database clock by more than the safety margin (22008)';
 
 -- The claim itself. INSERT ... ON CONFLICT DO NOTHING on the identity: the unique key, not a
 -- prior SELECT, decides who owns first processing. At READ COMMITTED a concurrent claimer waits
@@ -198,7 +272,7 @@ BEGIN
         -- Same identity, different payload: the producer broke its contract. Record both hashes.
         INSERT INTO inbox.quarantine AS q (consumer, tenant, producer, message_id, kind, payload_sha256,
                                            stored_sha256, payload, payload_bytes, reason_code, error_message,
-                                           handler_version)
+                                           handler_version, recorded_by)
         VALUES (_claim_core.consumer, _claim_core.tenant, _claim_core.producer, _claim_core.message_id, 'conflict',
                 _claim_core.payload_hash, existing.payload_sha256,
                 CASE WHEN _claim_core.store_payload THEN _claim_core.payload END,
@@ -206,7 +280,7 @@ BEGIN
                 'identity_conflict',
                 pg_catalog.format('message id was processed with payload hash %s; this delivery has %s',
                                   pg_catalog.encode(existing.payload_sha256, 'hex'), result.payload_sha256),
-                existing.handler_version)
+                existing.handler_version, session_user)
         ON CONFLICT ON CONSTRAINT quarantine_entry_key
         DO UPDATE SET deliveries = q.deliveries + 1, last_seen_at = now()
         RETURNING q.quarantine_id INTO result.quarantine_id;
@@ -215,17 +289,18 @@ BEGIN
         RETURN result;
     END IF;
 
-    -- Held by quarantine: count the delivery on the open entry, run nothing.
+    -- Held by quarantine (exhausted attempts, or an expired delivery): count the delivery on the
+    -- open entry, run nothing. A held expired delivery stays 'expired' whatever its produced_at.
     UPDATE inbox.quarantine q
        SET deliveries = q.deliveries + 1, last_seen_at = now()
      WHERE q.quarantine_id = (
             SELECT max(o.quarantine_id) FROM inbox.quarantine o
              WHERE o.consumer = _claim_core.consumer AND o.tenant = _claim_core.tenant
                AND o.producer = _claim_core.producer AND o.message_id = _claim_core.message_id
-               AND o.kind = 'failure' AND o.status = 'open')
+               AND o.kind IN ('failure', 'expired') AND o.status = 'open')
     RETURNING q.quarantine_id, q.attempts, q.reason_code
          INTO result.quarantine_id, result.attempts, result.reason_code;
-    result.outcome := 'quarantined';
+    result.outcome := CASE WHEN result.reason_code = 'expired' THEN 'expired' ELSE 'quarantined' END;
     RETURN result;
 END
 $$;
@@ -239,6 +314,7 @@ CREATE OR REPLACE FUNCTION inbox.claim(
     SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    lookup record;
     settings inbox.consumer_config;
     hash bytea;
     expired inbox.delivery_result;
@@ -246,14 +322,27 @@ BEGIN
     IF inbox._identity_ok(claim.consumer, claim.producer, claim.message_id, claim.tenant) IS NOT TRUE THEN
         PERFORM inbox._check_identity('inbox.claim', claim.consumer, claim.producer, claim.message_id, claim.tenant);
     END IF;
-    SELECT c.* INTO settings FROM inbox.consumer_config c WHERE c.consumer = claim.consumer;
-    IF NOT FOUND THEN
+    -- One query: may the caller act as the consumer (inbox._acting_as, inlined), and its settings.
+    SELECT a.allowed, c AS settings INTO lookup
+      FROM inbox._acting_as(claim.consumer, claim.tenant) a
+      LEFT JOIN inbox.consumer_config c ON c.consumer = claim.consumer;
+    IF lookup.allowed IS NOT TRUE THEN
+        PERFORM inbox._authorize('inbox.claim', claim.consumer, claim.tenant);
+    END IF;
+    IF claim.produced_at > now() THEN
+        PERFORM inbox._check_produced_at('inbox.claim', claim.consumer, claim.producer, claim.produced_at);
+    END IF;
+    settings := lookup.settings;
+    IF settings IS NULL THEN
         settings := inbox._default_settings(claim.consumer);
     END IF;
-    IF inbox._delivery_ok(pg_column_size(claim.payload), settings.max_payload_bytes, claim.handler_version) IS NOT TRUE THEN
-        PERFORM inbox._check_delivery('inbox.claim', pg_column_size(claim.payload), settings.max_payload_bytes,
+    IF inbox._delivery_ok(inbox._payload_size(claim.payload), settings.max_payload_bytes, claim.handler_version)
+       IS NOT TRUE THEN
+        PERFORM inbox._check_delivery('inbox.claim', inbox._payload_size(claim.payload), settings.max_payload_bytes,
                                       claim.handler_version);
     END IF;
+    -- The consumer this transaction claims for: inbox.enqueue_effect enqueues under it by default.
+    PERFORM pg_catalog.set_config('inbox.consumer', claim.consumer, true);
     hash := inbox.payload_hash(claim.payload, settings.hash_exclude_keys);
     -- Retention's heartbeat (sql/075_retention.sql), at most once a minute per consumer.
     IF settings.last_active_at IS NULL OR settings.last_active_at < now() - '60 seconds'::interval THEN
@@ -297,7 +386,11 @@ DECLARE
 BEGIN
     PERFORM inbox._check_identity('inbox.claim_bytea', claim_bytea.consumer, claim_bytea.producer,
                                   claim_bytea.message_id, claim_bytea.tenant);
+    PERFORM inbox._authorize('inbox.claim_bytea', claim_bytea.consumer, claim_bytea.tenant);
+    PERFORM inbox._check_produced_at('inbox.claim_bytea', claim_bytea.consumer, claim_bytea.producer,
+                                     claim_bytea.produced_at);
     settings := inbox._settings(claim_bytea.consumer);
+    PERFORM pg_catalog.set_config('inbox.consumer', claim_bytea.consumer, true);
     PERFORM inbox._check_delivery('inbox.claim_bytea', octet_length(claim_bytea.payload),
                                   settings.max_payload_bytes, claim_bytea.handler_version);
     IF settings.last_active_at IS NULL OR settings.last_active_at < now() - '60 seconds'::interval THEN
@@ -345,7 +438,7 @@ BEGIN
          WHERE q.quarantine_id = (
                 SELECT max(o.quarantine_id) FROM inbox.quarantine o
                  WHERE o.consumer = attempt.consumer AND o.tenant = attempt.tenant AND o.producer = attempt.producer
-                   AND o.message_id = attempt.message_id AND o.kind = 'failure' AND o.status = 'open')
+                   AND o.message_id = attempt.message_id AND o.kind IN ('failure', 'expired') AND o.status = 'open')
         RETURNING q.quarantine_id INTO entry_id;
         IF FOUND THEN
             RETURN entry_id;
@@ -354,12 +447,12 @@ BEGIN
 
     INSERT INTO inbox.quarantine AS q (consumer, tenant, producer, message_id, kind, message_type, payload_sha256,
                                        payload, payload_ref, reason_code, error_message, attempts, crashes,
-                                       first_failure_at, last_failure_at, handler_version)
+                                       first_failure_at, last_failure_at, handler_version, recorded_by)
     VALUES (attempt.consumer, attempt.tenant, attempt.producer, attempt.message_id, 'failure', attempt.message_type,
             attempt.payload_sha256, CASE WHEN store_payload THEN payload END, payload_ref,
             _quarantine_failure.reason_code, _quarantine_failure.error_message, attempt.failed,
             _quarantine_failure.crashes, attempt.first_failure_at, attempt.last_failure_at,
-            coalesce(attempt.handler_version, 'unversioned'))
+            coalesce(attempt.handler_version, 'unversioned'), session_user)
     ON CONFLICT ON CONSTRAINT quarantine_entry_key DO UPDATE
        SET status = 'open', deliveries = q.deliveries + 1, last_seen_at = now(),
            reason_code = EXCLUDED.reason_code, error_message = EXCLUDED.error_message,
@@ -368,6 +461,7 @@ BEGIN
            last_failure_at = EXCLUDED.last_failure_at, handler_version = EXCLUDED.handler_version,
            message_type = coalesce(EXCLUDED.message_type, q.message_type),
            payload = coalesce(EXCLUDED.payload, q.payload), payload_ref = coalesce(EXCLUDED.payload_ref, q.payload_ref),
+           recorded_by = CASE WHEN EXCLUDED.payload IS NOT NULL THEN EXCLUDED.recorded_by ELSE q.recorded_by END,
            decided_at = NULL, decided_by = NULL
     RETURNING q.quarantine_id INTO entry_id;
     RETURN entry_id;
@@ -455,7 +549,9 @@ COMMENT ON FUNCTION inbox._check_reason(text, text) IS 'internal: validates a fa
 -- RAISE ... USING CONSTRAINT = 'my_code') when that is a valid code, else its SQLSTATE.
 CREATE OR REPLACE FUNCTION inbox._reason_code(sqlstate text, constraint_name text) RETURNS text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    RETURN CASE WHEN pg_catalog.octet_length(constraint_name) BETWEEN 1 AND 64 THEN constraint_name ELSE sqlstate END;
+    RETURN CASE WHEN pg_catalog.octet_length(constraint_name) OPERATOR(pg_catalog.>=) 1
+                     AND pg_catalog.octet_length(constraint_name) OPERATOR(pg_catalog.<=) 64
+                THEN constraint_name ELSE sqlstate END;
 COMMENT ON FUNCTION inbox._reason_code(text, text) IS 'internal: reason code of a handler error (constraint name or SQLSTATE)';
 
 -- The optional fields of record_failure / record_start.
@@ -463,9 +559,9 @@ CREATE OR REPLACE FUNCTION inbox._check_optional(fn text, message_type text, pay
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
-    IF message_type IS NOT NULL AND (message_type = '' OR pg_catalog.octet_length(message_type) > 128) THEN
-        RAISE EXCEPTION '%: message_type must be NULL or a name of 1 to 128 bytes', fn
-            USING ERRCODE = CASE WHEN message_type = '' THEN 'invalid_parameter_value'
+    IF message_type IS NOT NULL AND (message_type !~ '\S' OR pg_catalog.octet_length(message_type) > 128) THEN
+        RAISE EXCEPTION '%: message_type must be NULL or a name of 1 to 128 bytes, not only whitespace', fn
+            USING ERRCODE = CASE WHEN message_type !~ '\S' THEN 'invalid_parameter_value'
                                  ELSE 'string_data_right_truncation' END;
     END IF;
     IF pg_catalog.octet_length(payload_ref) > 1024 THEN
@@ -494,8 +590,9 @@ BEGIN
                                   record_failure.message_id, record_failure.tenant);
     PERFORM inbox._check_reason('inbox.record_failure', record_failure.reason_code);
     PERFORM inbox._check_optional('inbox.record_failure', record_failure.message_type, record_failure.payload_ref);
+    PERFORM inbox._authorize('inbox.record_failure', record_failure.consumer, record_failure.tenant);
     settings := inbox._settings(record_failure.consumer);
-    PERFORM inbox._check_delivery('inbox.record_failure', coalesce(pg_column_size(record_failure.payload), 0),
+    PERFORM inbox._check_delivery('inbox.record_failure', coalesce(inbox._payload_size(record_failure.payload), 0),
                                   settings.max_payload_bytes, record_failure.handler_version);
     RETURN inbox._record_failure_core(
         settings, record_failure.tenant, record_failure.producer, record_failure.message_id,
@@ -528,8 +625,9 @@ BEGIN
     PERFORM inbox._check_identity('inbox.record_start', record_start.consumer, record_start.producer,
                                   record_start.message_id, record_start.tenant);
     PERFORM inbox._check_optional('inbox.record_start', record_start.message_type, record_start.payload_ref);
+    PERFORM inbox._authorize('inbox.record_start', record_start.consumer, record_start.tenant);
     settings := inbox._settings(record_start.consumer);
-    PERFORM inbox._check_delivery('inbox.record_start', coalesce(pg_column_size(record_start.payload), 0),
+    PERFORM inbox._check_delivery('inbox.record_start', coalesce(inbox._payload_size(record_start.payload), 0),
                                   settings.max_payload_bytes, record_start.handler_version);
     hash := inbox.payload_hash(record_start.payload, settings.hash_exclude_keys);
 
@@ -652,13 +750,12 @@ GRANT EXECUTE ON FUNCTION inbox.claim(text, text, text, jsonb, text, text, times
     inbox.record_failure(text, text, text, jsonb, text, text, text, text, text, text),
     inbox.record_start(text, text, text, text, text, jsonb, text, text) TO inbox_consumer;
 GRANT EXECUTE ON FUNCTION inbox.configure_consumer(text, text[], integer, boolean, integer, boolean) TO inbox_operator;
-GRANT EXECUTE ON FUNCTION inbox.payload_hash(jsonb, text[])
-    TO inbox_consumer, inbox_operator, inbox_reader;
+GRANT EXECUTE ON FUNCTION inbox.payload_hash(jsonb, text[]) TO inbox_consumer, inbox_operator;
+-- Readers see no payload hashes (0.2.0), so they get no hash function to guess payloads with either.
+REVOKE EXECUTE ON FUNCTION inbox.payload_hash(jsonb, text[]) FROM inbox_reader;
 GRANT EXECUTE ON FUNCTION inbox._reason_code(text, text) TO inbox_consumer, inbox_operator;
+GRANT EXECUTE ON FUNCTION inbox._blank(text) TO inbox_consumer, inbox_operator;
 
-DROP FUNCTION inbox._check_produced_at(text, text, text, timestamptz);
-DROP FUNCTION inbox._default_clock_tolerance();
-DROP FUNCTION inbox._payload_size(jsonb);
-DROP FUNCTION inbox._blank(text);
+DROP FUNCTION inbox._has_control(text);
 
 COMMIT;

@@ -1,29 +1,27 @@
--- Revert pginbox:outbox to @v0.1.0: the released body (deploy/outbox@v0.1.0.sql), after dropping what
--- 0.2.0 added or changed.
--- pginbox: the transactional outbox's functions (tables in 060_outbox_tables.sql).
+-- Revert pginbox:outbox to @v0.2.0: the released functions again (deploy/outbox@v0.2.0.sql), then the functions this version added or whose signature it changed.
+-- pginbox: the transactional outbox's functions (tables in 060_outbox_tables.sql and
+-- 061_outbox_scope_tables.sql).
+-- Trust boundaries (0.2.0, docs/outbox.md#13-trust-boundaries):
+--   * enqueue_effect acts under a consumer (its argument, else the one claimed in the transaction):
+--     session_user must be allowed to act as it (inbox._authorize) and the consumer must be bound
+--     to the destination (bind_destination); an enqueue without a consumer needs anonymous_enqueue.
+--     Effect ids are unique per consumer. Headers the dispatcher owns, invalid header names and
+--     values, and an available_at beyond max_effect_delay are refused before anything is written.
+--   * A lease token is 63 random bits, and a report is accepted only from the role that claimed the
+--     lease (outbox.lease_role) with that token.
 BEGIN;
 
+SET LOCAL search_path = pg_catalog, pg_temp;
 SET LOCAL ROLE inbox_owner;
 -- DROP ... IF EXISTS below makes this script rerunnable (sqitch rework): no notices for it.
 SET LOCAL client_min_messages = warning;
-
--- What 0.2.0 added, or changed the signature or return type of (CREATE OR REPLACE cannot bring
--- those back): dropped first, then the released body below creates the 0.1.0 versions again.
-DROP FUNCTION inbox.unbind_destination(text, text, text);
-DROP FUNCTION inbox.bind_destination(text, text, text);
-DROP FUNCTION inbox.discard_effect(text, text, text);
-DROP FUNCTION inbox.redrive_effect(text, text, text);
-DROP FUNCTION inbox._lock_dead_effect(text, text, text, text, text, text, text);
-DROP FUNCTION inbox.claim_effects(text, integer, interval);
-DROP FUNCTION inbox._new_lease_token();
-DROP FUNCTION inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz, text);
-DROP FUNCTION inbox._authorize_enqueue(text, text, text);
 
 -- ------------------------------------------------------------------ validation
 
 -- NULL, empty and over-long names and ids, with the argument named: 22004, 22023, 22001.
 CREATE OR REPLACE FUNCTION inbox._check_text(fn text, what text, value text, max_bytes integer) RETURNS void
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF value IS NULL THEN
@@ -40,7 +38,28 @@ END
 $$;
 COMMENT ON FUNCTION inbox._check_text(text, text, text, integer) IS 'internal: rejects a NULL, empty or over-long argument (22004, 22023, 22001)';
 
--- The fast check of enqueue_effect, inlined by the planner; _check_effect names what is wrong.
+-- Effect headers the dispatcher may send: a JSON object of strings; each name an RFC 7230 token,
+-- each value without control characters other than HTAB (CR and LF would split the request; NUL
+-- cannot occur: jsonb refuses \u0000); no name the dispatcher owns (case-insensitive): the target
+-- and credentials (Host, Authorization, Proxy-Authorization, Cookie), the framing (Content-Length,
+-- Transfer-Encoding), hop-by-hop headers (Connection, Keep-Alive, Proxy-Connection,
+-- Proxy-Authenticate, TE, Trailer, Upgrade) and the idempotency key. One jsonpath, so that the
+-- check is inlined (an EXISTS would not be).
+CREATE OR REPLACE FUNCTION inbox._headers_ok(headers jsonb) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN pg_catalog.jsonb_typeof(headers) OPERATOR(pg_catalog.=) 'object'
+       AND pg_catalog.octet_length(headers::text) OPERATOR(pg_catalog.<=) 65536
+       AND NOT pg_catalog.jsonb_path_exists(headers,
+           '$.keyvalue() ? (@.value.type() != "string"
+                            || !(@.key like_regex "^[-!#$%&''*+.^_`|~0-9A-Za-z]+$")
+                            || @.key like_regex "^(host|authorization|proxy-authorization|cookie|content-length|transfer-encoding|connection|keep-alive|proxy-connection|proxy-authenticate|te|trailer|upgrade|idempotency-key)$" flag "i"
+                            || @.value like_regex "[\x01-\x08\x0a-\x1f\x7f]")');
+COMMENT ON FUNCTION inbox._headers_ok(jsonb) IS
+    'internal: true when effect headers are a JSON object of valid names and string values the dispatcher may send';
+
+-- The fast check of enqueue_effect, inlined by the planner (IMMUTABLE, and only IMMUTABLE calls:
+-- check with EXPLAIN VERBOSE); _check_effect names what is wrong. payload_size is the length of the
+-- payload's text (not pg_column_size, the compressed size). Empty headers skip the header check.
 CREATE OR REPLACE FUNCTION inbox._effect_ok(
     effect_id text, destination text, payload_size integer, headers jsonb, ordering_key text, available_at timestamptz)
     RETURNS boolean
@@ -48,9 +67,7 @@ CREATE OR REPLACE FUNCTION inbox._effect_ok(
     RETURN effect_id <> '' AND pg_catalog.octet_length(effect_id) <= 256
        AND destination <> '' AND pg_catalog.octet_length(destination) <= 128
        AND payload_size <= 1048576
-       AND (headers OPERATOR(pg_catalog.=) '{}'::jsonb
-            OR (pg_catalog.jsonb_typeof(headers) = 'object' AND pg_catalog.pg_column_size(headers) <= 65536
-                AND NOT pg_catalog.jsonb_path_exists(headers, '$.* ? (@.type() != "string")')))
+       AND (headers OPERATOR(pg_catalog.=) '{}'::jsonb OR inbox._headers_ok(headers))
        AND (ordering_key IS NULL OR (ordering_key <> '' AND pg_catalog.octet_length(ordering_key) <= 256))
        AND pg_catalog.isfinite(available_at);
 COMMENT ON FUNCTION inbox._effect_ok(text, text, integer, jsonb, text, timestamptz) IS
@@ -63,7 +80,7 @@ CREATE OR REPLACE FUNCTION inbox._check_effect(
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 DECLARE
-    bad_header text;
+    bad record;
 BEGIN
     PERFORM inbox._check_text(fn, 'effect_id', effect_id, 256);
     PERFORM inbox._check_text(fn, 'destination', destination, 128);
@@ -84,14 +101,34 @@ BEGIN
         RAISE EXCEPTION '%: headers must be a JSON object of strings, got a JSON %', fn, pg_catalog.jsonb_typeof(headers)
             USING ERRCODE = 'invalid_parameter_value', HINT = 'For example ''{"X-Tenant": "acme"}''.';
     END IF;
-    SELECT h.key INTO bad_header FROM pg_catalog.jsonb_each(headers) h
-     WHERE pg_catalog.jsonb_typeof(h.value) <> 'string' ORDER BY h.key LIMIT 1;
-    IF bad_header IS NOT NULL THEN
-        RAISE EXCEPTION '%: header % must be a string', fn, pg_catalog.quote_literal(pg_catalog.left(bad_header, 64))
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF pg_catalog.pg_column_size(headers) > 65536 THEN
-        RAISE EXCEPTION '%: headers are % bytes, the limit is 65536 bytes', fn, pg_catalog.pg_column_size(headers)
+    FOR bad IN
+        SELECT h.key, pg_catalog.jsonb_typeof(h.value) AS type, h.value #>> '{}' AS value
+          FROM pg_catalog.jsonb_each(headers) h
+         ORDER BY h.key
+    LOOP
+        IF bad.type <> 'string' THEN
+            RAISE EXCEPTION '%: header % must be a string', fn, pg_catalog.quote_literal(pg_catalog.left(bad.key, 64))
+                USING ERRCODE = 'invalid_parameter_value', DETAIL = pg_catalog.format('It is a JSON %s.', bad.type);
+        END IF;
+        IF bad.key !~ '^[-!#$%&''*+.^_`|~0-9A-Za-z]+$' THEN
+            RAISE EXCEPTION '%: header name % is not an HTTP token', fn, pg_catalog.quote_literal(pg_catalog.left(bad.key, 64))
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'A header name is letters, digits and !#$%&''*+-.^_`|~ (RFC 7230), without spaces or colons.';
+        END IF;
+        IF pg_catalog.lower(bad.key) = ANY (ARRAY['host', 'authorization', 'proxy-authorization', 'cookie', 'content-length',
+                                                  'transfer-encoding', 'connection', 'keep-alive', 'proxy-connection',
+                                                  'proxy-authenticate', 'te', 'trailer', 'upgrade', 'idempotency-key']) THEN
+            RAISE EXCEPTION '%: header % belongs to the dispatcher', fn, pg_catalog.quote_literal(bad.key)
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Credentials, the target host, framing and hop-by-hop headers come from the destination''s configuration; the idempotency key is the effect id.';
+        END IF;
+        IF bad.value ~ '[\x01-\x08\x0a-\x1f\x7f]' THEN
+            RAISE EXCEPTION '%: the value of header % contains a control character (CR, LF, ...)', fn,
+                pg_catalog.quote_literal(bad.key) USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END LOOP;
+    IF pg_catalog.octet_length(headers::text) > 65536 THEN
+        RAISE EXCEPTION '%: headers are % bytes, the limit is 65536 bytes', fn, pg_catalog.octet_length(headers::text)
             USING ERRCODE = 'program_limit_exceeded';
     END IF;
     IF ordering_key IS NOT NULL THEN
@@ -207,9 +244,8 @@ COMMENT ON FUNCTION inbox._wake_dispatchers() IS 'internal: notifies channel inb
 -- registration sent no signal); then wait for a notification, and claim again after each wait,
 -- the waits growing from a few milliseconds (say 20 ms, doubling) up to the poll timeout.
 -- dispatcher_idle(name, false) when it stops. The early claims cover the one race left: an
--- enqueuing transaction that looked at the waiter table (at its commit, see _signal_at_commit)
--- just before the registration and became visible (its commit record flushed) just after the
--- catch-up claim. An effect whose signal was missed waits for the next claim, at worst the poll
+-- enqueuing transaction that looked at the waiter table (inbox.enqueue_effect) before the
+-- registration and committed after the catch-up claim. An effect whose signal was missed waits for the next claim, at worst the poll
 -- timeout, never longer. Stale registrations of dead dispatchers cost one NOTIFY: the first
 -- enqueue deletes them.
 -- Neither direction waits for the row lock of a transaction that is waking the dispatcher.
@@ -276,7 +312,7 @@ BEGIN
     PERFORM pg_catalog.pg_advisory_xact_lock(1886282358, pg_catalog.hashtext(NEW.ordering_key));
     UPDATE inbox.outbox o
        SET order_seq = pg_catalog.nextval('inbox.outbox_order_seq')
-     WHERE o.effect_id = NEW.effect_id AND o.order_seq IS NULL;
+     WHERE o.effect_id = NEW.effect_id AND o.consumer = NEW.consumer AND o.order_seq IS NULL;
     RETURN NULL;
 END
 $$;
@@ -289,90 +325,168 @@ CREATE CONSTRAINT TRIGGER outbox_order_at_commit
     FOR EACH ROW WHEN (NEW.ordering_key IS NOT NULL)
     EXECUTE FUNCTION inbox._order_at_commit();
 
--- The wake-up signal, decided at commit: an enqueue notifies (through _wake_dispatchers) only when
--- a dispatcher is registered idle at the moment its transaction commits, not when it enqueued
--- (which may be long before): a dispatcher that registered meanwhile is woken too. One cheap look
--- at the (nearly always empty) waiter table per effect due now; effects due later wake nobody
--- (the dispatcher's poll finds them). Under SET CONSTRAINTS ... IMMEDIATE the look happens at
--- the end of the enqueuing statement instead; at REPEATABLE READ and above it sees the waiters of
--- the transaction's snapshot: a missed signal, which the dispatcher's settle claim or poll covers.
-CREATE OR REPLACE FUNCTION inbox._signal_at_commit() RETURNS trigger
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-    SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF EXISTS (SELECT FROM inbox.outbox_waiter) THEN
-        PERFORM inbox._wake_dispatchers();
-    END IF;
-    RETURN NULL;
-END
-$$;
-COMMENT ON FUNCTION inbox._signal_at_commit() IS 'internal (trigger): wakes idle dispatchers when an enqueuing transaction commits';
-
+-- The wake-up signal was a deferred trigger per inserted effect in 0.1.0 (~20 us each); since 0.2.0
+-- inbox.enqueue_effect checks for idle dispatchers itself (~6 us).
 DROP TRIGGER IF EXISTS outbox_signal_at_commit ON inbox.outbox;
-CREATE CONSTRAINT TRIGGER outbox_signal_at_commit
-    AFTER INSERT ON inbox.outbox
-    DEFERRABLE INITIALLY DEFERRED
-    FOR EACH ROW WHEN (NEW.available_at <= now())
-    EXECUTE FUNCTION inbox._signal_at_commit();
+DROP FUNCTION IF EXISTS inbox._signal_at_commit();
 
--- Records an effect in the caller's transaction: true when newly enqueued, false when the same
--- effect id was already enqueued with the same destination and payload (a re-run handler: no-op).
--- The same id with another payload or destination is a bug in the caller and raises 23505
--- (CONSTRAINT effect_id_conflict, which inbox.claim_and_apply records as the reason code).
--- Headers, ordering_key and available_at of a repeat are ignored: the first enqueue's stay.
--- As with inbox.claim, the primary key decides: a concurrent enqueue of the same id waits for the
--- first transaction; at REPEATABLE READ and above it gets 40001 instead (retry the transaction).
--- The id is remembered as long as the effect row is kept (see purge_delivered_effects).
-CREATE OR REPLACE FUNCTION inbox.enqueue_effect(
-    effect_id text, destination text, payload jsonb, headers jsonb DEFAULT '{}', ordering_key text DEFAULT NULL,
-    available_at timestamptz DEFAULT now())
-    RETURNS boolean
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+-- The slow path of enqueue_effect's authorization, run only when the fast checks said no: names
+-- what is wrong, or lets a superuser through (unless strict_consumers), as inbox._authorize does.
+--   consumer NULL (none given, none claimed): 22004 unless anonymous_enqueue is on;
+--   a consumer session_user may not act as: 42501 / 42704 (inbox._authorize);
+--   a destination not bound to the consumer (nor to '*'): 42501.
+CREATE OR REPLACE FUNCTION inbox._authorize_enqueue(fn text, destination text, consumer text) RETURNS void
+    LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    hash bytea;
-    stored_hash bytea;
-    stored_destination text;
+    settings inbox.security_settings;
+    superuser_passes boolean;
 BEGIN
-    IF inbox._effect_ok(enqueue_effect.effect_id, enqueue_effect.destination, pg_column_size(enqueue_effect.payload),
+    SELECT s.* INTO settings FROM inbox.security_settings s;
+    superuser_passes := NOT settings.strict_consumers
+                        AND (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = session_user);
+    IF _authorize_enqueue.consumer IS NULL THEN
+        IF NOT settings.anonymous_enqueue AND NOT superuser_passes THEN
+            RAISE EXCEPTION '%: no consumer: the effect must belong to one', fn
+                USING ERRCODE = 'null_value_not_allowed',
+                      DETAIL = 'Neither the consumer argument nor a claim in this transaction names one, and anonymous enqueues are off (inbox.security_settings.anonymous_enqueue).',
+                      HINT = 'Enqueue from a handler run by inbox.claim_and_apply (or after inbox.claim in the same transaction), or pass consumer => ''<consumer>''.';
+        END IF;
+    ELSE
+        PERFORM inbox._authorize(fn, _authorize_enqueue.consumer, NULL);
+    END IF;
+    IF NOT EXISTS (SELECT FROM inbox.destination_binding d
+                    WHERE d.destination = _authorize_enqueue.destination
+                      AND d.consumer = ANY (ARRAY[_authorize_enqueue.consumer,
+                                                  inbox._consumer_base(_authorize_enqueue.consumer), '*']))
+       AND NOT superuser_passes THEN
+        RAISE EXCEPTION '%: % may not enqueue effects to destination %', fn,
+            coalesce('consumer ' || quote_literal(_authorize_enqueue.consumer), 'an enqueue without a consumer'),
+            quote_literal(_authorize_enqueue.destination)
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = CASE WHEN EXISTS (SELECT FROM inbox.destination_binding d
+                                              WHERE d.destination = _authorize_enqueue.destination)
+                                THEN 'The destination is bound to other consumers (inbox.destination_binding).'
+                                ELSE 'No consumer is bound to the destination: check its name for a typo.' END,
+                  HINT = format('An operator binds it: SELECT inbox.bind_destination(%L, %L, ''<why>'');',
+                                _authorize_enqueue.destination, coalesce(_authorize_enqueue.consumer, '*'));
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION inbox._authorize_enqueue(text, text, text) IS
+    'internal: returns when the session may enqueue to the destination under the consumer (NULL: anonymously), else raises 22004 / 42501 / 42704';
+
+-- Records an effect in the caller's transaction: true when newly enqueued, false when the same
+-- consumer already enqueued the same effect id with the same destination and payload (a re-run
+-- handler: no-op). The same id with another payload or destination is a bug in the caller and
+-- raises 23505 (CONSTRAINT effect_id_conflict, which inbox.claim_and_apply records as the reason
+-- code). Headers, ordering_key and available_at of a repeat are ignored: the first enqueue's stay.
+-- The effect belongs to `consumer`, by default the consumer claimed in this transaction (setting
+-- inbox.consumer, which the claim paths set). Anyone can set that setting: it only chooses the
+-- consumer, session_user must still be allowed to act as it. Effect ids are unique per consumer:
+-- another consumer's effect under the same id is another effect.
+-- Every check runs before anything is written: the effect's fields (22004, 22023, 22001, 54000;
+-- headers: see _headers_ok), available_at at most max_effect_delay ahead (22023), then who may
+-- enqueue what (_authorize_enqueue: 22004, 42501, 42704).
+-- As with inbox.claim, the primary key decides: a concurrent enqueue of the same id waits for the
+-- first transaction; at REPEATABLE READ and above it gets 40001 instead (retry the transaction).
+-- The id is remembered as long as the effect row is kept (see purge_delivered_effects).
+-- 0.2.0 added `consumer` (dropped and created again: a call without it resolves to this function).
+DROP FUNCTION IF EXISTS inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz);
+CREATE OR REPLACE FUNCTION inbox.enqueue_effect(
+    effect_id text, destination text, payload jsonb, headers jsonb DEFAULT '{}', ordering_key text DEFAULT NULL,
+    available_at timestamptz DEFAULT now(), consumer text DEFAULT NULL)
+    RETURNS boolean
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    -- Generic plans, always: a custom plan of the authorization query folds its CASE on the
+    -- consumer and always looks cheaper than the generic one, so the plan cache planned that query
+    -- again at every call (inlining inbox._acting_as each time): 125-150 us per enqueue instead of
+    -- 35 once the outbox held rows. Every statement here is a key lookup a generic plan does as well.
+    SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    who text := coalesce(enqueue_effect.consumer, NULLIF(current_setting('inbox.consumer', true), ''));
+    payload_text text := enqueue_effect.payload::text;
+    stored_payload jsonb;
+    stored_destination text;
+    wake boolean;
+BEGIN
+    IF inbox._effect_ok(enqueue_effect.effect_id, enqueue_effect.destination, octet_length(payload_text),
                         enqueue_effect.headers, enqueue_effect.ordering_key, enqueue_effect.available_at) IS NOT TRUE THEN
         PERFORM inbox._check_effect('inbox.enqueue_effect', enqueue_effect.effect_id, enqueue_effect.destination,
-                                    pg_column_size(enqueue_effect.payload), enqueue_effect.headers,
+                                    octet_length(payload_text), enqueue_effect.headers,
                                     enqueue_effect.ordering_key, enqueue_effect.available_at);
     END IF;
-    hash := inbox.payload_hash(enqueue_effect.payload);
+    -- The raising check (its own search_path: a GUC level per call) only when the inlined one says no.
+    IF enqueue_effect.consumer OPERATOR(pg_catalog.=) ''
+       OR pg_catalog.octet_length(enqueue_effect.consumer) OPERATOR(pg_catalog.>) 128 THEN
+        PERFORM inbox._check_text('inbox.enqueue_effect', 'consumer', enqueue_effect.consumer, 128);
+    END IF;
+    -- max_effect_delay is at least 1 second: an effect due now (the default) skips the lookup.
+    IF enqueue_effect.available_at > now() + '1 second'::interval
+       AND enqueue_effect.available_at > now() + (SELECT s.max_effect_delay FROM inbox.security_settings s) THEN
+        RAISE EXCEPTION 'inbox.enqueue_effect: available_at % is further ahead than max_effect_delay (%)',
+            enqueue_effect.available_at, (SELECT s.max_effect_delay FROM inbox.security_settings s)
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'An effect that waits that long holds back the purge of its consumer''s messages.',
+                  HINT = 'Enqueue it closer to its time, or an operator raises the limit: inbox.configure_security(max_effect_delay => ...).';
+    END IF;
+    -- Who may enqueue what: the consumer's binding (inbox._acting_as, inlined into this one query),
+    -- the destination's (or the settings, when anonymous). _authorize_enqueue (through
+    -- inbox._authorize) has the last word.
+    IF NOT (CASE WHEN who IS NULL THEN (SELECT s.anonymous_enqueue FROM inbox.security_settings s)
+                 ELSE (SELECT a.allowed FROM inbox._acting_as(who, NULL) a)
+            END
+            AND EXISTS (SELECT FROM inbox.destination_binding d
+                         WHERE d.destination = enqueue_effect.destination
+                           AND d.consumer = ANY (ARRAY[who, inbox._consumer_base(who), '*']))) THEN
+        PERFORM inbox._authorize_enqueue('inbox.enqueue_effect', enqueue_effect.destination, who);
+    END IF;
+    who := coalesce(who, '');
     -- A purge may delete the existing row between our INSERT and our SELECT: then try again.
     FOR round IN 1..3 LOOP
-        INSERT INTO inbox.outbox (effect_id, destination, payload, payload_sha256, headers, ordering_key, available_at)
-        VALUES (enqueue_effect.effect_id, enqueue_effect.destination, enqueue_effect.payload, hash,
-                enqueue_effect.headers, enqueue_effect.ordering_key, enqueue_effect.available_at)
-        ON CONFLICT ON CONSTRAINT outbox_pkey DO NOTHING;
+        -- Wake the idle dispatchers: their registrations go and a notification is queued, both
+        -- with this transaction's commit (nothing if it rolls back). A dispatcher registering idle
+        -- after this check and before the commit is not notified: its early claims after
+        -- registering (20 ms, then doubling up to its poll interval) find the effect
+        -- (tests/python/test_outbox_signal.py). One probe of an empty table under load, made by
+        -- the INSERT itself (RETURNING) rather than by a statement of its own.
+        INSERT INTO inbox.outbox (effect_id, destination, payload, headers, ordering_key, available_at, consumer)
+        VALUES (enqueue_effect.effect_id, enqueue_effect.destination, enqueue_effect.payload, enqueue_effect.headers,
+                enqueue_effect.ordering_key, enqueue_effect.available_at, who)
+        ON CONFLICT ON CONSTRAINT outbox_pkey DO NOTHING
+        RETURNING enqueue_effect.available_at <= now() AND EXISTS (SELECT FROM inbox.outbox_waiter) INTO wake;
         IF FOUND THEN
-            RETURN true;  -- the wake-up signal, if any, is sent at commit (_signal_at_commit)
+            IF wake THEN
+                PERFORM inbox._wake_dispatchers();
+            END IF;
+            RETURN true;
         END IF;
-        SELECT o.payload_sha256, o.destination INTO stored_hash, stored_destination
-          FROM inbox.outbox o WHERE o.effect_id = enqueue_effect.effect_id;
+        SELECT o.payload, o.destination INTO stored_payload, stored_destination
+          FROM inbox.outbox o WHERE o.effect_id = enqueue_effect.effect_id AND o.consumer = who;
         EXIT WHEN FOUND;
     END LOOP;
-    IF stored_hash IS NULL THEN
+    IF stored_destination IS NULL THEN
         RAISE EXCEPTION 'inbox.enqueue_effect: effect % kept disappearing under a concurrent purge', enqueue_effect.effect_id
             USING ERRCODE = 'serialization_failure', HINT = 'Retry the transaction.';
     END IF;
-    IF stored_hash = hash AND stored_destination = enqueue_effect.destination THEN
+    -- A repeat of the id (a handler run again): the same destination and payload (jsonb equality:
+    -- key order and whitespace do not matter) is a no-op; anything else is a bug.
+    IF stored_payload = enqueue_effect.payload AND stored_destination = enqueue_effect.destination THEN
         RETURN false;
     END IF;
     RAISE EXCEPTION 'inbox.enqueue_effect: effect % was enqueued for destination % with payload hash %; this call has destination % and payload hash %',
         pg_catalog.quote_literal(enqueue_effect.effect_id), pg_catalog.quote_literal(stored_destination),
-        pg_catalog.encode(stored_hash, 'hex'), pg_catalog.quote_literal(enqueue_effect.destination),
-        pg_catalog.encode(hash, 'hex')
+        pg_catalog.encode(sha256(convert_to(stored_payload::text, 'UTF8')), 'hex'),
+        pg_catalog.quote_literal(enqueue_effect.destination), pg_catalog.encode(sha256(convert_to(payload_text, 'UTF8')), 'hex')
         USING ERRCODE = 'unique_violation', CONSTRAINT = 'effect_id_conflict',
               HINT = 'One effect id per intended effect: derive ids with inbox.effect_id(consumer, producer, message_id, effect_name).';
 END
 $$;
-COMMENT ON FUNCTION inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz) IS
-    'Record an effect in the caller''s transaction: true = enqueued, false = already enqueued (same destination and payload)';
+COMMENT ON FUNCTION inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz, text) IS
+    'Record an effect of a consumer (default: the one claimed in this transaction) in the caller''s transaction: true = enqueued, false = already enqueued (same destination and payload)';
 
 -- ------------------------------------------------------------------ destinations
 
@@ -429,7 +543,66 @@ $$;
 COMMENT ON FUNCTION inbox.configure_destination(text, integer, interval, interval) IS
     'Set a destination''s retry policy: attempts before dead, and the exponential backoff''s base and cap';
 
+-- Allows a consumer (and its versioned names; '*': every consumer, and enqueues without a
+-- consumer) to enqueue effects to a destination. The dispatcher sends them with the destination's
+-- configured credentials: bind a destination only to the consumers entitled to use them. Binding
+-- again replaces the note. Audited in inbox.binding_change.
+CREATE OR REPLACE FUNCTION inbox.bind_destination(destination text, consumer text, note text DEFAULT 'bound')
+    RETURNS inbox.destination_binding
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    saved inbox.destination_binding;
+BEGIN
+    PERFORM inbox._check_text('inbox.bind_destination', 'destination', bind_destination.destination, 128);
+    PERFORM inbox._check_text('inbox.bind_destination', 'consumer', bind_destination.consumer, 128);
+    PERFORM inbox._check_note('inbox.bind_destination', bind_destination.note);
+    INSERT INTO inbox.destination_binding AS b (destination, consumer, note)
+    VALUES (bind_destination.destination, bind_destination.consumer, bind_destination.note)
+    ON CONFLICT ON CONSTRAINT destination_binding_pkey DO UPDATE
+       SET bound_at = now(), bound_by = session_user, note = EXCLUDED.note
+    RETURNING b.* INTO saved;
+    INSERT INTO inbox.binding_change (action, consumer, destination, note)
+    VALUES ('bind_destination', bind_destination.consumer, bind_destination.destination, bind_destination.note);
+    RETURN saved;
+END
+$$;
+COMMENT ON FUNCTION inbox.bind_destination(text, text, text) IS
+    'Allow a consumer (''*'': every consumer) to enqueue effects to a destination; audited';
+
+-- Effects already enqueued stay and are delivered; only new enqueues are refused.
+CREATE OR REPLACE FUNCTION inbox.unbind_destination(destination text, consumer text, note text DEFAULT 'unbound')
+    RETURNS boolean
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM inbox._check_note('inbox.unbind_destination', unbind_destination.note);
+    DELETE FROM inbox.destination_binding b
+     WHERE b.destination = unbind_destination.destination AND b.consumer = unbind_destination.consumer;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    INSERT INTO inbox.binding_change (action, consumer, destination, note)
+    VALUES ('unbind_destination', unbind_destination.consumer, unbind_destination.destination, unbind_destination.note);
+    RETURN true;
+END
+$$;
+COMMENT ON FUNCTION inbox.unbind_destination(text, text, text) IS
+    'Stop a consumer (''*'': the binding for every consumer) enqueueing to a destination (false: it was not bound); audited';
+
 -- ------------------------------------------------------------------ dispatch
+
+-- A fencing token nobody can guess: 63 random bits of two version 4 UUIDs (gen_random_uuid, a
+-- strong random source), from their random bytes 9 to 15 and 7 (never the version and variant
+-- bits); positive. One expression, so that the planner inlines it.
+CREATE OR REPLACE FUNCTION inbox._new_lease_token() RETURNS bigint
+    LANGUAGE sql VOLATILE PARALLEL SAFE
+    RETURN (('x' OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.encode(pg_catalog.uuid_send(pg_catalog.gen_random_uuid()), 'hex'), 19, 14)
+                 OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.encode(pg_catalog.uuid_send(pg_catalog.gen_random_uuid()), 'hex'), 15, 2)
+            )::bit(64)::bigint) OPERATOR(pg_catalog.&) 9223372036854775807;
+COMMENT ON FUNCTION inbox._new_lease_token() IS 'internal: a new fencing token, 63 random bits';
 
 -- Claims up to max_effects due effects for one dispatcher, FOR UPDATE SKIP LOCKED: pending effects
 -- whose available_at has come, and leased ones whose lease expired (reclaimed). An effect with an
@@ -450,9 +623,14 @@ COMMENT ON FUNCTION inbox.configure_destination(text, integer, interval, interva
 -- rows (at most 10 rounds per call), so a long queue on one key is set aside in a few calls; a
 -- call can then return fewer than max_effects, or none, although more are due: a dispatcher
 -- claims again until a claim returns nothing (its catch-up claim after registering idle too).
+-- The lease belongs to session_user (lease_role): only that role can report on it, with the token
+-- (63 random bits, _new_lease_token). Effect ids are unique per consumer, so effects are handled
+-- as (effect_id, consumer) here; the consumer is returned last (new in 0.2.0: the return type
+-- changed, so the function is dropped and created again).
+DROP FUNCTION IF EXISTS inbox.claim_effects(text, integer, interval);
 CREATE OR REPLACE FUNCTION inbox.claim_effects(dispatcher text, max_effects integer DEFAULT 10, lease interval DEFAULT '30 seconds')
     RETURNS TABLE (effect_id text, destination text, payload jsonb, headers jsonb, ordering_key text, attempts integer,
-                   lease_token bigint, lease_expires_at timestamptz, created_at timestamptz)
+                   lease_token bigint, lease_expires_at timestamptz, created_at timestamptz, consumer text)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
     ROWS 10
@@ -462,8 +640,11 @@ DECLARE
     leased integer;
     scan_limit integer;
     heads text[];
+    head_consumers text[];
     behind text[];
+    behind_consumers text[];
     scanned integer;
+    holder oid := (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = session_user);  -- the lease's role
 BEGIN
     PERFORM inbox._check_text('inbox.claim_effects', 'dispatcher', claim_effects.dispatcher, 128);
     IF claim_effects.max_effects IS NULL THEN
@@ -478,10 +659,12 @@ BEGIN
     FOR round IN 1..10 LOOP
         -- Round 1 locks no more rows than it may claim; later rounds wade through a queue to set aside.
         scan_limit := claim_effects.max_effects - claimed + CASE WHEN round = 1 THEN 0 ELSE 1000 END;
-        SELECT coalesce(array_agg(s.id ORDER BY s.due, s.id) FILTER (WHERE NOT s.behind), '{}'),
-               coalesce(array_agg(s.id) FILTER (WHERE s.behind), '{}')
-          INTO heads, behind
-          FROM (SELECT o.effect_id AS id, o.available_at AS due,
+        SELECT coalesce(array_agg(s.id ORDER BY s.due, s.id, s.consumer) FILTER (WHERE NOT s.behind), '{}'),
+               coalesce(array_agg(s.consumer ORDER BY s.due, s.id, s.consumer) FILTER (WHERE NOT s.behind), '{}'),
+               coalesce(array_agg(s.id ORDER BY s.id, s.consumer) FILTER (WHERE s.behind), '{}'),
+               coalesce(array_agg(s.consumer ORDER BY s.id, s.consumer) FILTER (WHERE s.behind), '{}')
+          INTO heads, head_consumers, behind, behind_consumers
+          FROM (SELECT o.effect_id AS id, o.consumer, o.available_at AS due,
                        o.ordering_key IS NOT NULL
                          AND EXISTS (SELECT FROM inbox.outbox p
                                       WHERE p.ordering_key = o.ordering_key AND p.order_seq < o.order_seq
@@ -497,34 +680,39 @@ BEGIN
         IF pg_catalog.cardinality(behind) > 0 THEN
             -- First lock each one's nearest undelivered predecessor (often a row this scan holds
             -- already), in a statement that modifies nothing, then set aside those that got it.
-            SELECT coalesce(array_agg(o.effect_id), '{}') INTO behind
+            SELECT coalesce(array_agg(o.effect_id ORDER BY o.effect_id, o.consumer), '{}'),
+                   coalesce(array_agg(o.consumer ORDER BY o.effect_id, o.consumer), '{}')
+              INTO behind, behind_consumers
               FROM inbox.outbox o
-             WHERE o.effect_id = ANY (behind)
+             WHERE (o.effect_id, o.consumer) IN (SELECT * FROM ROWS FROM (pg_catalog.unnest(behind), pg_catalog.unnest(behind_consumers)))
                AND EXISTS (SELECT FROM inbox.outbox q
                             WHERE q.ordering_key = o.ordering_key AND q.order_seq < o.order_seq
                               AND q.status IN ('pending', 'leased', 'dead')
                             ORDER BY q.order_seq DESC
                             LIMIT 1
                               FOR SHARE OF q SKIP LOCKED);
-            UPDATE inbox.outbox o SET blocked = true WHERE o.effect_id = ANY (behind);
+            UPDATE inbox.outbox o SET blocked = true
+             WHERE (o.effect_id, o.consumer) IN (SELECT * FROM ROWS FROM (pg_catalog.unnest(behind), pg_catalog.unnest(behind_consumers)));
         END IF;
 
         IF pg_catalog.cardinality(heads) > 0 THEN
             RETURN QUERY
             WITH picked AS (
-                SELECT h.id, h.rank,
+                SELECT h.id, h.consumer, h.rank,
                        o.status = 'leased' AND o.attempts >= coalesce(
                            (SELECT d.max_attempts FROM inbox.outbox_destination d WHERE d.destination = o.destination),
                            (inbox._default_destination(o.destination)).max_attempts) AS exhausted
-                  FROM pg_catalog.unnest(heads[1:claim_effects.max_effects - claimed]) WITH ORDINALITY AS h (id, rank)
-                  JOIN inbox.outbox o ON o.effect_id = h.id
+                  FROM ROWS FROM (pg_catalog.unnest(heads[1:claim_effects.max_effects - claimed]),
+                                  pg_catalog.unnest(head_consumers[1:claim_effects.max_effects - claimed]))
+                       WITH ORDINALITY AS h (id, consumer, rank)
+                  JOIN inbox.outbox o ON o.effect_id = h.id AND o.consumer = h.consumer
                                      AND o.effect_id = ANY (heads[1:claim_effects.max_effects - claimed])  -- by key
             ), changed AS (
                 UPDATE inbox.outbox o
                    SET status = CASE WHEN p.exhausted THEN 'dead' ELSE 'leased' END::inbox.effect_status,
                        attempts = o.attempts + CASE WHEN p.exhausted THEN 0 ELSE 1 END,
-                       lease_token = CASE WHEN p.exhausted THEN o.lease_token
-                                          ELSE pg_catalog.nextval('inbox.outbox_lease_token') END,
+                       lease_token = CASE WHEN p.exhausted THEN o.lease_token ELSE inbox._new_lease_token() END,
+                       lease_role = CASE WHEN p.exhausted THEN o.lease_role ELSE holder END,
                        leased_by = CASE WHEN p.exhausted THEN o.leased_by ELSE claim_effects.dispatcher END,
                        lease_expires_at = CASE WHEN p.exhausted THEN NULL ELSE now() + claim_effects.lease END,
                        available_at = CASE WHEN p.exhausted THEN o.available_at ELSE now() + claim_effects.lease END,
@@ -535,12 +723,12 @@ BEGIN
                                                                 o.attempts, o.leased_by)
                                          ELSE o.last_error END
                   FROM picked p
-                 WHERE o.effect_id = p.id
+                 WHERE o.effect_id = p.id AND o.consumer = p.consumer
                 RETURNING o.effect_id, o.destination, o.payload, o.headers, o.ordering_key, o.attempts, o.lease_token,
-                          o.lease_expires_at, o.created_at, o.status, p.rank
+                          o.lease_expires_at, o.created_at, o.consumer, o.status, p.rank
             )
             SELECT c.effect_id, c.destination, c.payload, c.headers, c.ordering_key, c.attempts, c.lease_token,
-                   c.lease_expires_at, c.created_at
+                   c.lease_expires_at, c.created_at, c.consumer
               FROM changed c
              WHERE c.status = 'leased'
              ORDER BY c.rank;
@@ -563,7 +751,7 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION inbox.claim_effects(text, integer, interval) IS
-    'Lease up to max_effects due effects (FOR UPDATE SKIP LOCKED, one per ordering key, in commit order), each with a new fencing token';
+    'Lease up to max_effects due effects (FOR UPDATE SKIP LOCKED, one per ordering key, in commit order), each with a new random fencing token held by session_user';
 
 -- The backoff before attempt n + 1 after n failed attempts: base * 2^(n-1), capped at max, then
 -- jittered down to 50..100% of that ("equal jitter") so that a burst of failures spreads out.
@@ -578,7 +766,9 @@ COMMENT ON FUNCTION inbox._backoff(inbox.outbox_destination, integer) IS
     'internal: jittered exponential backoff after the given number of attempts';
 
 -- The reports of a dispatcher are FENCED: each is accepted only while the effect is leased under
--- exactly this lease_token. A lease that expired but that nobody reclaimed yet is still current
+-- exactly this lease_token, and only from the role that claimed the lease (outbox.lease_role; a
+-- lease taken before 0.2.0 has none and is accepted from any role, until it ends). A report names
+-- (effect_id, lease_token): effect ids are unique per consumer only, tokens tell two apart. A lease that expired but that nobody reclaimed yet is still current
 -- (its holder may still report, and the effect is not delivered twice for it). Any other report
 -- (the effect was reclaimed under a new token, already reported, redriven or purged) is refused:
 -- complete_effect returns false, fail_effect returns 'fenced', extend_lease returns NULL, the
@@ -592,7 +782,8 @@ COMMENT ON FUNCTION inbox._backoff(inbox.outbox_destination, integer) IS
 -- every other report is refused by fencing: recorded in inbox.outbox_fenced_report (one row each,
 -- like the single functions) and returned as 'fenced' with a reason: unknown_effect (no such
 -- row: never enqueued, or purged), not_leased (delivered, pending again, dead, discarded, or
--- reported earlier in the same call) or superseded (leased again under another token).
+-- reported earlier in the same call), superseded (leased again under another token) or
+-- not_lease_holder (the token is current, but another role holds the lease).
 CREATE OR REPLACE FUNCTION inbox._report_outcomes(
     report text, effect_ids text[], lease_tokens bigint[], accepted integer[], outcomes text[])
     RETURNS TABLE (ord integer, effect_id text, lease_token bigint, result text, fenced_reason text)
@@ -622,9 +813,13 @@ BEGIN
                                pg_catalog.unnest(_report_outcomes.outcomes)) AS a (n, outcome)
                  ON a.n = u.n
     ), refused AS MATERIALIZED (
+        -- The effect the report names: the one with its token, else any row of the id.
         SELECT i.n, i.id, i.token, o.status, o.lease_token AS current_token
           FROM input i
-          LEFT JOIN inbox.outbox o ON o.effect_id = i.id
+          LEFT JOIN LATERAL (SELECT x.status, x.lease_token FROM inbox.outbox x
+                              WHERE x.effect_id = i.id
+                              ORDER BY x.lease_token = i.token DESC NULLS LAST, x.consumer
+                              LIMIT 1) o ON true
          WHERE i.outcome IS NULL
     ), recorded AS (
         INSERT INTO inbox.outbox_fenced_report (effect_id, lease_token, report, application_name, current_status,
@@ -638,6 +833,7 @@ BEGIN
            CASE WHEN i.outcome IS NOT NULL THEN NULL
                 WHEN r.status IS NULL THEN 'unknown_effect'
                 WHEN r.status <> 'leased' THEN 'not_leased'
+                WHEN r.current_token = i.token THEN 'not_lease_holder'
                 ELSE 'superseded' END
       FROM input i
       LEFT JOIN refused r ON r.n = i.n
@@ -660,13 +856,15 @@ DECLARE
 BEGIN
     UPDATE inbox.outbox o
        SET blocked = false
-     WHERE o.effect_id IN (SELECT (SELECT n.effect_id FROM inbox.outbox n
-                                    WHERE n.ordering_key = k.key AND n.order_seq > k.seq
-                                      AND n.status IN ('pending', 'leased', 'dead')
-                                    ORDER BY n.order_seq
-                                    LIMIT 1)
-                             FROM ROWS FROM (pg_catalog.unnest(_unblock_successors.keys),
-                                             pg_catalog.unnest(_unblock_successors.seqs)) AS k (key, seq))
+     WHERE (o.effect_id, o.consumer) IN (SELECT n.effect_id, n.consumer
+                                           FROM ROWS FROM (pg_catalog.unnest(_unblock_successors.keys),
+                                                           pg_catalog.unnest(_unblock_successors.seqs)) AS k (key, seq)
+                                           CROSS JOIN LATERAL (
+                                               SELECT x.effect_id, x.consumer FROM inbox.outbox x
+                                                WHERE x.ordering_key = k.key AND x.order_seq > k.seq
+                                                  AND x.status IN ('pending', 'leased', 'dead')
+                                                ORDER BY x.order_seq
+                                                LIMIT 1) n)
        AND o.blocked;
     GET DIAGNOSTICS unblocked = ROW_COUNT;
     RETURN unblocked;
@@ -780,6 +978,7 @@ DECLARE
     outcomes text[];
     keys text[];
     seqs bigint[];
+    holder oid := (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = session_user);  -- the lease's role
 BEGIN
     -- The reports as ONE map from 'effect_id lease_token' (the token has no space: unambiguous) to
     -- [position, status_code, excerpt, duration]; for a repeated report the first position wins.
@@ -799,6 +998,7 @@ BEGIN
                last_response_excerpt = pg_catalog.left(report -> (o.effect_id || ' ' || o.lease_token) ->> 2, 2000),
                last_duration_ms = (report -> (o.effect_id || ' ' || o.lease_token) ->> 3)::integer
          WHERE o.effect_id IN (SELECT pg_catalog.unnest(_complete_reports.effect_ids)) AND o.status = 'leased'
+           AND (o.lease_role = holder OR o.lease_role IS NULL)
            AND report ? (o.effect_id || ' ' || o.lease_token)
         RETURNING (report -> (o.effect_id || ' ' || o.lease_token) ->> 0)::integer AS n, o.ordering_key, o.order_seq
     )
@@ -835,6 +1035,7 @@ DECLARE
     decided jsonb;
     accepted integer[];
     outcomes text[];
+    holder oid := (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = session_user);  -- the lease's role
 BEGIN
     -- As in _complete_reports: one map 'effect_id lease_token' -> [position, error, retryable,
     -- status_code, excerpt, duration], first position first; then the new status and backoff of
@@ -863,6 +1064,7 @@ BEGIN
                             inbox._default_destination(o.destination)) AS policy
               FROM inbox.outbox o
              WHERE o.effect_id IN (SELECT pg_catalog.unnest(_fail_reports.effect_ids)) AND o.status = 'leased'
+               AND (o.lease_role = holder OR o.lease_role IS NULL)
                AND report ? (o.effect_id || ' ' || o.lease_token)) c;
     -- decided: 'effect_id lease_token' -> [position, error, retryable, code, excerpt, ms, new status, backoff s]
     WITH failed AS (
@@ -881,6 +1083,7 @@ BEGIN
                                   WHEN (decided -> (o.effect_id || ' ' || o.lease_token) ->> 2)::boolean THEN 'max_attempts'
                                   ELSE 'permanent_failure' END
          WHERE o.effect_id IN (SELECT pg_catalog.unnest(_fail_reports.effect_ids)) AND o.status = 'leased'
+           AND (o.lease_role = holder OR o.lease_role IS NULL)
            AND decided ? (o.effect_id || ' ' || o.lease_token)
         RETURNING (decided -> (o.effect_id || ' ' || o.lease_token) ->> 0)::integer AS n, o.status
     )
@@ -998,6 +1201,8 @@ BEGIN
     UPDATE inbox.outbox o
        SET lease_expires_at = now() + extend_lease.lease, available_at = now() + extend_lease.lease
      WHERE o.effect_id = extend_lease.effect_id AND o.status = 'leased' AND o.lease_token = extend_lease.lease_token
+       AND (o.lease_role = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = session_user)
+            OR o.lease_role IS NULL)
     RETURNING o.lease_expires_at INTO expires;
     IF FOUND THEN
         RETURN expires;
@@ -1012,13 +1217,18 @@ COMMENT ON FUNCTION inbox.extend_lease(text, bigint, interval) IS
 -- ------------------------------------------------------------------ operations
 
 -- What an operator decision on a dead effect checks first (redrive, discard): a valid id and a
--- note, an effect that exists and is dead. Returns the effect locked (FOR UPDATE).
-CREATE OR REPLACE FUNCTION inbox._lock_dead_effect(fn text, verb text, effect_id text, note text, audit text, not_dead_hint text)
+-- note, an effect that exists and is dead. Effect ids are unique per consumer: consumer NULL finds
+-- the effect by its id alone, and refuses (P0003) when several consumers hold that id. Returns the
+-- effect locked (FOR UPDATE).
+DROP FUNCTION IF EXISTS inbox._lock_dead_effect(text, text, text, text, text, text);
+CREATE OR REPLACE FUNCTION inbox._lock_dead_effect(fn text, verb text, effect_id text, consumer text, note text, audit text,
+                                                   not_dead_hint text)
     RETURNS inbox.outbox
     LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     effect inbox.outbox;
+    holders text[];
 BEGIN
     PERFORM inbox._check_text(fn, 'effect_id', _lock_dead_effect.effect_id, 256);
     IF _lock_dead_effect.note IS NULL OR _lock_dead_effect.note !~ '\S' THEN
@@ -1026,9 +1236,26 @@ BEGIN
             USING ERRCODE = CASE WHEN _lock_dead_effect.note IS NULL THEN 'null_value_not_allowed' ELSE 'invalid_parameter_value' END,
                   HINT = pg_catalog.format('The note goes into the audit trail (%s).', audit);
     END IF;
-    SELECT o.* INTO effect FROM inbox.outbox o WHERE o.effect_id = _lock_dead_effect.effect_id FOR UPDATE;
+    IF _lock_dead_effect.consumer IS NULL THEN
+        SELECT pg_catalog.array_agg(o.consumer ORDER BY o.consumer) INTO holders
+          FROM inbox.outbox o WHERE o.effect_id = _lock_dead_effect.effect_id;
+        IF pg_catalog.cardinality(holders) > 1 THEN
+            RAISE EXCEPTION '%: effect % is held by % consumers', fn, pg_catalog.quote_literal(_lock_dead_effect.effect_id),
+                pg_catalog.cardinality(holders)
+                USING ERRCODE = 'too_many_rows',
+                      HINT = pg_catalog.format('Name the consumer: consumer => one of %s.',
+                                               (SELECT pg_catalog.string_agg(pg_catalog.quote_literal(h), ', ')
+                                                  FROM pg_catalog.unnest(holders) h));
+        END IF;
+    END IF;
+    SELECT o.* INTO effect FROM inbox.outbox o
+     WHERE o.effect_id = _lock_dead_effect.effect_id
+       AND o.consumer = coalesce(_lock_dead_effect.consumer, holders[1])
+       FOR UPDATE;
     IF NOT FOUND THEN
-        RAISE EXCEPTION '%: no effect %', fn, pg_catalog.quote_literal(_lock_dead_effect.effect_id)
+        RAISE EXCEPTION '%: no effect %', fn,
+            pg_catalog.quote_literal(_lock_dead_effect.effect_id)
+            || coalesce(' of consumer ' || pg_catalog.quote_literal(_lock_dead_effect.consumer), '')
             USING ERRCODE = 'no_data_found';
     END IF;
     IF effect.status <> 'dead' THEN
@@ -1038,25 +1265,27 @@ BEGIN
     RETURN effect;
 END
 $$;
-COMMENT ON FUNCTION inbox._lock_dead_effect(text, text, text, text, text, text) IS
-    'internal: validates an operator decision on a dead effect and returns the effect locked (22004, 22023, 22001, P0002, 55000)';
+COMMENT ON FUNCTION inbox._lock_dead_effect(text, text, text, text, text, text, text) IS
+    'internal: validates an operator decision on a dead effect and returns the effect locked (22004, 22023, 22001, P0002, P0003, 55000)';
 
 -- dead -> pending, due now, attempts reset; one audit row with the session user and the note.
--- The effect keeps its place in its ordering key.
-CREATE OR REPLACE FUNCTION inbox.redrive_effect(effect_id text, note text) RETURNS inbox.outbox
+-- The effect keeps its place in its ordering key. consumer: whose effect, needed only when
+-- several consumers hold the id (0.2.0 added it: dropped and created again).
+DROP FUNCTION IF EXISTS inbox.redrive_effect(text, text);
+CREATE OR REPLACE FUNCTION inbox.redrive_effect(effect_id text, note text, consumer text DEFAULT NULL) RETURNS inbox.outbox
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     effect inbox.outbox;
 BEGIN
-    effect := inbox._lock_dead_effect('inbox.redrive_effect', 'redrive', redrive_effect.effect_id, redrive_effect.note,
-                                      'inbox.outbox_redrive', 'Only dead effects can be redriven.');
-    INSERT INTO inbox.outbox_redrive (effect_id, note, attempts, dead_reason, last_error)
-    VALUES (effect.effect_id, redrive_effect.note, effect.attempts, effect.dead_reason, effect.last_error);
+    effect := inbox._lock_dead_effect('inbox.redrive_effect', 'redrive', redrive_effect.effect_id, redrive_effect.consumer,
+                                      redrive_effect.note, 'inbox.outbox_redrive', 'Only dead effects can be redriven.');
+    INSERT INTO inbox.outbox_redrive (effect_id, consumer, note, attempts, dead_reason, last_error)
+    VALUES (effect.effect_id, effect.consumer, redrive_effect.note, effect.attempts, effect.dead_reason, effect.last_error);
     UPDATE inbox.outbox o
        SET status = 'pending', attempts = 0, available_at = now(), lease_expires_at = NULL, dead_reason = NULL
-     WHERE o.effect_id = effect.effect_id
+     WHERE o.effect_id = effect.effect_id AND o.consumer = effect.consumer
     RETURNING o.* INTO effect;
     IF EXISTS (SELECT FROM inbox.outbox_waiter) THEN
         PERFORM inbox._wake_dispatchers();
@@ -1064,28 +1293,30 @@ BEGIN
     RETURN effect;
 END
 $$;
-COMMENT ON FUNCTION inbox.redrive_effect(text, text) IS 'Send a dead effect again (dead -> pending, attempts reset), audited';
+COMMENT ON FUNCTION inbox.redrive_effect(text, text, text) IS
+    'Send a dead effect again (dead -> pending, attempts reset), audited; consumer when several hold the id';
 
 -- dead -> discarded: closed without delivery, for good (a repeat enqueue of its id is a no-op while
 -- the row is kept). One audit row with the session user and the note. A discarded effect no longer
 -- holds its ordering key: the next effect of the key becomes the head (unblocked, and idle
 -- dispatchers woken at commit). Only a dead effect can be discarded: a pending or leased one may
--- be in the middle of a delivery, a delivered one is done.
-CREATE OR REPLACE FUNCTION inbox.discard_effect(effect_id text, note text) RETURNS inbox.outbox
+-- be in the middle of a delivery, a delivered one is done. consumer: as for redrive_effect.
+DROP FUNCTION IF EXISTS inbox.discard_effect(text, text);
+CREATE OR REPLACE FUNCTION inbox.discard_effect(effect_id text, note text, consumer text DEFAULT NULL) RETURNS inbox.outbox
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     effect inbox.outbox;
 BEGIN
-    effect := inbox._lock_dead_effect('inbox.discard_effect', 'discard', discard_effect.effect_id, discard_effect.note,
-                                      'inbox.outbox_discard',
+    effect := inbox._lock_dead_effect('inbox.discard_effect', 'discard', discard_effect.effect_id, discard_effect.consumer,
+                                      discard_effect.note, 'inbox.outbox_discard',
                                       'Only dead effects can be discarded; a pending or leased effect is still being delivered.');
-    INSERT INTO inbox.outbox_discard (effect_id, note, attempts, dead_reason, last_error)
-    VALUES (effect.effect_id, discard_effect.note, effect.attempts, effect.dead_reason, effect.last_error);
+    INSERT INTO inbox.outbox_discard (effect_id, consumer, note, attempts, dead_reason, last_error)
+    VALUES (effect.effect_id, effect.consumer, discard_effect.note, effect.attempts, effect.dead_reason, effect.last_error);
     UPDATE inbox.outbox o
        SET status = 'discarded', discarded_at = now(), blocked = false, lease_expires_at = NULL
-     WHERE o.effect_id = effect.effect_id
+     WHERE o.effect_id = effect.effect_id AND o.consumer = effect.consumer
     RETURNING o.* INTO effect;
     IF effect.ordering_key IS NOT NULL AND effect.order_seq IS NOT NULL THEN
         PERFORM inbox._unblock_successors(ARRAY[effect.ordering_key], ARRAY[effect.order_seq]);
@@ -1096,8 +1327,8 @@ BEGIN
     RETURN effect;
 END
 $$;
-COMMENT ON FUNCTION inbox.discard_effect(text, text) IS
-    'Close a dead effect without delivery (dead -> discarded), audited; its ordering key moves on to the next effect';
+COMMENT ON FUNCTION inbox.discard_effect(text, text, text) IS
+    'Close a dead effect without delivery (dead -> discarded), audited; its ordering key moves on to the next effect; consumer when several hold the id';
 
 -- Deletes, older than older_than and at most batch_size rows in all: delivered effects (by
 -- delivered_at, oldest first), then discarded effects (by discarded_at), then refused-report
@@ -1131,30 +1362,17 @@ BEGIN
     -- MATERIALIZED: evaluated once. A rescan would skip the rows this statement already deleted
     -- and pick the next ones, past batch_size.
     WITH doomed AS MATERIALIZED (
-        SELECT x.effect_id FROM inbox.outbox x
-         WHERE x.status = 'delivered' AND x.delivered_at < now() - purge_delivered_effects.older_than
-         ORDER BY x.delivered_at
+        SELECT x.effect_id, x.consumer FROM inbox.outbox x
+         WHERE x.status IN ('delivered', 'discarded')
+           AND coalesce(x.delivered_at, x.discarded_at) < now() - purge_delivered_effects.older_than
+         ORDER BY coalesce(x.delivered_at, x.discarded_at)
          LIMIT purge_delivered_effects.batch_size
            FOR UPDATE SKIP LOCKED
     )
     DELETE FROM inbox.outbox o USING doomed d
-     WHERE o.effect_id = d.effect_id;
+     WHERE o.effect_id = d.effect_id AND o.consumer = d.consumer;
     GET DIAGNOSTICS purged = ROW_COUNT;
     left_over := purge_delivered_effects.batch_size - purged;
-    IF left_over > 0 THEN
-        WITH doomed AS MATERIALIZED (
-            SELECT x.effect_id FROM inbox.outbox x
-             WHERE x.status = 'discarded' AND x.discarded_at < now() - purge_delivered_effects.older_than
-             ORDER BY x.discarded_at
-             LIMIT left_over
-               FOR UPDATE SKIP LOCKED
-        )
-        DELETE FROM inbox.outbox o USING doomed d
-         WHERE o.effect_id = d.effect_id;
-        GET DIAGNOSTICS deleted = ROW_COUNT;
-        purged := purged + deleted;
-        left_over := left_over - deleted;
-    END IF;
     IF left_over > 0 THEN
         WITH doomed AS MATERIALIZED (
             SELECT f.report_id FROM inbox.outbox_fenced_report f
@@ -1174,7 +1392,7 @@ $$;
 COMMENT ON FUNCTION inbox.purge_delivered_effects(interval, integer) IS
     'Delete up to batch_size delivered and discarded effects and fenced-report records older than older_than; returns how many (loop until 0)';
 
-REVOKE ALL ON FUNCTION inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz),
+REVOKE ALL ON FUNCTION inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz, text),
     inbox.effect_id(text, text, text, text, text),
     inbox.claim_effects(text, integer, interval),
     inbox.complete_effect(text, bigint, integer, text, integer),
@@ -1184,11 +1402,15 @@ REVOKE ALL ON FUNCTION inbox.enqueue_effect(text, text, jsonb, jsonb, text, time
     inbox.extend_lease(text, bigint, interval),
     inbox.dispatcher_idle(text, boolean),
     inbox.configure_destination(text, integer, interval, interval),
-    inbox.redrive_effect(text, text),
-    inbox.discard_effect(text, text),
+    inbox.bind_destination(text, text, text),
+    inbox.unbind_destination(text, text, text),
+    inbox.redrive_effect(text, text, text),
+    inbox.discard_effect(text, text, text),
     inbox.purge_delivered_effects(interval, integer),
-    inbox._order_at_commit(), inbox._signal_at_commit() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz),
+    inbox._order_at_commit(),
+    inbox._authorize_enqueue(text, text, text), inbox._lock_dead_effect(text, text, text, text, text, text, text),
+    inbox._headers_ok(jsonb), inbox._new_lease_token() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz, text),
     inbox.effect_id(text, text, text, text, text),
     inbox._check_text(text, text, text, integer) TO inbox_consumer;
 GRANT EXECUTE ON FUNCTION inbox.claim_effects(text, integer, interval),
@@ -1199,10 +1421,20 @@ GRANT EXECUTE ON FUNCTION inbox.claim_effects(text, integer, interval),
     inbox.extend_lease(text, bigint, interval),
     inbox.dispatcher_idle(text, boolean) TO inbox_dispatcher;
 GRANT EXECUTE ON FUNCTION inbox.configure_destination(text, integer, interval, interval),
-    inbox.redrive_effect(text, text),
-    inbox.discard_effect(text, text) TO inbox_operator;
+    inbox.bind_destination(text, text, text),
+    inbox.unbind_destination(text, text, text),
+    inbox.redrive_effect(text, text, text),
+    inbox.discard_effect(text, text, text) TO inbox_operator;
 GRANT EXECUTE ON FUNCTION inbox.purge_delivered_effects(interval, integer) TO inbox_operator, inbox_dispatcher;
 
-DROP FUNCTION inbox._headers_ok(jsonb);
+DROP FUNCTION inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz, text, text);
+DROP FUNCTION inbox.claim_effects(text, integer, interval, boolean);
+DROP FUNCTION inbox.redrive_effect(text, text, text, text);
+DROP FUNCTION inbox.discard_effect(text, text, text, text);
+DROP FUNCTION inbox._lock_dead_effect(text, text, text, text, text, text, text, text);
+DROP FUNCTION inbox._authorize_enqueue(text, text, text, text);
+DROP FUNCTION inbox._unblock_successors(text[], text[], text[], bigint[]);
+DROP FUNCTION inbox._order_bucket(text, text, text);
+DROP FUNCTION inbox.idempotency_key(text, text, text);
 
 COMMIT;

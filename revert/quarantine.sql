@@ -1,22 +1,27 @@
--- Revert pginbox:quarantine to @v0.1.0: the released functions again (deploy/quarantine@v0.1.0.sql),
--- then the functions this version added.
--- Deploy pginbox:quarantine. Generated from sql/050_quarantine.sql by python/tools/sync_deploy.py: edit that file.
+-- Revert pginbox:quarantine to @v0.2.0: the released functions again (deploy/quarantine@v0.2.0.sql) (repair SECURITY INVOKER again, its halves granted to operators).
 -- pginbox: operator decisions on quarantine. Quarantine is a change of ownership, not success:
 -- each entry stays open until an operator repairs, discards or releases it, and every decision
 -- leaves an audit row in inbox.quarantine_decision (who, when, note, result).
 --   repair   run the stored payload through the current handler now; on success the identity is
---            processed and the entry closes as recovered (failure entries only)
+--            processed and the entry closes as recovered (failure and expired entries)
 --   discard  close without effect. A failure entry's identity becomes 'discarded': its redeliveries
 --            are 'duplicate'. A conflict entry just closes: the identity was applied with the first
 --            payload, and redeliveries of the conflicting one stay 'conflict' (counted on the entry)
 --   release  forget the hold: the next delivery is processed normally (failure entries only)
 -- A conflict entry can only be discarded: its identity was already applied once.
--- repair runs the handler with the operator's rights, so its two privileged halves
--- (_begin_repair, _repair_failed) are executable by operators too: the audit trail is as
--- trustworthy as the operators, who can already register handlers that consumers run.
+-- repair never runs a handler with more rights than the consumer's role, nor on a payload that role
+-- did not send (inbox._check_operator_run, sql/027_security.sql): the handler must be SECURITY
+-- DEFINER owned by the consumer's role. Its two privileged halves (_begin_repair, _repair_failed)
+-- are executable by operators: the audit trail is as trustworthy as the operators.
+-- Expired entries hold their identity like failure entries (a placeholder row in inbox.message,
+-- since 0.2.0). Reworked in 0.2.0 (docs/releasing.md).
 BEGIN;
 
+SET LOCAL search_path = pg_catalog, pg_temp;
 SET LOCAL ROLE inbox_owner;
+-- This version's _begin_repair returns (plan, handler_owner): dropped so that the released one can be created.
+DROP FUNCTION inbox._begin_repair(bigint, text);
+DROP TYPE inbox._repair_call;
 
 -- Locks an open entry for a decision; rejects a missing note, an unknown id or a closed entry.
 CREATE OR REPLACE FUNCTION inbox._lock_open_entry(fn text, quarantine_id bigint, note text) RETURNS inbox.quarantine
@@ -66,7 +71,7 @@ DECLARE
     entry inbox.quarantine;
 BEGIN
     entry := inbox._lock_open_entry('inbox.discard', discard.quarantine_id, discard.note);
-    IF entry.kind = 'failure' THEN
+    IF entry.kind IN ('failure', 'expired') THEN
         UPDATE inbox.message m
            SET status = 'discarded', processed_at = now()
          WHERE m.consumer = entry.consumer AND m.tenant = entry.tenant AND m.producer = entry.producer
@@ -147,21 +152,22 @@ BEGIN
             pg_catalog.quote_literal(entry.consumer), pg_catalog.quote_literal(entry.message_type)
             USING ERRCODE = 'undefined_object', HINT = 'Register the fixed handler with inbox.register_handler first.';
     END IF;
+    PERFORM inbox._check_handler('inbox.repair', plan.handler, entry.consumer, entry.message_type);
+    PERFORM inbox._check_operator_run('inbox.repair', entry.consumer, plan.handler, entry.recorded_by, false);
 
-    IF entry.kind = 'expired' THEN
-        -- An expired delivery's claim was undone, so there is no row to turn processed: the
-        -- operator vouches that it is new, and repair claims it now (unless a released
-        -- delivery claimed it meanwhile).
+    -- The hold turns into a processed claim. An expired entry recorded before 0.2.0 has no hold
+    -- row: the operator vouches that the delivery is new, and repair claims it now (unless a
+    -- released delivery claimed it meanwhile).
+    UPDATE inbox.message m
+       SET status = 'processed', payload_sha256 = coalesce(entry.payload_sha256, m.payload_sha256),
+           handler_version = version, processed_at = now()
+     WHERE m.consumer = entry.consumer AND m.tenant = entry.tenant AND m.producer = entry.producer
+       AND m.message_id = entry.message_id AND m.status = 'quarantined';
+    IF NOT FOUND AND entry.kind = 'expired' THEN
         INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version,
                                    processed_at)
         VALUES (entry.consumer, entry.tenant, entry.producer, entry.message_id, entry.payload_sha256, version, now())
         ON CONFLICT ON CONSTRAINT message_pkey DO NOTHING;
-    ELSE
-        UPDATE inbox.message m
-           SET status = 'processed', payload_sha256 = coalesce(entry.payload_sha256, m.payload_sha256),
-               handler_version = version, processed_at = now()
-         WHERE m.consumer = entry.consumer AND m.tenant = entry.tenant AND m.producer = entry.producer
-           AND m.message_id = entry.message_id AND m.status = 'quarantined';
     END IF;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'inbox.repair: identity of entry % is no longer held by quarantine', entry.quarantine_id
@@ -200,7 +206,9 @@ END
 $$;
 COMMENT ON FUNCTION inbox._repair_failed(bigint, text, text, text) IS 'internal (granted to operators): audits a failed repair';
 
--- Runs the handler with the operator's rights (SECURITY INVOKER), like claim_and_apply does for consumers.
+-- SECURITY INVOKER like claim_and_apply; the handler it may run is SECURITY DEFINER owned by the
+-- consumer's role (inbox._check_operator_run). Operators are schema-qualified: the search_path is
+-- the caller's.
 CREATE OR REPLACE FUNCTION inbox.repair(quarantine_id bigint, note text) RETURNS inbox.delivery_result
     LANGUAGE plpgsql VOLATILE SECURITY INVOKER
 AS $$
@@ -216,19 +224,17 @@ BEGIN
         prepared := inbox._begin_repair(repair.quarantine_id, repair.note);
         result := prepared.claim;
         handler_running := true;
-        IF prepared.takes_context THEN
-            EXECUTE pg_catalog.format('SELECT %s($1, $2)', prepared.handler::regproc)
-              USING prepared.payload, prepared.context;
-        ELSE
-            EXECUTE pg_catalog.format('SELECT %s($1)', prepared.handler::regproc)
-              USING prepared.payload;
-        END IF;
+        -- The handler acts as the consumer (an effect it enqueues is the consumer's): see inbox._authorize.
+        PERFORM pg_catalog.set_config('inbox.consumer', (prepared.context).consumer, true);
+        PERFORM pg_catalog.set_config('inbox.operator_run', (prepared.context).consumer, true);
+        PERFORM inbox._run_handler(prepared.handler, prepared.takes_context, prepared.payload, prepared.context);
+        PERFORM pg_catalog.set_config('inbox.operator_run', '', true);
         result.outcome := 'applied';
         RETURN result;
     EXCEPTION WHEN OTHERS OR assert_failure THEN
         GET STACKED DIAGNOSTICS err_state = RETURNED_SQLSTATE, err_message = MESSAGE_TEXT,
                                 err_constraint = CONSTRAINT_NAME;
-        IF NOT handler_running OR pg_catalog.left(err_state, 2) IN ('40', '08', '53', '57') OR err_state = '55P03' THEN
+        IF NOT handler_running OR inbox._is_transient(err_state) THEN
             RAISE;
         END IF;
     END;
@@ -247,6 +253,5 @@ REVOKE ALL ON FUNCTION inbox.discard(bigint, text), inbox.release(bigint, text),
     inbox._begin_repair(bigint, text), inbox._repair_failed(bigint, text, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION inbox.discard(bigint, text), inbox.release(bigint, text), inbox.repair(bigint, text),
     inbox._begin_repair(bigint, text), inbox._repair_failed(bigint, text, text, text) TO inbox_operator;
-
 
 COMMIT;

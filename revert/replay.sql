@@ -1,10 +1,14 @@
--- Revert pginbox:replay to @v0.1.0: the released functions again (deploy/replay@v0.1.0.sql),
--- then the functions this version added.
--- Deploy pginbox:replay. Generated from sql/085_replay.sql by python/tools/sync_deploy.py: edit that file.
--- pginbox: replay's functions (tables in 080_replay_tables.sql).
+-- Revert pginbox:replay to @v0.2.0: the released functions again (deploy/replay@v0.2.0.sql) (run_replay_plan SECURITY INVOKER again, its halves granted to operators).
+-- pginbox: replay's functions (tables in 080_replay_tables.sql). Reworked in 0.2.0: a plan runs its
+-- handler only within the consumer's rights (inbox._check_operator_run: SECURITY DEFINER, owned by
+-- the consumer's role; the items' payloads match the hashes the consumer stored).
 BEGIN;
 
+SET LOCAL search_path = pg_catalog, pg_temp;
 SET LOCAL ROLE inbox_owner;
+-- This version's _replay_run_start returns (plan, handler_owner): dropped so that the released one can be created.
+DROP FUNCTION inbox._replay_run_start(bigint, integer);
+DROP TYPE inbox._replay_start;
 
 -- Progress per plan, and whether the pin still equals what is registered. No payloads.
 CREATE OR REPLACE VIEW inbox.replay_status AS
@@ -33,6 +37,7 @@ GRANT SELECT ON inbox.replay_status TO inbox_reader, inbox_operator;
 -- digits, '.', '_' or '-', starting with a letter or digit; the result is at most 128 bytes.
 CREATE OR REPLACE FUNCTION inbox.versioned_consumer(base text, version text) RETURNS text
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF base IS NULL OR version IS NULL THEN
@@ -67,6 +72,7 @@ CREATE OR REPLACE FUNCTION inbox.replay_operation_id(plan_id bigint, consumer te
                                           tenant text DEFAULT '')
     RETURNS text
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     IF replay_operation_id.plan_id IS NULL OR replay_operation_id.consumer IS NULL OR replay_operation_id.producer IS NULL
@@ -425,6 +431,11 @@ BEGIN
     END IF;
     plan := inbox._lock_replay_plan(fn, _replay_run_start.plan_id);
     PERFORM inbox._check_plan_active(fn, plan);
+    -- The payloads are the consumer's own (add_replay_items checked them against the stored hashes).
+    PERFORM inbox._check_operator_run(fn, plan.consumer, plan.handler, NULL, true);
+    -- The pinned handler is checked again at every run, as claim_and_apply and repair do: it may have
+    -- been dropped, or altered into a privileged SECURITY DEFINER function, since the plan was made.
+    PERFORM inbox._check_handler(fn, plan.handler, plan.consumer, plan.message_type);
     IF plan.status = 'stopped_version_changed' THEN
         SELECT h.* INTO registered FROM inbox.handler h
          WHERE h.consumer = plan.consumer AND h.message_type = plan.message_type;
@@ -622,40 +633,41 @@ BEGIN
     plan := inbox._replay_run_start(run_replay_plan.plan_id, run_replay_plan.max_items);
     FOR i IN 1 .. run_replay_plan.max_items LOOP
         step := inbox._replay_next(plan.plan_id);
-        EXIT WHEN step.action IN ('stop', 'done');
-        IF step.action = 'skipped' THEN
-            skipped_now := skipped_now + 1;
+        EXIT WHEN step.action OPERATOR(pg_catalog.=) ANY (ARRAY['stop', 'done']);
+        IF step.action OPERATOR(pg_catalog.=) 'skipped' THEN
+            skipped_now := skipped_now OPERATOR(pg_catalog.+) 1;
             CONTINUE;
         END IF;
         handler_running := false;
         BEGIN
             IF inbox._begin_replay_item(plan.plan_id, step.item_no) THEN
                 handler_running := true;
-                IF step.takes_context THEN
-                    EXECUTE pg_catalog.format('SELECT %s($1, $2)', step.handler::regproc) USING step.payload, step.context;
-                ELSE
-                    EXECUTE pg_catalog.format('SELECT %s($1)', step.handler::regproc) USING step.payload;
-                END IF;
-                applied_now := applied_now + 1;
+                -- The handler acts as the consumer (an effect it enqueues is the consumer's): see
+                -- inbox._authorize.
+                PERFORM pg_catalog.set_config('inbox.consumer', (step.context).consumer, true);
+                PERFORM pg_catalog.set_config('inbox.operator_run', (step.context).consumer, true);
+                PERFORM inbox._run_handler(step.handler, step.takes_context, step.payload, step.context);
+                PERFORM pg_catalog.set_config('inbox.operator_run', '', true);
+                applied_now := applied_now OPERATOR(pg_catalog.+) 1;
             ELSE
-                skipped_now := skipped_now + 1;
+                skipped_now := skipped_now OPERATOR(pg_catalog.+) 1;
             END IF;
         EXCEPTION WHEN OTHERS OR assert_failure THEN
             GET STACKED DIAGNOSTICS err_state = RETURNED_SQLSTATE, err_message = MESSAGE_TEXT,
                                     err_constraint = CONSTRAINT_NAME;
-            IF NOT handler_running OR pg_catalog.left(err_state, 2) IN ('40', '08', '53', '57') OR err_state = '55P03' THEN
+            IF NOT handler_running OR inbox._is_transient(err_state) THEN
                 RAISE;
             END IF;
             PERFORM inbox._replay_item_failed(plan.plan_id, step.item_no, inbox._reason_code(err_state, err_constraint),
                                               err_message);
-            failed_now := failed_now + 1;
+            failed_now := failed_now OPERATOR(pg_catalog.+) 1;
         END;
     END LOOP;
     result := inbox._replay_run_finish(plan.plan_id);
     result.applied_now := applied_now;
     result.failed_now := failed_now;
     result.skipped_now := skipped_now;
-    IF result.status = 'stopped_version_changed' THEN
+    IF result.status OPERATOR(pg_catalog.=) 'stopped_version_changed' THEN
         RAISE WARNING 'inbox.run_replay_plan: replay plan % stopped: the handler registered for consumer % and message type % is no longer the pinned % version %',
             plan.plan_id, pg_catalog.quote_literal(plan.consumer), pg_catalog.quote_literal(plan.message_type),
             plan.handler, pg_catalog.quote_literal(plan.handler_version)
@@ -696,6 +708,5 @@ GRANT EXECUTE ON FUNCTION inbox.create_replay_plan(text, text, text, regprocedur
     inbox._replay_item_failed(bigint, bigint, text, text),
     inbox._replay_run_finish(bigint),
     inbox.run_replay_plan(bigint, integer) TO inbox_operator;
-
 
 COMMIT;

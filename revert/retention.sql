@@ -1,15 +1,20 @@
--- Revert pginbox:retention to @v0.1.0: the released functions again (deploy/retention@v0.1.0.sql),
--- then the functions this version added.
--- Deploy pginbox:retention. Generated from sql/075_retention.sql by python/tools/sync_deploy.py: edit that file.
--- pginbox: retention's functions (tables in 070_retention_tables.sql).
+-- Revert pginbox:retention to @v0.2.0: the released functions again (deploy/retention@v0.2.0.sql), then the function this version added.
+-- pginbox: retention's functions (tables in 070_retention_tables.sql). Reworked in 0.2.0: the
+-- watermark never moves back and covers every safety margin a claim ever accepted a produced_at
+-- within; an expired delivery holds its identity; the purge procedure pauses, says 'inactive' and
+-- reports each batch.
 BEGIN;
 
+SET LOCAL search_path = pg_catalog, pg_temp;
 SET LOCAL ROLE inbox_owner;
+-- DROP ... IF EXISTS below makes this script rerunnable (sqitch rework): no notices for it.
+SET LOCAL client_min_messages = warning;
 
 -- ------------------------------------------------------------------ the window
 CREATE OR REPLACE FUNCTION inbox._retention_window(policy inbox.retention_policy,
                                         OUT retention_window interval, OUT dominating_scenario text)
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT pg_catalog.justify_hours(
                greatest(policy.broker_retention, policy.max_offset_rewind, policy.dead_letter_redrive_horizon,
@@ -221,6 +226,7 @@ COMMENT ON FUNCTION inbox._heartbeat(text) IS 'internal: refreshes a consumer''s
 -- NULL when the consumer has not been active that long since its first heartbeat.
 CREATE OR REPLACE FUNCTION inbox._active_cutoff(consumer text, span interval) RETURNS timestamptz
     LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     last_active timestamptz;
@@ -273,7 +279,7 @@ COMMENT ON FUNCTION inbox._watermark(text, text) IS 'internal: the purge waterma
 
 -- Called right after a first delivery's claim row was inserted, when its produced_at is older
 -- than the consumer's highest watermark. Returns NULL when the delivery may proceed; else it
--- deletes the claim row again (this transaction inserted it), quarantines the delivery as
+-- turns the claim row (this transaction inserted it) into a hold, quarantines the delivery as
 -- 'expired' and returns that result. An entry an operator released lets its next delivery through.
 -- Replaces the no-op hook of sql/025_hooks.sql (revert/retention.sql puts the no-op back).
 CREATE OR REPLACE FUNCTION inbox._expire_check(
@@ -296,11 +302,15 @@ BEGIN
                   AND q.kind = 'expired' AND q.status = 'released') THEN
         RETURN NULL;
     END IF;
-    DELETE FROM inbox.message m
+    -- The claim row this transaction just inserted becomes the hold: every later delivery of the
+    -- identity meets it on the unique key and is held, whatever produced_at it carries.
+    UPDATE inbox.message m
+       SET status = 'quarantined', processed_at = NULL
      WHERE m.consumer = _expire_check.consumer AND m.tenant = _expire_check.tenant
        AND m.producer = _expire_check.producer AND m.message_id = _expire_check.message_id;
     INSERT INTO inbox.quarantine AS q (consumer, tenant, producer, message_id, kind, message_type, payload_sha256,
-                                       payload, payload_bytes, reason_code, error_message, handler_version)
+                                       payload, payload_bytes, reason_code, error_message, handler_version,
+                                       recorded_by)
     VALUES (_expire_check.consumer, _expire_check.tenant, _expire_check.producer, _expire_check.message_id, 'expired',
             _expire_check.message_type, _expire_check.payload_hash,
             CASE WHEN _expire_check.store_payload THEN _expire_check.payload END,
@@ -308,10 +318,11 @@ BEGIN
             'expired',
             pg_catalog.format('produced at %s, before the purge watermark %s: it cannot be told apart from a purged message',
                               _expire_check.produced_at, mark),
-            _expire_check.handler_version)
+            _expire_check.handler_version, session_user)
     ON CONFLICT ON CONSTRAINT quarantine_entry_key
-    DO UPDATE SET deliveries = q.deliveries + 1, last_seen_at = now(),
-                  message_type = coalesce(q.message_type, EXCLUDED.message_type),
+    DO UPDATE SET deliveries = q.deliveries + 1, last_seen_at = now(), status = 'open', decided_at = NULL,
+                  decided_by = NULL, message_type = coalesce(q.message_type, EXCLUDED.message_type),
+                  recorded_by = CASE WHEN q.payload IS NULL THEN EXCLUDED.recorded_by ELSE q.recorded_by END,
                   payload = coalesce(q.payload, EXCLUDED.payload)
     RETURNING q.quarantine_id INTO entry_id;
     RETURN ROW('expired', pg_catalog.encode(_expire_check.payload_hash, 'hex'), NULL, _expire_check.handler_version,
@@ -395,7 +406,9 @@ AS $$
 DECLARE
     policy inbox.retention_policy;
     span interval;
+    margin interval;
     cutoff timestamptz;
+    mark timestamptz;
     state inbox.purge_state;
 BEGIN
     PERFORM inbox._check_purge_args('inbox.announce_purge', announce_purge.consumer, announce_purge.producer, 1);
@@ -417,6 +430,12 @@ BEGIN
     LOOP
         span := (inbox._retention_window(policy)).retention_window;
         cutoff := inbox._active_cutoff(policy.consumer, span);
+        -- Claims accept a produced_at up to the safety margin in force ahead of their processed_at
+        -- (inbox._check_produced_at): the watermark covers the largest margin this consumer's
+        -- policies ever had, and the default tolerance of a consumer without one.
+        margin := greatest(policy.safety_margin, inbox._default_clock_tolerance(),
+                           (SELECT max(c.safety_margin) FROM inbox.retention_policy_change c
+                             WHERE c.consumer = policy.consumer));
         INSERT INTO inbox.purge_state (consumer, producer) VALUES (policy.consumer, policy.producer)
         ON CONFLICT ON CONSTRAINT purge_state_pkey DO NOTHING;
         SELECT s.* INTO state FROM inbox.purge_state s
@@ -428,15 +447,18 @@ BEGIN
             RETURN QUERY SELECT policy.producer, 'unchanged'::text, state.purged_before, state.watermark,
                 'the cutoff has not moved past the announced one'::text;
         ELSE
+            -- The watermark never moves back: a message purged under an earlier, larger margin
+            -- must stay older than it.
+            mark := greatest(state.watermark, cutoff + margin);
             UPDATE inbox.purge_state s
-               SET announced_before = cutoff, watermark = cutoff + policy.safety_margin, announced_at = now(),
+               SET announced_before = cutoff, watermark = mark, announced_at = now(),
                    announce_xid = pg_catalog.pg_current_xact_id(), waiting_for = NULL
              WHERE s.consumer = policy.consumer AND s.producer = policy.producer;
             INSERT INTO inbox.consumer_config AS c (consumer, purge_watermark)
-            VALUES (policy.consumer, cutoff + policy.safety_margin)
+            VALUES (policy.consumer, mark)
             ON CONFLICT ON CONSTRAINT consumer_config_pkey DO UPDATE
                SET purge_watermark = greatest(c.purge_watermark, EXCLUDED.purge_watermark);
-            RETURN QUERY SELECT policy.producer, 'announced'::text, state.purged_before, cutoff + policy.safety_margin,
+            RETURN QUERY SELECT policy.producer, 'announced'::text, state.purged_before, mark,
                 pg_catalog.format('rows processed before %s go once the transactions running now have ended', cutoff);
         END IF;
     END LOOP;
@@ -466,8 +488,8 @@ COMMENT ON FUNCTION inbox._running_transactions() IS 'internal: virtual transact
 --   uncommitted  the announcement is not committed yet
 --   no_policy, busy  as for announce_purge
 -- Kept whatever their age: rows that are not 'processed', rows with a retention_hold, identities
--- with an open quarantine entry, rows processed at or after the creation of the oldest outbox
--- effect not delivered yet.
+-- with an open quarantine entry, rows processed at or after the creation of the consumer's oldest
+-- outbox effect not delivered yet.
 CREATE OR REPLACE FUNCTION inbox.purge_batch(consumer text, producer text DEFAULT NULL, batch_size integer DEFAULT 5000)
     RETURNS TABLE (policy_producer text, status text, rows_deleted bigint, purged_before timestamptz,
                    watermark timestamptz, detail text)
@@ -499,7 +521,14 @@ BEGIN
                             'no retention policy: its rows are never purged (set one with inbox.set_retention_policy)'::text;
         RETURN;
     END IF;
-    SELECT min(o.created_at) INTO outbox_floor FROM inbox.outbox o WHERE o.status IN ('pending', 'leased', 'dead');
+    -- The consumer's own undelivered effects, and those enqueued before 0.2.0 or anonymously
+    -- (consumer ''): nobody else's (an effect waiting for 9999 held back every consumer in 0.1.0).
+    -- Two probes of outbox_consumer_undelivered_idx.
+    outbox_floor := least(
+        (SELECT min(o.created_at) FROM inbox.outbox o
+          WHERE o.consumer = purge_batch.consumer AND o.status IN ('pending', 'leased', 'dead')),
+        (SELECT min(o.created_at) FROM inbox.outbox o
+          WHERE o.consumer = '' AND o.status IN ('pending', 'leased', 'dead')));
     -- Per-row probes only when there is something to find (the OR skips them otherwise).
     any_hold := EXISTS (SELECT 1 FROM inbox.retention_hold h WHERE h.consumer = purge_batch.consumer);
     any_open_entry := EXISTS (SELECT 1 FROM inbox.quarantine q WHERE q.consumer = purge_batch.consumer AND q.status = 'open');
@@ -598,60 +627,94 @@ COMMENT ON FUNCTION inbox.purge_batch(text, text, integer) IS
 -- transactions from before the announcement (at most wait_timeout: then it raises 55P03 having
 -- deleted nothing new), then batches with a commit after each, at most max_batches.
 -- Must be CALLed outside an explicit transaction block (it commits).
+DROP PROCEDURE IF EXISTS inbox.purge(text, text, integer, integer, interval, bigint, text);
+
+-- The arguments of the purge procedure, checked before anything happens.
+CREATE OR REPLACE FUNCTION inbox._check_purge_call(batch_size integer, max_batches integer, wait_timeout interval,
+                                                   pause interval)
+    RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF batch_size IS NULL OR batch_size NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'inbox.purge: batch_size must be between 1 and 100000, got %', coalesce(batch_size::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'Batches of a few thousand rows keep each transaction short.';
+    END IF;
+    IF max_batches IS NULL OR max_batches < 1 OR wait_timeout IS NULL OR wait_timeout < '0'::interval
+       OR pause IS NULL OR pause NOT BETWEEN '0'::interval AND '1 minute'::interval THEN
+        RAISE EXCEPTION 'inbox.purge: max_batches must be at least 1, wait_timeout a non-negative interval and pause between 0 and 1 minute'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION inbox._check_purge_call(integer, integer, interval, interval) IS 'internal: validates the arguments of inbox.purge';
+
+-- What the announcement said for a whole consumer: busy | no_policy | inactive (every policy:
+-- not active for a whole window yet, or down) | announced (something may be deleted).
+CREATE OR REPLACE FUNCTION inbox._announced(statuses text[]) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    SET search_path = pg_catalog, pg_temp
+    RETURN CASE WHEN 'busy' = ANY (statuses) THEN 'busy'
+                WHEN 'no_policy' = ANY (statuses) THEN 'no_policy'
+                WHEN statuses <@ ARRAY['inactive'] THEN 'inactive'
+                ELSE 'announced' END;
+COMMENT ON FUNCTION inbox._announced(text[]) IS 'internal: the announcement''s outcome for a consumer';
+
+CREATE OR REPLACE FUNCTION inbox._announced_detail(status text) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    SET search_path = pg_catalog, pg_temp
+    RETURN CASE status WHEN 'busy' THEN 'another session is purging it: nothing to do'
+                       WHEN 'no_policy' THEN 'no retention policy: its rows are never purged'
+                       WHEN 'inactive' THEN 'not active for a whole retention window yet: nothing is old enough'
+                       ELSE status END;
+COMMENT ON FUNCTION inbox._announced_detail(text) IS 'internal: what an announcement outcome means, for a notice';
+
+-- The whole purge of one consumer, for cron, pg_cron and `pginbox purge` alike: become its purger,
+-- announce and commit, then one committed batch after another (a NOTICE each, with the rows so
+-- far), pausing `pause` after each. status: purged | done | busy | no_policy | inactive. Gives up
+-- with 55P03 when transactions from before the announcement outlive wait_timeout (nothing more is
+-- deleted). A procedure cannot pin its search_path (it commits), so every operator in it is
+-- schema-qualified.
 CREATE OR REPLACE PROCEDURE inbox.purge(consumer text, producer text DEFAULT NULL, batch_size integer DEFAULT 5000,
                              max_batches integer DEFAULT 1000, wait_timeout interval DEFAULT '5 minutes',
-                             INOUT rows_deleted bigint DEFAULT NULL, INOUT status text DEFAULT NULL)
+                             INOUT rows_deleted bigint DEFAULT NULL, INOUT status text DEFAULT NULL,
+                             pause interval DEFAULT '0')
     LANGUAGE plpgsql
 AS $$
 DECLARE
     deadline timestamptz;
     batches integer := 0;
-    waiting boolean;
-    progressed boolean;
-    step record;
+    announced text[];
+    statuses text[];
+    deleted bigint;
 BEGIN
-    IF purge.batch_size IS NULL OR purge.batch_size NOT BETWEEN 1 AND 100000 THEN
-        RAISE EXCEPTION 'inbox.purge: batch_size must be between 1 and 100000, got %', coalesce(purge.batch_size::text, 'NULL')
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'Batches of a few thousand rows keep each transaction short.';
-    END IF;
-    IF purge.max_batches IS NULL OR purge.max_batches < 1 OR purge.wait_timeout IS NULL
-       OR purge.wait_timeout < '0'::interval THEN
-        RAISE EXCEPTION 'inbox.purge: max_batches must be at least 1 and wait_timeout a non-negative interval'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM inbox._check_purge_call(purge.batch_size, purge.max_batches, purge.wait_timeout, purge.pause);
     rows_deleted := 0;
-    IF NOT inbox.purge_lock(purge.consumer) THEN
-        status := 'busy';
-        RAISE NOTICE 'inbox.purge: another session is purging consumer %: nothing to do', purge.consumer;
-        RETURN;
-    END IF;
-    status := 'done';
-    FOR step IN SELECT * FROM inbox.announce_purge(purge.consumer, purge.producer) LOOP
-        IF step.status = 'no_policy' THEN
-            status := 'no_policy';
-            RAISE NOTICE 'inbox.purge: consumer % has no retention policy: its rows are never purged', purge.consumer;
-        END IF;
-    END LOOP;
+    announced := ARRAY(SELECT a.status FROM inbox.announce_purge(purge.consumer, purge.producer) a);
     COMMIT;
-    IF status = 'no_policy' THEN
-        PERFORM inbox.purge_unlock(purge.consumer);
+    status := inbox._announced(announced);
+    IF status OPERATOR(pg_catalog.<>) 'announced' THEN
+        RAISE NOTICE 'inbox.purge: consumer %: %', purge.consumer, inbox._announced_detail(status);
+        IF status OPERATOR(pg_catalog.<>) 'busy' THEN
+            PERFORM inbox.purge_unlock(purge.consumer);
+        END IF;
         RETURN;
     END IF;
-    deadline := clock_timestamp() + purge.wait_timeout;
+    deadline := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) purge.wait_timeout;
     LOOP
-        waiting := false;
-        progressed := false;
-        FOR step IN SELECT * FROM inbox.purge_batch(purge.consumer, purge.producer, purge.batch_size) LOOP
-            waiting := waiting OR step.status IN ('waiting', 'uncommitted');
-            progressed := progressed OR step.status = 'purged';
-            rows_deleted := rows_deleted + step.rows_deleted;
-        END LOOP;
+        SELECT pg_catalog.array_agg(b.status), pg_catalog.sum(b.rows_deleted)::bigint INTO statuses, deleted
+          FROM inbox.purge_batch(purge.consumer, purge.producer, purge.batch_size) b;
         COMMIT;
-        IF progressed THEN
-            batches := batches + 1;
-            EXIT WHEN batches >= purge.max_batches;
-        ELSIF waiting THEN
-            IF clock_timestamp() > deadline THEN
+        IF deleted OPERATOR(pg_catalog.>) 0 THEN
+            rows_deleted := rows_deleted OPERATOR(pg_catalog.+) deleted;
+            batches := batches OPERATOR(pg_catalog.+) 1;
+            RAISE NOTICE 'inbox.purge: consumer %: batch %: % rows deleted, % so far', purge.consumer, batches,
+                deleted, rows_deleted;
+            EXIT WHEN batches OPERATOR(pg_catalog.>=) purge.max_batches;
+            PERFORM pg_catalog.pg_sleep_for(purge.pause);
+        ELSIF statuses OPERATOR(pg_catalog.&&) ARRAY['waiting', 'uncommitted'] THEN
+            IF pg_catalog.clock_timestamp() OPERATOR(pg_catalog.>) deadline THEN
                 PERFORM inbox.purge_unlock(purge.consumer);
                 COMMIT;
                 RAISE EXCEPTION 'inbox.purge: transactions from before the announcement of consumer % still run after %',
@@ -664,12 +727,12 @@ BEGIN
             EXIT;
         END IF;
     END LOOP;
-    status := CASE WHEN rows_deleted > 0 THEN 'purged' ELSE 'done' END;
+    status := CASE WHEN rows_deleted OPERATOR(pg_catalog.>) 0 THEN 'purged' ELSE 'done' END;
     PERFORM inbox.purge_unlock(purge.consumer);
 END
 $$;
-COMMENT ON PROCEDURE inbox.purge(text, text, integer, integer, interval, bigint, text) IS
-    'The whole purge of a consumer with a commit per batch (CALL it outside a transaction block; cron, pg_cron)';
+COMMENT ON PROCEDURE inbox.purge(text, text, integer, integer, interval, bigint, text, interval) IS
+    'The whole purge of a consumer with a commit per batch (CALL it outside a transaction block; cron, pg_cron): purged | done | busy | no_policy | inactive';
 
 -- ------------------------------------------------------------------ status
 CREATE OR REPLACE VIEW inbox.retention_status AS
@@ -698,7 +761,7 @@ REVOKE ALL ON FUNCTION inbox.retention_window(text, text),
                                interval, text),
     inbox.purge_lock(text), inbox.purge_unlock(text), inbox.announce_purge(text, text),
     inbox.purge_batch(text, text, integer) FROM PUBLIC;
-REVOKE ALL ON PROCEDURE inbox.purge(text, text, integer, integer, interval, bigint, text) FROM PUBLIC;
+REVOKE ALL ON PROCEDURE inbox.purge(text, text, integer, integer, interval, bigint, text, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION inbox.retention_window(text, text), inbox._retention_window(inbox.retention_policy),
     inbox._active_cutoff(text, interval) TO inbox_reader, inbox_operator;
 GRANT EXECUTE ON FUNCTION
@@ -706,11 +769,10 @@ GRANT EXECUTE ON FUNCTION
                                interval, text),
     inbox.purge_lock(text), inbox.purge_unlock(text), inbox.announce_purge(text, text),
     inbox.purge_batch(text, text, integer) TO inbox_operator;
-GRANT EXECUTE ON PROCEDURE inbox.purge(text, text, integer, integer, interval, bigint, text) TO inbox_operator;
+GRANT EXECUTE ON PROCEDURE inbox.purge(text, text, integer, integer, interval, bigint, text, interval) TO inbox_operator;
+GRANT EXECUTE ON FUNCTION inbox._check_purge_call(integer, integer, interval, interval), inbox._announced(text[]),
+    inbox._announced_detail(text) TO inbox_operator;
 
-DROP PROCEDURE inbox.purge(text, text, integer, integer, interval, bigint, text, interval);
-DROP FUNCTION inbox._announced_detail(text);
-DROP FUNCTION inbox._announced(text[]);
-DROP FUNCTION inbox._check_purge_call(integer, integer, interval, interval);
+DROP FUNCTION inbox.correct_watermark(text, text, timestamptz, text);
 
 COMMIT;

@@ -1,10 +1,11 @@
 -- pginbox: the claim. inbox.claim takes a message identity inside the caller's transaction; the
 -- caller then makes its domain change and both commit or roll back together. Failures and crash
 -- loops are recorded here too, because quarantine is decided on the same identity.
--- Every function acting under a consumer name first asks whether session_user may act as it
--- (sql/027_security.sql). Reworked in 0.2.0 (docs/releasing.md).
+-- Every function acting under a consumer name first asks whether the caller may act as it
+-- (sql/027_security.sql). Reworked in 0.3.0 (docs/releasing.md).
 BEGIN;
 
+SET LOCAL search_path = pg_catalog, pg_temp;
 SET LOCAL ROLE inbox_owner;
 
 -- The semantic hash: SHA-256 of jsonb's canonical text (key order and whitespace normalised),
@@ -29,6 +30,13 @@ CREATE OR REPLACE FUNCTION inbox._blank(value text) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     RETURN pg_catalog.btrim(value, E' \t\n\r\f\x0b') OPERATOR(pg_catalog.=) '';
 COMMENT ON FUNCTION inbox._blank(text) IS 'internal: true for an empty or whitespace-only string';
+
+-- True for a string holding a control character (C0, DEL or C1): a name or id that would reach a
+-- terminal or a log line raw (escape sequences, forged line breaks). Inlined.
+CREATE OR REPLACE FUNCTION inbox._has_control(value text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN value OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f-\x9f]';
+COMMENT ON FUNCTION inbox._has_control(text) IS 'internal: true for a string with a control character (C0, DEL, C1)';
 
 CREATE OR REPLACE FUNCTION inbox._check_identity(fn text, consumer text, producer text, message_id text, tenant text)
     RETURNS void
@@ -59,6 +67,14 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'A blank name is almost always a bug in the producer or the consumer''s mapping.';
     END IF;
+    IF inbox._has_control(consumer) OR inbox._has_control(producer) OR inbox._has_control(message_id)
+       OR inbox._has_control(tenant) THEN
+        RAISE EXCEPTION '%: % must not contain control characters', fn,
+            CASE WHEN inbox._has_control(consumer) THEN 'consumer' WHEN inbox._has_control(producer) THEN 'producer'
+                 WHEN inbox._has_control(message_id) THEN 'message_id' ELSE 'tenant' END
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Line breaks, tabs and escape sequences in a name or id would reach terminals and logs raw; use printable characters.';
+    END IF;
     IF pg_catalog.octet_length(consumer) > 128 OR pg_catalog.octet_length(producer) > 128
        OR pg_catalog.octet_length(tenant) > 128 THEN
         RAISE EXCEPTION '%: % is longer than 128 bytes', fn,
@@ -74,7 +90,7 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION inbox._check_identity(text, text, text, text, text) IS 'internal: validates an identity (22004, 22023, 22001)';
+COMMENT ON FUNCTION inbox._check_identity(text, text, text, text, text) IS 'internal: validates an identity (22004, 22023 (blank, control characters), 22001)';
 
 -- The fast checks of the hot paths: inlined by the planner into one boolean expression. Only when
 -- one says no does the caller run the _check_* function, which names what is wrong.
@@ -85,7 +101,9 @@ CREATE OR REPLACE FUNCTION inbox._identity_ok(consumer text, producer text, mess
        AND pg_catalog.octet_length(consumer) OPERATOR(pg_catalog.<=) 128
        AND pg_catalog.octet_length(producer) OPERATOR(pg_catalog.<=) 128
        AND pg_catalog.octet_length(tenant) OPERATOR(pg_catalog.<=) 128
-       AND pg_catalog.octet_length(message_id) OPERATOR(pg_catalog.<=) 256;
+       AND pg_catalog.octet_length(message_id) OPERATOR(pg_catalog.<=) 256
+       AND NOT inbox._has_control(consumer OPERATOR(pg_catalog.||) producer OPERATOR(pg_catalog.||) message_id
+                                  OPERATOR(pg_catalog.||) tenant);
 COMMENT ON FUNCTION inbox._identity_ok(text, text, text, text) IS 'internal: true when inbox._check_identity would accept the identity';
 
 -- The settings of a consumer that has no row: the column defaults of inbox.consumer_config
@@ -118,7 +136,7 @@ CREATE OR REPLACE FUNCTION inbox._delivery_ok(payload_size integer, max_payload_
     RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     RETURN payload_size OPERATOR(pg_catalog.<=) max_payload_bytes AND NOT inbox._blank(handler_version)
-       AND pg_catalog.octet_length(handler_version) OPERATOR(pg_catalog.<=) 128;
+       AND pg_catalog.octet_length(handler_version) OPERATOR(pg_catalog.<=) 128 AND NOT inbox._has_control(handler_version);
 COMMENT ON FUNCTION inbox._delivery_ok(integer, integer, text) IS 'internal: true when inbox._check_delivery would accept the delivery';
 
 CREATE OR REPLACE FUNCTION inbox._check_delivery(fn text, payload_size integer, max_payload_bytes integer, handler_version text)
@@ -150,6 +168,11 @@ BEGIN
     IF pg_catalog.octet_length(handler_version) > 128 THEN
         RAISE EXCEPTION '%: handler_version is longer than 128 bytes', fn
             USING ERRCODE = 'string_data_right_truncation';
+    END IF;
+    IF inbox._has_control(handler_version) THEN
+        RAISE EXCEPTION '%: handler_version must not contain control characters', fn
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Name the version of the code that applies the message, e.g. ''v1'' or a git sha.';
     END IF;
 END
 $$;
@@ -339,8 +362,10 @@ BEGIN
         PERFORM inbox._check_delivery('inbox.claim', inbox._payload_size(claim.payload), settings.max_payload_bytes,
                                       claim.handler_version);
     END IF;
-    -- The consumer this transaction claims for: inbox.enqueue_effect enqueues under it by default.
+    -- The consumer and tenant this transaction claims for: inbox.enqueue_effect enqueues under them
+    -- by default (it checks the caller may act as them: the settings only choose).
     PERFORM pg_catalog.set_config('inbox.consumer', claim.consumer, true);
+    PERFORM pg_catalog.set_config('inbox.tenant', claim.tenant, true);
     hash := inbox.payload_hash(claim.payload, settings.hash_exclude_keys);
     -- Retention's heartbeat (sql/075_retention.sql), at most once a minute per consumer.
     IF settings.last_active_at IS NULL OR settings.last_active_at < now() - '60 seconds'::interval THEN
@@ -389,6 +414,7 @@ BEGIN
                                      claim_bytea.produced_at);
     settings := inbox._settings(claim_bytea.consumer);
     PERFORM pg_catalog.set_config('inbox.consumer', claim_bytea.consumer, true);
+    PERFORM pg_catalog.set_config('inbox.tenant', claim_bytea.tenant, true);
     PERFORM inbox._check_delivery('inbox.claim_bytea', octet_length(claim_bytea.payload),
                                   settings.max_payload_bytes, claim_bytea.handler_version);
     IF settings.last_active_at IS NULL OR settings.last_active_at < now() - '60 seconds'::interval THEN
@@ -533,7 +559,7 @@ CREATE OR REPLACE FUNCTION inbox._check_reason(fn text, reason_code text) RETURN
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
-    IF reason_code IS NULL OR reason_code = '' OR pg_catalog.octet_length(reason_code) > 64 THEN
+    IF reason_code IS NULL OR reason_code = '' OR pg_catalog.octet_length(reason_code) > 64 OR inbox._has_control(reason_code) THEN
         RAISE EXCEPTION '%: reason_code must be a stable code of 1 to 64 bytes, got %', fn,
             coalesce(pg_catalog.quote_literal(reason_code), 'NULL')
             USING ERRCODE = CASE WHEN reason_code IS NULL THEN 'null_value_not_allowed' ELSE 'invalid_parameter_value' END,
@@ -557,10 +583,11 @@ CREATE OR REPLACE FUNCTION inbox._check_optional(fn text, message_type text, pay
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
 AS $$
 BEGIN
-    IF message_type IS NOT NULL AND (message_type !~ '\S' OR pg_catalog.octet_length(message_type) > 128) THEN
-        RAISE EXCEPTION '%: message_type must be NULL or a name of 1 to 128 bytes, not only whitespace', fn
-            USING ERRCODE = CASE WHEN message_type !~ '\S' THEN 'invalid_parameter_value'
-                                 ELSE 'string_data_right_truncation' END;
+    IF message_type IS NOT NULL AND (message_type !~ '\S' OR pg_catalog.octet_length(message_type) > 128
+                                     OR inbox._has_control(message_type)) THEN
+        RAISE EXCEPTION '%: message_type must be NULL or a name of 1 to 128 bytes, not only whitespace, without control characters', fn
+            USING ERRCODE = CASE WHEN pg_catalog.octet_length(message_type) > 128 THEN 'string_data_right_truncation'
+                                 ELSE 'invalid_parameter_value' END;
     END IF;
     IF pg_catalog.octet_length(payload_ref) > 1024 THEN
         RAISE EXCEPTION '%: payload_ref is longer than 1024 bytes', fn
@@ -752,6 +779,6 @@ GRANT EXECUTE ON FUNCTION inbox.payload_hash(jsonb, text[]) TO inbox_consumer, i
 -- Readers see no payload hashes (0.2.0), so they get no hash function to guess payloads with either.
 REVOKE EXECUTE ON FUNCTION inbox.payload_hash(jsonb, text[]) FROM inbox_reader;
 GRANT EXECUTE ON FUNCTION inbox._reason_code(text, text) TO inbox_consumer, inbox_operator;
-GRANT EXECUTE ON FUNCTION inbox._blank(text) TO inbox_consumer, inbox_operator;
+GRANT EXECUTE ON FUNCTION inbox._blank(text), inbox._has_control(text) TO inbox_consumer, inbox_operator;
 
 COMMIT;

@@ -4,9 +4,10 @@
 -- transient error is re-raised so that the caller retries the whole transaction.
 -- The invoker functions here run with the caller's search_path (the handler needs it), so every
 -- operator in them is schema-qualified: a caller's shadowing operator cannot change an outcome.
--- Reworked in 0.2.0 (docs/releasing.md).
+-- Reworked in 0.3.0 (docs/releasing.md).
 BEGIN;
 
+SET LOCAL search_path = pg_catalog, pg_temp;
 SET LOCAL ROLE inbox_owner;
 
 CREATE OR REPLACE FUNCTION inbox._check_message_type(fn text, message_type text) RETURNS void
@@ -16,6 +17,11 @@ AS $$
 BEGIN
     IF message_type <> '' AND inbox._blank(message_type) THEN
         RAISE EXCEPTION '%: message_type must not be only whitespace', fn
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'message_type selects the handler registered with inbox.register_handler.';
+    END IF;
+    IF inbox._has_control(message_type) THEN
+        RAISE EXCEPTION '%: message_type must not contain control characters', fn
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'message_type selects the handler registered with inbox.register_handler.';
     END IF;
@@ -86,10 +92,13 @@ $$;
 COMMENT ON FUNCTION inbox._run_handler_batch(regprocedure, boolean, jsonb[], inbox.message_context[]) IS
     'internal: calls one registered handler for every payload of a batch, in order, with the caller''s rights; generated';
 
--- Writes inbox._run_handler (and _run_handler_batch) again with one static call per registered handler. The calls are
--- composed from regprocedure (PostgreSQL's own quoting of the function's schema and name; under
--- this function's pinned search_path every name comes out schema-qualified), the OIDs as literals.
--- Serialized by an advisory lock, so that two registrations cannot race on the definition.
+-- Writes inbox._run_handler (and _run_handler_batch) again with one static call per registered
+-- handler. Each call names its function by format('%I.%I') of the catalog's schema and function
+-- name, the OIDs are literals, and each generated body reaches CREATE FUNCTION as one quoted
+-- literal (format('%L')): no name, however it is spelled (a renamed handler "h$fn$;GRANT ..."),
+-- can end the body early or add a statement, whatever check_function_bodies says.
+-- Registrations are serialized by a lock on inbox.handler that only the package's own functions can
+-- take (a role with SELECT on it can take ACCESS SHARE at most, which conflicts with nothing here).
 CREATE OR REPLACE FUNCTION inbox._generate_dispatcher() RETURNS integer
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
@@ -100,25 +109,28 @@ DECLARE
     handlers integer := 0;
     h record;
 BEGIN
-    PERFORM pg_advisory_xact_lock(1886940770, hashtext('inbox._run_handler'));
-    FOR h IN SELECT DISTINCT r.handler, r.takes_context
-               FROM inbox.handler r JOIN pg_proc p ON p.oid = r.handler
+    LOCK TABLE inbox.handler IN SHARE ROW EXCLUSIVE MODE;
+    FOR h IN SELECT DISTINCT r.handler::oid AS fn, format('%I.%I', n.nspname, p.proname) AS name, r.takes_context
+               FROM inbox.handler r
+               JOIN pg_proc p ON p.oid = r.handler
+               JOIN pg_namespace n ON n.oid = p.pronamespace
               ORDER BY 1
     LOOP
         branches := branches || format(
             E'    IF handler::oid OPERATOR(pg_catalog.=) %s::oid THEN\n        PERFORM %s(payload%s);\n        RETURN;\n    END IF;\n',
-            h.handler::oid, h.handler::regproc, CASE WHEN h.takes_context THEN ', context' ELSE '' END);
+            h.fn, h.name, CASE WHEN h.takes_context THEN ', context' ELSE '' END);
         batch_branches := batch_branches || format(
             E'    IF handler::oid OPERATOR(pg_catalog.=) %s::oid THEN\n        PERFORM %s(payloads[i]%s) FROM pg_catalog.generate_subscripts(payloads, 1) AS i ORDER BY i;\n        RETURN;\n    END IF;\n',
-            h.handler::oid, h.handler::regproc, CASE WHEN h.takes_context THEN ', contexts[i]' ELSE '' END);
+            h.fn, h.name, CASE WHEN h.takes_context THEN ', contexts[i]' ELSE '' END);
         handlers := handlers + 1;
     END LOOP;
-    EXECUTE format($body$
+    EXECUTE format($create$
 CREATE OR REPLACE FUNCTION inbox._run_handler(handler regprocedure, takes_context boolean, payload jsonb,
                                               context inbox.message_context)
     RETURNS void
     LANGUAGE plpgsql VOLATILE SECURITY INVOKER
-AS $fn$
+AS %L
+$create$, format($body$
 BEGIN
     -- generated:begin (inbox._generate_dispatcher)
 %s    -- generated:end
@@ -128,14 +140,14 @@ BEGIN
         EXECUTE pg_catalog.format('SELECT %%s($1)', handler::regproc) USING payload;
     END IF;
 END
-$fn$
-$body$, branches);
-    EXECUTE format($body$
+$body$, branches));
+    EXECUTE format($create$
 CREATE OR REPLACE FUNCTION inbox._run_handler_batch(handler regprocedure, takes_context boolean, payloads jsonb[],
                                                     contexts inbox.message_context[])
     RETURNS void
     LANGUAGE plpgsql VOLATILE SECURITY INVOKER
-AS $fn$
+AS %L
+$create$, format($body$
 BEGIN
     -- generated:begin (inbox._generate_dispatcher)
 %s    -- generated:end
@@ -143,8 +155,7 @@ BEGIN
         PERFORM inbox._run_handler(handler, takes_context, payloads[i], contexts[i]);
     END LOOP;
 END
-$fn$
-$body$, batch_branches);
+$body$, batch_branches));
     RETURN handlers;
 END
 $generate$;
@@ -295,7 +306,7 @@ BEGIN
                                       _begin_apply.message_id, _begin_apply.tenant);
     END IF;
     IF _begin_apply.message_type IS NULL OR inbox._blank(_begin_apply.message_type)
-       OR pg_catalog.octet_length(_begin_apply.message_type) > 128 THEN
+       OR pg_catalog.octet_length(_begin_apply.message_type) > 128 OR inbox._has_control(_begin_apply.message_type) THEN
         PERFORM inbox._check_message_type('inbox.claim_and_apply', _begin_apply.message_type);
     END IF;
     -- One query: may the caller act as the consumer (inbox._acting_as, inlined), the handler, and
@@ -338,8 +349,10 @@ BEGIN
         PERFORM inbox._check_delivery('inbox.claim_and_apply', inbox._payload_size(_begin_apply.payload),
                                       settings.max_payload_bytes, version);
     END IF;
-    -- The consumer this transaction claims for: the handler's inbox.enqueue_effect enqueues under it.
+    -- The consumer and tenant this transaction claims for: the handler's inbox.enqueue_effect
+    -- enqueues under them by default.
     PERFORM pg_catalog.set_config('inbox.consumer', _begin_apply.consumer, true);
+    PERFORM pg_catalog.set_config('inbox.tenant', _begin_apply.tenant, true);
     hash := inbox.payload_hash(_begin_apply.payload, settings.hash_exclude_keys);
     -- Retention's heartbeat (sql/075_retention.sql), at most once a minute per consumer.
     IF settings.last_active_at IS NULL OR settings.last_active_at < now() - '60 seconds'::interval THEN
@@ -488,7 +501,8 @@ BEGIN
         IF inbox._identity_ok(_batch_messages.consumer, producer, message_id, tenant) IS NOT TRUE THEN
             PERFORM inbox._check_identity(what, _batch_messages.consumer, producer, message_id, tenant);
         END IF;
-        IF message_type IS NOT NULL AND (inbox._blank(message_type) OR pg_catalog.octet_length(message_type) > 128) THEN
+        IF message_type IS NOT NULL AND (inbox._blank(message_type) OR pg_catalog.octet_length(message_type) > 128
+                                         OR inbox._has_control(message_type)) THEN
             PERFORM inbox._check_message_type(what, message_type);
         END IF;
         produced_at := (item ->> 'produced_at')::timestamptz;
@@ -598,7 +612,8 @@ BEGIN
                             AND (NOT e.item ? 'produced_at' OR jsonb_typeof(e.item -> 'produced_at') IN ('string', 'null'))
                             AND inbox._identity_ok(_begin_apply_batch.consumer, e.producer, e.message_id, e.tenant)
                             AND (e.message_type IS NULL
-                                 OR NOT (inbox._blank(e.message_type) OR octet_length(e.message_type) > 128)),
+                                 OR NOT (inbox._blank(e.message_type) OR octet_length(e.message_type) > 128
+                                         OR inbox._has_control(e.message_type))),
                             false) AS shape_ok
               FROM (SELECT x.o, x.item, coalesce(x.item ->> 'tenant', '') AS tenant, x.item ->> 'producer' AS producer,
                            x.item ->> 'message_id' AS message_id, x.item ->> 'message_type' AS message_type,
@@ -679,7 +694,10 @@ BEGIN
     IF settings.last_active_at IS NULL OR settings.last_active_at < now() - '60 seconds'::interval THEN
         PERFORM inbox._heartbeat(_begin_apply_batch.consumer);
     END IF;
+    -- The consumer, and the tenant when the batch holds one (claim_and_apply_batch sets each
+    -- element's before its handler when it holds several), that enqueue_effect defaults to.
     PERFORM set_config('inbox.consumer', _begin_apply_batch.consumer, true);
+    PERFORM set_config('inbox.tenant', CASE WHEN tenants[1] = ALL (tenants) THEN tenants[1] ELSE '' END, true);
 
     -- The claim of every identity the batch holds, in one statement, in the batch's order: a repeat
     -- of an identity within the batch meets the row its first element inserted and inserts nothing
@@ -784,6 +802,7 @@ DECLARE
     result inbox.delivery_result;
     context inbox.message_context;
     n integer;
+    one_tenant boolean;
     isolated boolean := false;
     all_applied boolean := false;
     err_state text;
@@ -794,11 +813,15 @@ BEGIN
     steps := ARRAY(SELECT b FROM inbox._begin_apply_batch(claim_and_apply_batch.consumer, claim_and_apply_batch.messages,
                                                           NULL) b);
     n := pg_catalog.cardinality(steps);
-    -- Every element claimed, one handler for all (the usual batch): the handlers in one statement
-    -- (inbox._run_handler_batch), in one subtransaction.
-    IF (SELECT pg_catalog.bool_and((s.claim).outcome OPERATOR(pg_catalog.=) 'claimed'
-                                   AND s.handler::oid OPERATOR(pg_catalog.=) (steps[1]).handler::oid)
-          FROM pg_catalog.unnest(steps) s) THEN
+    -- The tenant enqueue_effect defaults to is the batch's when it holds one (_begin_apply_batch set
+    -- it); with several, each element's is set before its handler runs.
+    one_tenant := (SELECT pg_catalog.bool_and(s.tenant OPERATOR(pg_catalog.=) (steps[1]).tenant)
+                     FROM pg_catalog.unnest(steps) s);
+    -- Every element claimed, one handler and one tenant for all (the usual batch): the handlers in
+    -- one statement (inbox._run_handler_batch), in one subtransaction.
+    IF one_tenant AND (SELECT pg_catalog.bool_and((s.claim).outcome OPERATOR(pg_catalog.=) 'claimed'
+                                                  AND s.handler::oid OPERATOR(pg_catalog.=) (steps[1]).handler::oid)
+                         FROM pg_catalog.unnest(steps) s) THEN
         BEGIN
             PERFORM inbox._run_handler_batch(
                 (steps[1]).handler, (steps[1]).takes_context, ARRAY(SELECT s.payload FROM pg_catalog.unnest(steps) s),
@@ -834,6 +857,9 @@ BEGIN
             FOR i IN 1 .. n LOOP
                 step := steps[i];
                 result := step.claim;
+                IF NOT one_tenant THEN
+                    PERFORM pg_catalog.set_config('inbox.tenant', step.tenant, true);
+                END IF;
                 IF result.outcome OPERATOR(pg_catalog.=) 'repeat' THEN
                     result := inbox.claim_and_apply(claim_and_apply_batch.consumer, step.producer, step.message_id,
                                                     step.message_type, step.payload, step.tenant, step.produced_at);

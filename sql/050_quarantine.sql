@@ -8,15 +8,20 @@
 --            payload, and redeliveries of the conflicting one stay 'conflict' (counted on the entry)
 --   release  forget the hold: the next delivery is processed normally (failure entries only)
 -- A conflict entry can only be discarded: its identity was already applied once.
--- repair never runs a handler with more rights than the consumer's role, nor on a payload that role
--- did not send (inbox._check_operator_run, sql/027_security.sql): the handler must be SECURITY
--- DEFINER owned by the consumer's role. Its two privileged halves (_begin_repair, _repair_failed)
--- are executable by operators: the audit trail is as trustworthy as the operators.
+-- repair never runs a handler with more rights than a role bound to the consumer, nor on a payload
+-- such a role did not send (inbox._check_operator_run, sql/027_security.sql): the handler must be
+-- SECURITY DEFINER owned by the consumer's role. repair is SECURITY DEFINER itself since 0.3.0: it
+-- runs the handler through inbox._run_for_operator (confined, its code acting with its owner's
+-- rights for the call), and nobody can call its halves outside it.
 -- Expired entries hold their identity like failure entries (a placeholder row in inbox.message,
--- since 0.2.0). Reworked in 0.2.0 (docs/releasing.md).
+-- since 0.2.0); releasing one lets exactly one delivery through (release_used_at, 0.3.0).
+-- Reworked in 0.3.0 (docs/releasing.md).
 BEGIN;
 
+SET LOCAL search_path = pg_catalog, pg_temp;
 SET LOCAL ROLE inbox_owner;
+-- DROP ... IF EXISTS below makes this script rerunnable (sqitch rework): no notices for it.
+SET LOCAL client_min_messages = warning;
 
 -- Locks an open entry for a decision; rejects a missing note, an unknown id or a closed entry.
 CREATE OR REPLACE FUNCTION inbox._lock_open_entry(fn text, quarantine_id bigint, note text) RETURNS inbox.quarantine
@@ -95,6 +100,8 @@ BEGIN
     DELETE FROM inbox.message m
      WHERE m.consumer = entry.consumer AND m.tenant = entry.tenant AND m.producer = entry.producer
        AND m.message_id = entry.message_id AND m.status = 'quarantined';
+    -- An expired entry's release allows one delivery (inbox._expire_check stamps its use).
+    UPDATE inbox.quarantine q SET release_used_at = NULL WHERE q.quarantine_id = entry.quarantine_id;
     -- A fresh start: the next delivery gets the full max_attempts again.
     UPDATE inbox.attempt a
        SET started = 0, failed = 0, first_failure_at = NULL, last_failure_at = NULL, last_started_at = NULL
@@ -105,21 +112,28 @@ BEGIN
     RETURN entry;
 END
 $$;
-COMMENT ON FUNCTION inbox.release(bigint, text) IS 'Lift the hold on a failed message: its next delivery is processed normally';
+COMMENT ON FUNCTION inbox.release(bigint, text) IS 'Lift the hold on a failed or expired message: its next delivery is processed normally (an expired one: that one only)';
 
--- The definer half of repair: checks the entry can be repaired, turns the quarantine hold into a
+-- The first half of repair: checks the entry can be repaired, turns the quarantine hold into a
 -- processed claim with the current handler version, closes the entry as recovered and returns the
--- handler call. All of it rolls back with the handler if the handler fails.
-CREATE OR REPLACE FUNCTION inbox._begin_repair(
-    quarantine_id bigint, note text)
-    RETURNS inbox._handler_call
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+-- handler call and the rights it runs with (its owner's). All of it rolls back with the handler if
+-- the handler fails. Called by inbox.repair only (0.3.0: no longer granted to operators).
+DROP FUNCTION IF EXISTS inbox._begin_repair(bigint, text);
+DROP TYPE IF EXISTS inbox._repair_call;
+CREATE TYPE inbox._repair_call AS (
+    plan inbox._handler_call,
+    handler_owner oid
+);
+COMMENT ON TYPE inbox._repair_call IS 'internal: the handler call of a repair and the role whose rights it runs with';
+CREATE OR REPLACE FUNCTION inbox._begin_repair(quarantine_id bigint, note text) RETURNS inbox._repair_call
+    LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     entry inbox.quarantine;
     version text;
     plan inbox._handler_call;
+    handler_owner oid;
 BEGIN
     entry := inbox._lock_open_entry('inbox.repair', _begin_repair.quarantine_id, _begin_repair.note);
     IF entry.kind = 'conflict' THEN
@@ -148,7 +162,8 @@ BEGIN
             USING ERRCODE = 'undefined_object', HINT = 'Register the fixed handler with inbox.register_handler first.';
     END IF;
     PERFORM inbox._check_handler('inbox.repair', plan.handler, entry.consumer, entry.message_type);
-    PERFORM inbox._check_operator_run('inbox.repair', entry.consumer, plan.handler, entry.recorded_by, false);
+    handler_owner := inbox._check_operator_run('inbox.repair', entry.consumer, entry.tenant, plan.handler,
+                                               entry.recorded_by, false);
 
     -- The hold turns into a processed claim. An expired entry recorded before 0.2.0 has no hold
     -- row: the operator vouches that the delivery is new, and repair claims it now (unless a
@@ -176,14 +191,14 @@ BEGIN
     plan.payload := entry.payload;
     plan.context := ROW(entry.tenant, entry.consumer, entry.producer, entry.message_id, entry.message_type, NULL,
                         version)::inbox.message_context;
-    RETURN plan;
+    RETURN ROW(plan, handler_owner)::inbox._repair_call;
 END
 $$;
-COMMENT ON FUNCTION inbox._begin_repair(bigint, text) IS 'internal (granted to operators): the privileged half of repair';
+COMMENT ON FUNCTION inbox._begin_repair(bigint, text) IS 'internal: the checks and the claim of repair, and the handler call to make';
 
 CREATE OR REPLACE FUNCTION inbox._repair_failed(quarantine_id bigint, note text, reason_code text, error_message text)
     RETURNS void
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -199,16 +214,19 @@ BEGIN
             _repair_failed.error_message);
 END
 $$;
-COMMENT ON FUNCTION inbox._repair_failed(bigint, text, text, text) IS 'internal (granted to operators): audits a failed repair';
+COMMENT ON FUNCTION inbox._repair_failed(bigint, text, text, text) IS 'internal: audits a failed repair';
 
--- SECURITY INVOKER like claim_and_apply; the handler it may run is SECURITY DEFINER owned by the
--- consumer's role (inbox._check_operator_run). Operators are schema-qualified: the search_path is
--- the caller's.
+-- Runs the stored payload through the consumer's current handler, in the caller's transaction.
+-- SECURITY DEFINER: the checks, the claim and the audit happen here and nowhere else an operator
+-- could call. The handler runs through inbox._run_for_operator: confined (inbox_runner), with its
+-- owner's rights (SECURITY DEFINER, owned by a role bound to the consumer), its code acting as that
+-- role for the call; nothing it does can act with the operator's rights.
 CREATE OR REPLACE FUNCTION inbox.repair(quarantine_id bigint, note text) RETURNS inbox.delivery_result
-    LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    prepared inbox._handler_call;
+    prepared inbox._repair_call;
     result inbox.delivery_result;
     handler_running boolean := false;
     err_state text;
@@ -217,13 +235,11 @@ DECLARE
 BEGIN
     BEGIN
         prepared := inbox._begin_repair(repair.quarantine_id, repair.note);
-        result := prepared.claim;
+        result := (prepared.plan).claim;
         handler_running := true;
-        -- The handler acts as the consumer (an effect it enqueues is the consumer's): see inbox._authorize.
-        PERFORM pg_catalog.set_config('inbox.consumer', (prepared.context).consumer, true);
-        PERFORM pg_catalog.set_config('inbox.operator_run', (prepared.context).consumer, true);
-        PERFORM inbox._run_handler(prepared.handler, prepared.takes_context, prepared.payload, prepared.context);
-        PERFORM pg_catalog.set_config('inbox.operator_run', '', true);
+        PERFORM inbox._run_for_operator('repair', ((prepared.plan).context).consumer, ((prepared.plan).context).tenant,
+                                        prepared.handler_owner, (prepared.plan).handler, (prepared.plan).takes_context,
+                                        (prepared.plan).payload, (prepared.plan).context);
         result.outcome := 'applied';
         RETURN result;
     EXCEPTION WHEN OTHERS OR assert_failure THEN
@@ -236,7 +252,7 @@ BEGIN
     result.outcome := 'failed';
     result.processed_at := NULL;
     result.reason_code := inbox._reason_code(err_state, err_constraint);
-    result.error_message := pg_catalog.left(err_message, 2000);
+    result.error_message := left(err_message, 2000);
     PERFORM inbox._repair_failed(repair.quarantine_id, repair.note, result.reason_code, result.error_message);
     RETURN result;
 END
@@ -246,7 +262,10 @@ COMMENT ON FUNCTION inbox.repair(bigint, text) IS
 
 REVOKE ALL ON FUNCTION inbox.discard(bigint, text), inbox.release(bigint, text), inbox.repair(bigint, text),
     inbox._begin_repair(bigint, text), inbox._repair_failed(bigint, text, text, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION inbox.discard(bigint, text), inbox.release(bigint, text), inbox.repair(bigint, text),
-    inbox._begin_repair(bigint, text), inbox._repair_failed(bigint, text, text, text) TO inbox_operator;
+-- 0.2.0 granted the halves of repair to operators: they are repair's alone now.
+REVOKE ALL ON FUNCTION inbox._begin_repair(bigint, text), inbox._repair_failed(bigint, text, text, text)
+    FROM inbox_operator;
+GRANT EXECUTE ON FUNCTION inbox.discard(bigint, text), inbox.release(bigint, text), inbox.repair(bigint, text)
+    TO inbox_operator;
 
 COMMIT;

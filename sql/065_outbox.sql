@@ -1,15 +1,20 @@
 -- pginbox: the transactional outbox's functions (tables in 060_outbox_tables.sql and
 -- 061_outbox_scope_tables.sql).
--- Trust boundaries (0.2.0, docs/outbox.md#13-trust-boundaries):
---   * enqueue_effect acts under a consumer (its argument, else the one claimed in the transaction):
---     session_user must be allowed to act as it (inbox._authorize) and the consumer must be bound
---     to the destination (bind_destination); an enqueue without a consumer needs anonymous_enqueue.
---     Effect ids are unique per consumer. Headers the dispatcher owns, invalid header names and
---     values, and an available_at beyond max_effect_delay are refused before anything is written.
+-- Trust boundaries (docs/outbox.md#13-trust-boundaries):
+--   * enqueue_effect acts under a consumer and a tenant (its arguments, else the ones claimed in the
+--     transaction): the caller must be allowed to act as them (inbox._authorize) and the consumer
+--     must be bound to the destination (bind_destination); an enqueue without a consumer needs
+--     anonymous_enqueue. Effect ids and ordering keys are scoped per consumer and tenant, and a
+--     destination deduplicates on inbox.idempotency_key(consumer, tenant, effect_id) (0.3.0).
+--     Headers the dispatcher owns, invalid header names and values, names and ids that are blank or
+--     hold control characters, and an available_at beyond max_effect_delay are refused before
+--     anything is written; an available_at in the past means now (it cannot jump the queue).
 --   * A lease token is 63 random bits, and a report is accepted only from the role that claimed the
 --     lease (outbox.lease_role) with that token.
+-- Reworked in 0.3.0 (docs/releasing.md).
 BEGIN;
 
+SET LOCAL search_path = pg_catalog, pg_temp;
 SET LOCAL ROLE inbox_owner;
 -- DROP ... IF EXISTS below makes this script rerunnable (sqitch rework): no notices for it.
 SET LOCAL client_min_messages = warning;
@@ -28,13 +33,21 @@ BEGIN
     IF value = '' THEN
         RAISE EXCEPTION '%: % must not be empty', fn, what USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF inbox._blank(value) THEN
+        RAISE EXCEPTION '%: % must not be only whitespace', fn, what USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF inbox._has_control(value) THEN
+        RAISE EXCEPTION '%: % must not contain control characters', fn, what
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Line breaks, tabs and escape sequences would reach terminals and logs raw; use printable characters.';
+    END IF;
     IF pg_catalog.octet_length(value) > max_bytes THEN
         RAISE EXCEPTION '%: % is % bytes long, the limit is %', fn, what, pg_catalog.octet_length(value), max_bytes
             USING ERRCODE = 'string_data_right_truncation';
     END IF;
 END
 $$;
-COMMENT ON FUNCTION inbox._check_text(text, text, text, integer) IS 'internal: rejects a NULL, empty or over-long argument (22004, 22023, 22001)';
+COMMENT ON FUNCTION inbox._check_text(text, text, text, integer) IS 'internal: rejects a NULL, empty, blank, over-long argument or one with control characters (22004, 22023, 22001)';
 
 -- Effect headers the dispatcher may send: a JSON object of strings; each name an RFC 7230 token,
 -- each value without control characters other than HTAB (CR and LF would split the request; NUL
@@ -62,11 +75,13 @@ CREATE OR REPLACE FUNCTION inbox._effect_ok(
     effect_id text, destination text, payload_size integer, headers jsonb, ordering_key text, available_at timestamptz)
     RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    RETURN effect_id <> '' AND pg_catalog.octet_length(effect_id) <= 256
-       AND destination <> '' AND pg_catalog.octet_length(destination) <= 128
+    RETURN NOT inbox._blank(effect_id) AND pg_catalog.octet_length(effect_id) <= 256
+       AND NOT inbox._blank(destination) AND pg_catalog.octet_length(destination) <= 128
+       AND NOT inbox._has_control(effect_id OPERATOR(pg_catalog.||) destination
+                                  OPERATOR(pg_catalog.||) coalesce(ordering_key, ''))
        AND payload_size <= 1048576
        AND (headers OPERATOR(pg_catalog.=) '{}'::jsonb OR inbox._headers_ok(headers))
-       AND (ordering_key IS NULL OR (ordering_key <> '' AND pg_catalog.octet_length(ordering_key) <= 256))
+       AND (ordering_key IS NULL OR (NOT inbox._blank(ordering_key) AND pg_catalog.octet_length(ordering_key) <= 256))
        AND pg_catalog.isfinite(available_at);
 COMMENT ON FUNCTION inbox._effect_ok(text, text, integer, jsonb, text, timestamptz) IS
     'internal: true when inbox._check_effect would accept the effect';
@@ -216,6 +231,24 @@ $$;
 COMMENT ON FUNCTION inbox.effect_id(text, text, text, text, text) IS
     'Stable effect id (fx_ + 64 hex digits) derived from a message identity and an effect name';
 
+-- The key a destination deduplicates on (webhook Idempotency-Key, AMQP message_id, Nats-Msg-Id,
+-- ...): 'ik_' and the SHA-256 of the consumer, the tenant and the effect id, each length-prefixed.
+-- Two effects of different consumers or tenants never share a key, whatever ids they chose, and no
+-- consumer can make another's key without a SHA-256 collision. It is the same on every attempt of
+-- an effect. Effects enqueued before 0.3.0 keep their bare effect id as key (outbox.key_scoped).
+CREATE OR REPLACE FUNCTION inbox.idempotency_key(consumer text, tenant text, effect_id text) RETURNS text
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN 'ik_' OPERATOR(pg_catalog.||) pg_catalog.encode(pg_catalog.sha256(
+        pg_catalog.convert_to('pginbox.idempotency_key.v1', 'UTF8')
+        OPERATOR(pg_catalog.||) pg_catalog.int4send(pg_catalog.octet_length(consumer))
+        OPERATOR(pg_catalog.||) pg_catalog.convert_to(consumer, 'UTF8')
+        OPERATOR(pg_catalog.||) pg_catalog.int4send(pg_catalog.octet_length(tenant))
+        OPERATOR(pg_catalog.||) pg_catalog.convert_to(tenant, 'UTF8')
+        OPERATOR(pg_catalog.||) pg_catalog.int4send(pg_catalog.octet_length(effect_id))
+        OPERATOR(pg_catalog.||) pg_catalog.convert_to(effect_id, 'UTF8')), 'hex');
+COMMENT ON FUNCTION inbox.idempotency_key(text, text, text) IS
+    'The key a destination deduplicates an effect on: ik_ + 64 hex digits of (consumer, tenant, effect_id)';
+
 -- ------------------------------------------------------------------ wake-up signal
 
 -- Wakes the idle dispatchers: deletes their registrations and notifies, both committing with the
@@ -274,24 +307,31 @@ COMMENT ON FUNCTION inbox.dispatcher_idle(text, boolean) IS
 
 -- ------------------------------------------------------------------ enqueue
 
--- Commit order for ordering keys. A sequence number taken at insert is not commit order: T1 can
--- insert first and commit last. So order_seq is assigned by this deferred constraint trigger, at
--- commit, under a transaction-level advisory lock on the ordering key: the lock is held from the
--- moment the number is taken until the transaction's commit is visible, so a second transaction
--- with the same key waits for it and takes a higher number. Same-key transactions are therefore
--- numbered in commit order, and a dispatcher that sees an effect also sees every earlier one of its
--- key. Within one transaction, numbers follow insertion order (deferred events fire in order).
--- All keys of the transaction are locked at its first event, in lock-key order, so two transactions
--- sharing several keys cannot deadlock at commit (a transaction-local setting remembers that this
--- was done, so a transaction enqueuing n keyed effects does this scan once, not n times); each
--- event then locks its own key again (a no-op when held). Same-key commits are serialized for the
--- moment between this trigger and the commit record. SET CONSTRAINTS ... IMMEDIATE numbers the
--- effects early and holds the lock (and so blocks same-key commits) until the end of the
--- transaction; keys enqueued after the first event are then locked one by one (ordering stays
--- correct, only the deadlock avoidance is lost).
--- The lock lives in its own space (two-int4 form, class 1886282358) so that it cannot collide
--- with an application's single-bigint advisory locks; a hash collision between two keys only
--- serializes a little more.
+-- Commit order for ordering keys, per consumer and tenant. A sequence number taken at insert is not
+-- commit order: T1 can insert first and commit last. So order_seq is assigned by this deferred
+-- constraint trigger, at commit, under a row lock on the key's bucket (inbox.outbox_order_lock):
+-- the lock is held from the moment the number is taken until the transaction's commit is visible,
+-- so a second transaction with the same key waits for it and takes a higher number. Same-key
+-- transactions are therefore numbered in commit order, and a dispatcher that sees an effect also
+-- sees every earlier one of its key. Within one transaction, numbers follow insertion order
+-- (deferred events fire in order). All buckets of the transaction are locked at its first event, in
+-- bucket order, so two transactions sharing several keys cannot deadlock at commit (a
+-- transaction-local setting remembers that this was done, so a transaction enqueuing n keyed
+-- effects does this scan once, not n times; a forged setting only skips the deadlock avoidance);
+-- each event then locks its own bucket again (a no-op when held). Same-key commits are serialized
+-- for the moment between this trigger and the commit record. SET CONSTRAINTS ... IMMEDIATE numbers
+-- the effects early and holds the lock (and so blocks same-key commits) until the end of the
+-- transaction.
+-- Row locks rather than advisory locks: nobody but the package can lock those rows, while any
+-- session can take an advisory lock whose key it saw in pg_locks or computed, and stall the
+-- commits of that key. Two keys in one bucket only serialize a little more.
+CREATE OR REPLACE FUNCTION inbox._order_bucket(consumer text, tenant text, ordering_key text) RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN (pg_catalog.hashtextextended(consumer OPERATOR(pg_catalog.||) E'\x01' OPERATOR(pg_catalog.||) tenant
+                                        OPERATOR(pg_catalog.||) E'\x01' OPERATOR(pg_catalog.||) ordering_key, 0)
+            OPERATOR(pg_catalog.&) 16383)::integer;
+COMMENT ON FUNCTION inbox._order_bucket(text, text, text) IS 'internal: the inbox.outbox_order_lock row of an ordering key';
+
 CREATE OR REPLACE FUNCTION inbox._order_at_commit() RETURNS trigger
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
@@ -300,17 +340,20 @@ DECLARE
     this_xact xid8 := pg_catalog.pg_current_xact_id();
 BEGIN
     IF pg_catalog.current_setting('inbox.ordering_keys_locked', true) IS DISTINCT FROM this_xact::text THEN
-        PERFORM pg_catalog.pg_advisory_xact_lock(1886282358, k.lock_key)
-           FROM (SELECT DISTINCT pg_catalog.hashtext(o.ordering_key) AS lock_key
-                   FROM inbox.outbox o
-                  WHERE o.created_xid = this_xact AND o.ordering_key IS NOT NULL AND o.order_seq IS NULL
-                  ORDER BY 1) k;
+        PERFORM FROM inbox.outbox_order_lock l
+         WHERE l.bucket IN (SELECT inbox._order_bucket(o.consumer, o.tenant, o.ordering_key)
+                              FROM inbox.outbox o
+                             WHERE o.created_xid = this_xact AND o.ordering_key IS NOT NULL AND o.order_seq IS NULL)
+         ORDER BY l.bucket
+           FOR UPDATE;
         PERFORM pg_catalog.set_config('inbox.ordering_keys_locked', this_xact::text, true);
     END IF;
-    PERFORM pg_catalog.pg_advisory_xact_lock(1886282358, pg_catalog.hashtext(NEW.ordering_key));
+    PERFORM FROM inbox.outbox_order_lock l
+     WHERE l.bucket = inbox._order_bucket(NEW.consumer, NEW.tenant, NEW.ordering_key)
+       FOR UPDATE;
     UPDATE inbox.outbox o
        SET order_seq = pg_catalog.nextval('inbox.outbox_order_seq')
-     WHERE o.effect_id = NEW.effect_id AND o.consumer = NEW.consumer AND o.order_seq IS NULL;
+     WHERE o.effect_id = NEW.effect_id AND o.consumer = NEW.consumer AND o.tenant = NEW.tenant AND o.order_seq IS NULL;
     RETURN NULL;
 END
 $$;
@@ -331,9 +374,10 @@ DROP FUNCTION IF EXISTS inbox._signal_at_commit();
 -- The slow path of enqueue_effect's authorization, run only when the fast checks said no: names
 -- what is wrong, or lets a superuser through (unless strict_consumers), as inbox._authorize does.
 --   consumer NULL (none given, none claimed): 22004 unless anonymous_enqueue is on;
---   a consumer session_user may not act as: 42501 / 42704 (inbox._authorize);
+--   a consumer and tenant the caller may not act as: 42501 / 42704 (inbox._authorize);
 --   a destination not bound to the consumer (nor to '*'): 42501.
-CREATE OR REPLACE FUNCTION inbox._authorize_enqueue(fn text, destination text, consumer text) RETURNS void
+DROP FUNCTION IF EXISTS inbox._authorize_enqueue(text, text, text);
+CREATE OR REPLACE FUNCTION inbox._authorize_enqueue(fn text, destination text, consumer text, tenant text) RETURNS void
     LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp
 AS $$
@@ -343,7 +387,7 @@ DECLARE
 BEGIN
     SELECT s.* INTO settings FROM inbox.security_settings s;
     superuser_passes := NOT settings.strict_consumers
-                        AND (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = session_user);
+                        AND (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = inbox._caller());
     IF _authorize_enqueue.consumer IS NULL THEN
         IF NOT settings.anonymous_enqueue AND NOT superuser_passes THEN
             RAISE EXCEPTION '%: no consumer: the effect must belong to one', fn
@@ -352,7 +396,7 @@ BEGIN
                       HINT = 'Enqueue from a handler run by inbox.claim_and_apply (or after inbox.claim in the same transaction), or pass consumer => ''<consumer>''.';
         END IF;
     ELSE
-        PERFORM inbox._authorize(fn, _authorize_enqueue.consumer, NULL);
+        PERFORM inbox._authorize(fn, _authorize_enqueue.consumer, _authorize_enqueue.tenant);
     END IF;
     IF NOT EXISTS (SELECT FROM inbox.destination_binding d
                     WHERE d.destination = _authorize_enqueue.destination
@@ -372,29 +416,33 @@ BEGIN
     END IF;
 END
 $$;
-COMMENT ON FUNCTION inbox._authorize_enqueue(text, text, text) IS
-    'internal: returns when the session may enqueue to the destination under the consumer (NULL: anonymously), else raises 22004 / 42501 / 42704';
+COMMENT ON FUNCTION inbox._authorize_enqueue(text, text, text, text) IS
+    'internal: returns when the session may enqueue to the destination under the consumer and tenant (NULL consumer: anonymously), else raises 22004 / 42501 / 42704';
 
 -- Records an effect in the caller's transaction: true when newly enqueued, false when the same
--- consumer already enqueued the same effect id with the same destination and payload (a re-run
--- handler: no-op). The same id with another payload or destination is a bug in the caller and
--- raises 23505 (CONSTRAINT effect_id_conflict, which inbox.claim_and_apply records as the reason
+-- consumer and tenant already enqueued the same effect id with the same destination and payload (a
+-- re-run handler: no-op). The same id with another payload or destination is a bug in the caller
+-- and raises 23505 (CONSTRAINT effect_id_conflict, which inbox.claim_and_apply records as the reason
 -- code). Headers, ordering_key and available_at of a repeat are ignored: the first enqueue's stay.
--- The effect belongs to `consumer`, by default the consumer claimed in this transaction (setting
--- inbox.consumer, which the claim paths set). Anyone can set that setting: it only chooses the
--- consumer, session_user must still be allowed to act as it. Effect ids are unique per consumer:
--- another consumer's effect under the same id is another effect.
+-- The effect belongs to `consumer` and `tenant`, by default the ones claimed in this transaction
+-- (settings inbox.consumer and inbox.tenant, which the claim paths set; the tenant defaults to the
+-- claimed one only when the consumer does, else to ''). Anyone can set those settings: they only
+-- choose, the caller must still be allowed to act as the consumer for the tenant. Effect ids and
+-- ordering keys are scoped per consumer and tenant: another consumer's or tenant's effect under
+-- the same id or key is another effect, and destinations receive inbox.idempotency_key(consumer,
+-- tenant, effect_id), never the bare id.
 -- Every check runs before anything is written: the effect's fields (22004, 22023, 22001, 54000;
 -- headers: see _headers_ok), available_at at most max_effect_delay ahead (22023), then who may
--- enqueue what (_authorize_enqueue: 22004, 42501, 42704).
+-- enqueue what (_authorize_enqueue: 22004, 42501, 42704). An available_at in the past is stored as
+-- now: it cannot put the effect ahead of others already due.
 -- As with inbox.claim, the primary key decides: a concurrent enqueue of the same id waits for the
 -- first transaction; at REPEATABLE READ and above it gets 40001 instead (retry the transaction).
 -- The id is remembered as long as the effect row is kept (see purge_delivered_effects).
--- 0.2.0 added `consumer` (dropped and created again: a call without it resolves to this function).
-DROP FUNCTION IF EXISTS inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz);
+-- 0.3.0 added `tenant` (dropped and created again: a call without it resolves to this function).
+DROP FUNCTION IF EXISTS inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz, text);
 CREATE OR REPLACE FUNCTION inbox.enqueue_effect(
     effect_id text, destination text, payload jsonb, headers jsonb DEFAULT '{}', ordering_key text DEFAULT NULL,
-    available_at timestamptz DEFAULT now(), consumer text DEFAULT NULL)
+    available_at timestamptz DEFAULT now(), consumer text DEFAULT NULL, tenant text DEFAULT NULL)
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
@@ -406,7 +454,13 @@ CREATE OR REPLACE FUNCTION inbox.enqueue_effect(
 AS $$
 DECLARE
     who text := coalesce(enqueue_effect.consumer, NULLIF(current_setting('inbox.consumer', true), ''));
+    whose text := coalesce(enqueue_effect.tenant,
+                           CASE WHEN enqueue_effect.consumer IS NULL
+                                     OR enqueue_effect.consumer = current_setting('inbox.consumer', true)
+                                THEN current_setting('inbox.tenant', true) END,
+                           '');
     payload_text text := enqueue_effect.payload::text;
+    due timestamptz := greatest(enqueue_effect.available_at, now());
     stored_payload jsonb;
     stored_destination text;
     wake boolean;
@@ -417,30 +471,35 @@ BEGIN
                                     octet_length(payload_text), enqueue_effect.headers,
                                     enqueue_effect.ordering_key, enqueue_effect.available_at);
     END IF;
-    -- The raising check (its own search_path: a GUC level per call) only when the inlined one says no.
+    -- The raising checks (their own search_path: a GUC level per call) only when the inlined ones say no.
     IF enqueue_effect.consumer OPERATOR(pg_catalog.=) ''
-       OR pg_catalog.octet_length(enqueue_effect.consumer) OPERATOR(pg_catalog.>) 128 THEN
+       OR pg_catalog.octet_length(enqueue_effect.consumer) OPERATOR(pg_catalog.>) 128
+       OR inbox._has_control(enqueue_effect.consumer) OR inbox._blank(enqueue_effect.consumer) THEN
         PERFORM inbox._check_text('inbox.enqueue_effect', 'consumer', enqueue_effect.consumer, 128);
     END IF;
+    IF whose OPERATOR(pg_catalog.<>) '' AND (pg_catalog.octet_length(whose) OPERATOR(pg_catalog.>) 128
+                                              OR inbox._has_control(whose) OR inbox._blank(whose)) THEN
+        PERFORM inbox._check_text('inbox.enqueue_effect', 'tenant', whose, 128);
+    END IF;
     -- max_effect_delay is at least 1 second: an effect due now (the default) skips the lookup.
-    IF enqueue_effect.available_at > now() + '1 second'::interval
-       AND enqueue_effect.available_at > now() + (SELECT s.max_effect_delay FROM inbox.security_settings s) THEN
+    IF due > now() + '1 second'::interval
+       AND due > now() + (SELECT s.max_effect_delay FROM inbox.security_settings s) THEN
         RAISE EXCEPTION 'inbox.enqueue_effect: available_at % is further ahead than max_effect_delay (%)',
             enqueue_effect.available_at, (SELECT s.max_effect_delay FROM inbox.security_settings s)
             USING ERRCODE = 'invalid_parameter_value',
                   DETAIL = 'An effect that waits that long holds back the purge of its consumer''s messages.',
                   HINT = 'Enqueue it closer to its time, or an operator raises the limit: inbox.configure_security(max_effect_delay => ...).';
     END IF;
-    -- Who may enqueue what: the consumer's binding (inbox._acting_as, inlined into this one query),
-    -- the destination's (or the settings, when anonymous). _authorize_enqueue (through
-    -- inbox._authorize) has the last word.
+    -- Who may enqueue what: the consumer's binding for the tenant (inbox._acting_as, inlined into
+    -- this one query), the destination's (or the settings, when anonymous). _authorize_enqueue
+    -- (through inbox._authorize) has the last word.
     IF NOT (CASE WHEN who IS NULL THEN (SELECT s.anonymous_enqueue FROM inbox.security_settings s)
-                 ELSE (SELECT a.allowed FROM inbox._acting_as(who, NULL) a)
+                 ELSE (SELECT a.allowed FROM inbox._acting_as(who, whose) a)
             END
             AND EXISTS (SELECT FROM inbox.destination_binding d
                          WHERE d.destination = enqueue_effect.destination
                            AND d.consumer = ANY (ARRAY[who, inbox._consumer_base(who), '*']))) THEN
-        PERFORM inbox._authorize_enqueue('inbox.enqueue_effect', enqueue_effect.destination, who);
+        PERFORM inbox._authorize_enqueue('inbox.enqueue_effect', enqueue_effect.destination, who, whose);
     END IF;
     who := coalesce(who, '');
     -- A purge may delete the existing row between our INSERT and our SELECT: then try again.
@@ -451,11 +510,11 @@ BEGIN
         -- registering (20 ms, then doubling up to its poll interval) find the effect
         -- (tests/python/test_outbox_signal.py). One probe of an empty table under load, made by
         -- the INSERT itself (RETURNING) rather than by a statement of its own.
-        INSERT INTO inbox.outbox (effect_id, destination, payload, headers, ordering_key, available_at, consumer)
+        INSERT INTO inbox.outbox (effect_id, destination, payload, headers, ordering_key, available_at, consumer, tenant)
         VALUES (enqueue_effect.effect_id, enqueue_effect.destination, enqueue_effect.payload, enqueue_effect.headers,
-                enqueue_effect.ordering_key, enqueue_effect.available_at, who)
+                enqueue_effect.ordering_key, due, who, whose)
         ON CONFLICT ON CONSTRAINT outbox_pkey DO NOTHING
-        RETURNING enqueue_effect.available_at <= now() AND EXISTS (SELECT FROM inbox.outbox_waiter) INTO wake;
+        RETURNING due <= now() AND EXISTS (SELECT FROM inbox.outbox_waiter) INTO wake;
         IF FOUND THEN
             IF wake THEN
                 PERFORM inbox._wake_dispatchers();
@@ -463,7 +522,7 @@ BEGIN
             RETURN true;
         END IF;
         SELECT o.payload, o.destination INTO stored_payload, stored_destination
-          FROM inbox.outbox o WHERE o.effect_id = enqueue_effect.effect_id AND o.consumer = who;
+          FROM inbox.outbox o WHERE o.effect_id = enqueue_effect.effect_id AND o.consumer = who AND o.tenant = whose;
         EXIT WHEN FOUND;
     END LOOP;
     IF stored_destination IS NULL THEN
@@ -483,8 +542,8 @@ BEGIN
               HINT = 'One effect id per intended effect: derive ids with inbox.effect_id(consumer, producer, message_id, effect_name).';
 END
 $$;
-COMMENT ON FUNCTION inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz, text) IS
-    'Record an effect of a consumer (default: the one claimed in this transaction) in the caller''s transaction: true = enqueued, false = already enqueued (same destination and payload)';
+COMMENT ON FUNCTION inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz, text, text) IS
+    'Record an effect of a consumer and tenant (default: the ones claimed in this transaction) in the caller''s transaction: true = enqueued, false = already enqueued (same destination and payload)';
 
 -- ------------------------------------------------------------------ destinations
 
@@ -604,14 +663,14 @@ COMMENT ON FUNCTION inbox._new_lease_token() IS 'internal: a new fencing token, 
 
 -- Claims up to max_effects due effects for one dispatcher, FOR UPDATE SKIP LOCKED: pending effects
 -- whose available_at has come, and leased ones whose lease expired (reclaimed). An effect with an
--- ordering key is claimed only when it is the head of its key: no effect of the key with a lower
--- order_seq is pending, leased or dead. So at most one effect per key is out at a time, in commit
--- order, and a dead effect holds its key until it is redriven or discarded (discard_effect; a
--- discarded or delivered effect no longer counts). Effects whose order_seq is still
--- NULL are not committed (invisible to other sessions anyway). Each claimed effect gets status
--- leased, attempts + 1 and a new fencing token. An expired lease that already used max_attempts is
--- not reclaimed but turned dead (lease_expired): a dispatcher that dies on an effect every time
--- must not loop forever.
+-- ordering key is claimed only when it is the head of its key, within its consumer and tenant: no
+-- effect of the same consumer, tenant and key with a lower order_seq is pending, leased or dead. So
+-- at most one effect per key is out at a time, in commit order, and a dead effect holds its key until
+-- it is redriven or discarded (discard_effect; a discarded or delivered effect no longer counts).
+-- Effects whose order_seq is still NULL are not committed (invisible to other sessions anyway). Each
+-- claimed effect gets status leased, attempts + 1 and a new fencing token. An expired lease that
+-- already used max_attempts is not reclaimed but turned dead (lease_expired): a dispatcher that dies
+-- on an effect every time must not loop forever.
 -- Keyed effects found behind the head of their key are set aside (blocked) so that later claims do
 -- not scan them again; complete_effect unblocks the next one when it delivers a head. An effect is
 -- set aside only while one of its undelivered predecessors is share-locked here (SKIP LOCKED:
@@ -621,14 +680,19 @@ COMMENT ON FUNCTION inbox._new_lease_token() IS 'internal: a new fencing token, 
 -- rows (at most 10 rounds per call), so a long queue on one key is set aside in a few calls; a
 -- call can then return fewer than max_effects, or none, although more are due: a dispatcher
 -- claims again until a claim returns nothing (its catch-up claim after registering idle too).
--- The lease belongs to session_user (lease_role): only that role can report on it, with the token
--- (63 random bits, _new_lease_token). Effect ids are unique per consumer, so effects are handled
--- as (effect_id, consumer) here; the consumer is returned last (new in 0.2.0: the return type
--- changed, so the function is dropped and created again).
+-- The lease belongs to the caller (lease_role): only that role can report on it, with the token
+-- (63 random bits, _new_lease_token). Effects are handled as (effect_id, consumer, tenant).
+-- idempotency_key is the key the destination must deduplicate on (inbox.idempotency_key; the
+-- bare effect id for effects enqueued before 0.3.0). key_aware: the caller sends idempotency_key.
+-- A dispatcher of an earlier release calls this without it and sends the bare effect id: it is
+-- given only effects whose key is their id, so that no effect is ever sent under two keys while
+-- dispatchers of two releases run side by side (0.3.0: dropped and created again).
 DROP FUNCTION IF EXISTS inbox.claim_effects(text, integer, interval);
-CREATE OR REPLACE FUNCTION inbox.claim_effects(dispatcher text, max_effects integer DEFAULT 10, lease interval DEFAULT '30 seconds')
+CREATE OR REPLACE FUNCTION inbox.claim_effects(dispatcher text, max_effects integer DEFAULT 10,
+                                               lease interval DEFAULT '30 seconds', key_aware boolean DEFAULT false)
     RETURNS TABLE (effect_id text, destination text, payload jsonb, headers jsonb, ordering_key text, attempts integer,
-                   lease_token bigint, lease_expires_at timestamptz, created_at timestamptz, consumer text)
+                   lease_token bigint, lease_expires_at timestamptz, created_at timestamptz, consumer text,
+                   tenant text, idempotency_key text)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
     ROWS 10
@@ -639,10 +703,12 @@ DECLARE
     scan_limit integer;
     heads text[];
     head_consumers text[];
+    head_tenants text[];
     behind text[];
     behind_consumers text[];
+    behind_tenants text[];
     scanned integer;
-    holder oid := (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = session_user);  -- the lease's role
+    holder oid := (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = inbox._caller());  -- the lease's role
 BEGIN
     PERFORM inbox._check_text('inbox.claim_effects', 'dispatcher', claim_effects.dispatcher, 128);
     IF claim_effects.max_effects IS NULL THEN
@@ -652,24 +718,32 @@ BEGIN
         RAISE EXCEPTION 'inbox.claim_effects: max_effects must be between 1 and 1000, got %', claim_effects.max_effects
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF claim_effects.key_aware IS NULL THEN
+        RAISE EXCEPTION 'inbox.claim_effects: key_aware must not be NULL' USING ERRCODE = 'null_value_not_allowed',
+            HINT = 'true: the dispatcher sends idempotency_key to destinations.';
+    END IF;
     PERFORM inbox._check_lease('inbox.claim_effects', claim_effects.lease);
 
     FOR round IN 1..10 LOOP
         -- Round 1 locks no more rows than it may claim; later rounds wade through a queue to set aside.
         scan_limit := claim_effects.max_effects - claimed + CASE WHEN round = 1 THEN 0 ELSE 1000 END;
-        SELECT coalesce(array_agg(s.id ORDER BY s.due, s.id, s.consumer) FILTER (WHERE NOT s.behind), '{}'),
-               coalesce(array_agg(s.consumer ORDER BY s.due, s.id, s.consumer) FILTER (WHERE NOT s.behind), '{}'),
-               coalesce(array_agg(s.id ORDER BY s.id, s.consumer) FILTER (WHERE s.behind), '{}'),
-               coalesce(array_agg(s.consumer ORDER BY s.id, s.consumer) FILTER (WHERE s.behind), '{}')
-          INTO heads, head_consumers, behind, behind_consumers
-          FROM (SELECT o.effect_id AS id, o.consumer, o.available_at AS due,
+        SELECT coalesce(array_agg(s.id ORDER BY s.due, s.id, s.consumer, s.tenant) FILTER (WHERE NOT s.behind), '{}'),
+               coalesce(array_agg(s.consumer ORDER BY s.due, s.id, s.consumer, s.tenant) FILTER (WHERE NOT s.behind), '{}'),
+               coalesce(array_agg(s.tenant ORDER BY s.due, s.id, s.consumer, s.tenant) FILTER (WHERE NOT s.behind), '{}'),
+               coalesce(array_agg(s.id ORDER BY s.id, s.consumer, s.tenant) FILTER (WHERE s.behind), '{}'),
+               coalesce(array_agg(s.consumer ORDER BY s.id, s.consumer, s.tenant) FILTER (WHERE s.behind), '{}'),
+               coalesce(array_agg(s.tenant ORDER BY s.id, s.consumer, s.tenant) FILTER (WHERE s.behind), '{}')
+          INTO heads, head_consumers, head_tenants, behind, behind_consumers, behind_tenants
+          FROM (SELECT o.effect_id AS id, o.consumer, o.tenant, o.available_at AS due,
                        o.ordering_key IS NOT NULL
                          AND EXISTS (SELECT FROM inbox.outbox p
-                                      WHERE p.ordering_key = o.ordering_key AND p.order_seq < o.order_seq
+                                      WHERE p.consumer = o.consumer AND p.tenant = o.tenant
+                                        AND p.ordering_key = o.ordering_key AND p.order_seq < o.order_seq
                                         AND p.status IN ('pending', 'leased', 'dead')) AS behind
                   FROM inbox.outbox o
                  WHERE o.status IN ('pending', 'leased') AND NOT o.blocked AND o.available_at <= now()
                    AND (o.ordering_key IS NULL OR o.order_seq IS NOT NULL)
+                   AND (claim_effects.key_aware OR NOT o.key_scoped)
                  ORDER BY o.available_at
                  LIMIT scan_limit
                    FOR UPDATE OF o SKIP LOCKED) s;
@@ -678,32 +752,39 @@ BEGIN
         IF pg_catalog.cardinality(behind) > 0 THEN
             -- First lock each one's nearest undelivered predecessor (often a row this scan holds
             -- already), in a statement that modifies nothing, then set aside those that got it.
-            SELECT coalesce(array_agg(o.effect_id ORDER BY o.effect_id, o.consumer), '{}'),
-                   coalesce(array_agg(o.consumer ORDER BY o.effect_id, o.consumer), '{}')
-              INTO behind, behind_consumers
+            SELECT coalesce(array_agg(o.effect_id ORDER BY o.effect_id, o.consumer, o.tenant), '{}'),
+                   coalesce(array_agg(o.consumer ORDER BY o.effect_id, o.consumer, o.tenant), '{}'),
+                   coalesce(array_agg(o.tenant ORDER BY o.effect_id, o.consumer, o.tenant), '{}')
+              INTO behind, behind_consumers, behind_tenants
               FROM inbox.outbox o
-             WHERE (o.effect_id, o.consumer) IN (SELECT * FROM ROWS FROM (pg_catalog.unnest(behind), pg_catalog.unnest(behind_consumers)))
+             WHERE (o.effect_id, o.consumer, o.tenant) IN (SELECT * FROM ROWS FROM (pg_catalog.unnest(behind),
+                                                                                    pg_catalog.unnest(behind_consumers),
+                                                                                    pg_catalog.unnest(behind_tenants)))
                AND EXISTS (SELECT FROM inbox.outbox q
-                            WHERE q.ordering_key = o.ordering_key AND q.order_seq < o.order_seq
+                            WHERE q.consumer = o.consumer AND q.tenant = o.tenant
+                              AND q.ordering_key = o.ordering_key AND q.order_seq < o.order_seq
                               AND q.status IN ('pending', 'leased', 'dead')
                             ORDER BY q.order_seq DESC
                             LIMIT 1
                               FOR SHARE OF q SKIP LOCKED);
             UPDATE inbox.outbox o SET blocked = true
-             WHERE (o.effect_id, o.consumer) IN (SELECT * FROM ROWS FROM (pg_catalog.unnest(behind), pg_catalog.unnest(behind_consumers)));
+             WHERE (o.effect_id, o.consumer, o.tenant) IN (SELECT * FROM ROWS FROM (pg_catalog.unnest(behind),
+                                                                                    pg_catalog.unnest(behind_consumers),
+                                                                                    pg_catalog.unnest(behind_tenants)));
         END IF;
 
         IF pg_catalog.cardinality(heads) > 0 THEN
             RETURN QUERY
             WITH picked AS (
-                SELECT h.id, h.consumer, h.rank,
+                SELECT h.id, h.consumer, h.tenant, h.rank,
                        o.status = 'leased' AND o.attempts >= coalesce(
                            (SELECT d.max_attempts FROM inbox.outbox_destination d WHERE d.destination = o.destination),
                            (inbox._default_destination(o.destination)).max_attempts) AS exhausted
                   FROM ROWS FROM (pg_catalog.unnest(heads[1:claim_effects.max_effects - claimed]),
-                                  pg_catalog.unnest(head_consumers[1:claim_effects.max_effects - claimed]))
-                       WITH ORDINALITY AS h (id, consumer, rank)
-                  JOIN inbox.outbox o ON o.effect_id = h.id AND o.consumer = h.consumer
+                                  pg_catalog.unnest(head_consumers[1:claim_effects.max_effects - claimed]),
+                                  pg_catalog.unnest(head_tenants[1:claim_effects.max_effects - claimed]))
+                       WITH ORDINALITY AS h (id, consumer, tenant, rank)
+                  JOIN inbox.outbox o ON o.effect_id = h.id AND o.consumer = h.consumer AND o.tenant = h.tenant
                                      AND o.effect_id = ANY (heads[1:claim_effects.max_effects - claimed])  -- by key
             ), changed AS (
                 UPDATE inbox.outbox o
@@ -721,12 +802,14 @@ BEGIN
                                                                 o.attempts, o.leased_by)
                                          ELSE o.last_error END
                   FROM picked p
-                 WHERE o.effect_id = p.id AND o.consumer = p.consumer
+                 WHERE o.effect_id = p.id AND o.consumer = p.consumer AND o.tenant = p.tenant
                 RETURNING o.effect_id, o.destination, o.payload, o.headers, o.ordering_key, o.attempts, o.lease_token,
-                          o.lease_expires_at, o.created_at, o.consumer, o.status, p.rank
+                          o.lease_expires_at, o.created_at, o.consumer, o.tenant, o.key_scoped, o.status, p.rank
             )
             SELECT c.effect_id, c.destination, c.payload, c.headers, c.ordering_key, c.attempts, c.lease_token,
-                   c.lease_expires_at, c.created_at, c.consumer
+                   c.lease_expires_at, c.created_at, c.consumer, c.tenant,
+                   CASE WHEN c.key_scoped THEN inbox.idempotency_key(c.consumer, c.tenant, c.effect_id)
+                        ELSE c.effect_id END
               FROM changed c
              WHERE c.status = 'leased'
              ORDER BY c.rank;
@@ -739,6 +822,15 @@ BEGIN
                OR scanned = pg_catalog.cardinality(heads);      -- no queue to wade through
     END LOOP;
 
+    -- A caller that does not say it sends idempotency_key gets none of the effects keyed so: say why
+    -- when they are waiting for it (a dispatcher of an earlier release, or one written by hand).
+    IF claimed = 0 AND NOT claim_effects.key_aware
+       AND EXISTS (SELECT FROM inbox.outbox o
+                    WHERE o.status IN ('pending', 'leased') AND NOT o.blocked AND o.available_at <= now() AND o.key_scoped) THEN
+        RAISE WARNING 'inbox.claim_effects: due effects wait for a dispatcher that sends their idempotency_key'
+            USING DETAIL = 'Effects enqueued since 0.3.0 are delivered under inbox.idempotency_key(consumer, tenant, effect_id), which claim_effects returns; a dispatcher that sends the bare effect id does not get them.',
+                  HINT = 'Upgrade the dispatcher, or call inbox.claim_effects(..., key_aware => true) and send the idempotency_key column as the destination''s key.';
+    END IF;
     -- A dispatcher that has work is not idle.
     IF claimed > 0 AND EXISTS (SELECT FROM inbox.outbox_waiter w WHERE w.dispatcher = claim_effects.dispatcher) THEN
         DELETE FROM inbox.outbox_waiter w
@@ -748,8 +840,8 @@ BEGIN
     RETURN;
 END
 $$;
-COMMENT ON FUNCTION inbox.claim_effects(text, integer, interval) IS
-    'Lease up to max_effects due effects (FOR UPDATE SKIP LOCKED, one per ordering key, in commit order), each with a new random fencing token held by session_user';
+COMMENT ON FUNCTION inbox.claim_effects(text, integer, interval, boolean) IS
+    'Lease up to max_effects due effects (FOR UPDATE SKIP LOCKED, one per ordering key of a consumer and tenant, in commit order), each with a new random fencing token held by the caller, and the key the destination deduplicates on';
 
 -- The backoff before attempt n + 1 after n failed attempts: base * 2^(n-1), capped at max, then
 -- jittered down to 50..100% of that ("equal jitter") so that a burst of failures spreads out.
@@ -816,7 +908,7 @@ BEGIN
           FROM input i
           LEFT JOIN LATERAL (SELECT x.status, x.lease_token FROM inbox.outbox x
                               WHERE x.effect_id = i.id
-                              ORDER BY x.lease_token = i.token DESC NULLS LAST, x.consumer
+                              ORDER BY x.lease_token = i.token DESC NULLS LAST, x.consumer, x.tenant
                               LIMIT 1) o ON true
          WHERE i.outcome IS NULL
     ), recorded AS (
@@ -841,12 +933,14 @@ $$;
 COMMENT ON FUNCTION inbox._report_outcomes(text, text[], bigint[], integer[], text[]) IS
     'internal: one result row per report; records the refused ones in inbox.outbox_fenced_report';
 
--- The next undelivered effect of each ordering key after order_seq `seqs[i]` becomes the head:
--- unblocked if claim_effects had set it aside. The caller holds the row locks of the effects that
--- closed (its UPDATE): a claim that was setting a successor aside held a share lock on that row,
--- so the caller waited for it, and this statement (a new snapshot) sees the successor blocked.
--- Returns how many effects were unblocked.
-CREATE OR REPLACE FUNCTION inbox._unblock_successors(keys text[], seqs bigint[]) RETURNS integer
+-- The next undelivered effect of each ordering key (of consumer `consumers[i]` and tenant
+-- `tenants[i]`) after order_seq `seqs[i]` becomes the head: unblocked if claim_effects had set it
+-- aside. The caller holds the row locks of the effects that closed (its UPDATE): a claim that was
+-- setting a successor aside held a share lock on that row, so the caller waited for it, and this
+-- statement (a new snapshot) sees the successor blocked. Returns how many effects were unblocked.
+DROP FUNCTION IF EXISTS inbox._unblock_successors(text[], bigint[]);
+CREATE OR REPLACE FUNCTION inbox._unblock_successors(consumers text[], tenants text[], keys text[], seqs bigint[])
+    RETURNS integer
     LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
@@ -854,22 +948,25 @@ DECLARE
 BEGIN
     UPDATE inbox.outbox o
        SET blocked = false
-     WHERE (o.effect_id, o.consumer) IN (SELECT n.effect_id, n.consumer
-                                           FROM ROWS FROM (pg_catalog.unnest(_unblock_successors.keys),
-                                                           pg_catalog.unnest(_unblock_successors.seqs)) AS k (key, seq)
-                                           CROSS JOIN LATERAL (
-                                               SELECT x.effect_id, x.consumer FROM inbox.outbox x
-                                                WHERE x.ordering_key = k.key AND x.order_seq > k.seq
-                                                  AND x.status IN ('pending', 'leased', 'dead')
-                                                ORDER BY x.order_seq
-                                                LIMIT 1) n)
+     WHERE (o.effect_id, o.consumer, o.tenant) IN (
+               SELECT n.effect_id, n.consumer, n.tenant
+                 FROM ROWS FROM (pg_catalog.unnest(_unblock_successors.consumers),
+                                 pg_catalog.unnest(_unblock_successors.tenants),
+                                 pg_catalog.unnest(_unblock_successors.keys),
+                                 pg_catalog.unnest(_unblock_successors.seqs)) AS k (consumer, tenant, key, seq)
+                 CROSS JOIN LATERAL (
+                     SELECT x.effect_id, x.consumer, x.tenant FROM inbox.outbox x
+                      WHERE x.consumer = k.consumer AND x.tenant = k.tenant AND x.ordering_key = k.key
+                        AND x.order_seq > k.seq AND x.status IN ('pending', 'leased', 'dead')
+                      ORDER BY x.order_seq
+                      LIMIT 1) n)
        AND o.blocked;
     GET DIAGNOSTICS unblocked = ROW_COUNT;
     RETURN unblocked;
 END
 $$;
-COMMENT ON FUNCTION inbox._unblock_successors(text[], bigint[]) IS
-    'internal: unblocks the next undelivered effect of each ordering key after its head closed';
+COMMENT ON FUNCTION inbox._unblock_successors(text[], text[], text[], bigint[]) IS
+    'internal: unblocks the next undelivered effect of each ordering key (of a consumer and tenant) after its head closed';
 
 -- The error and retryable flag of a failure report (22004, 22023).
 CREATE OR REPLACE FUNCTION inbox._check_failure(fn text, error text, retryable boolean) RETURNS void
@@ -974,9 +1071,11 @@ DECLARE
     report jsonb;
     accepted integer[];
     outcomes text[];
+    key_consumers text[];
+    key_tenants text[];
     keys text[];
     seqs bigint[];
-    holder oid := (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = session_user);  -- the lease's role
+    holder oid := (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = inbox._caller());  -- the lease's role
 BEGIN
     -- The reports as ONE map from 'effect_id lease_token' (the token has no space: unambiguous) to
     -- [position, status_code, excerpt, duration]; for a repeated report the first position wins.
@@ -998,15 +1097,18 @@ BEGIN
          WHERE o.effect_id IN (SELECT pg_catalog.unnest(_complete_reports.effect_ids)) AND o.status = 'leased'
            AND (o.lease_role = holder OR o.lease_role IS NULL)
            AND report ? (o.effect_id || ' ' || o.lease_token)
-        RETURNING (report -> (o.effect_id || ' ' || o.lease_token) ->> 0)::integer AS n, o.ordering_key, o.order_seq
+        RETURNING (report -> (o.effect_id || ' ' || o.lease_token) ->> 0)::integer AS n, o.consumer, o.tenant,
+                  o.ordering_key, o.order_seq
     )
     SELECT coalesce(array_agg(d.n), '{}'), coalesce(array_agg('delivered'::text), '{}'),
+           array_agg(d.consumer) FILTER (WHERE d.ordering_key IS NOT NULL AND d.order_seq IS NOT NULL),
+           array_agg(d.tenant) FILTER (WHERE d.ordering_key IS NOT NULL AND d.order_seq IS NOT NULL),
            array_agg(d.ordering_key) FILTER (WHERE d.ordering_key IS NOT NULL AND d.order_seq IS NOT NULL),
            array_agg(d.order_seq) FILTER (WHERE d.ordering_key IS NOT NULL AND d.order_seq IS NOT NULL)
-      INTO accepted, outcomes, keys, seqs
+      INTO accepted, outcomes, key_consumers, key_tenants, keys, seqs
       FROM delivered d;
     IF keys IS NOT NULL THEN
-        PERFORM inbox._unblock_successors(keys, seqs);
+        PERFORM inbox._unblock_successors(key_consumers, key_tenants, keys, seqs);
     END IF;
     RETURN QUERY
     SELECT r.ord, r.effect_id, r.lease_token, r.result, r.fenced_reason
@@ -1033,7 +1135,7 @@ DECLARE
     decided jsonb;
     accepted integer[];
     outcomes text[];
-    holder oid := (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = session_user);  -- the lease's role
+    holder oid := (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = inbox._caller());  -- the lease's role
 BEGIN
     -- As in _complete_reports: one map 'effect_id lease_token' -> [position, error, retryable,
     -- status_code, excerpt, duration], first position first; then the new status and backoff of
@@ -1199,7 +1301,7 @@ BEGIN
     UPDATE inbox.outbox o
        SET lease_expires_at = now() + extend_lease.lease, available_at = now() + extend_lease.lease
      WHERE o.effect_id = extend_lease.effect_id AND o.status = 'leased' AND o.lease_token = extend_lease.lease_token
-       AND (o.lease_role = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = session_user)
+       AND (o.lease_role = (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = inbox._caller())
             OR o.lease_role IS NULL)
     RETURNING o.lease_expires_at INTO expires;
     IF FOUND THEN
@@ -1215,18 +1317,19 @@ COMMENT ON FUNCTION inbox.extend_lease(text, bigint, interval) IS
 -- ------------------------------------------------------------------ operations
 
 -- What an operator decision on a dead effect checks first (redrive, discard): a valid id and a
--- note, an effect that exists and is dead. Effect ids are unique per consumer: consumer NULL finds
--- the effect by its id alone, and refuses (P0003) when several consumers hold that id. Returns the
--- effect locked (FOR UPDATE).
-DROP FUNCTION IF EXISTS inbox._lock_dead_effect(text, text, text, text, text, text);
-CREATE OR REPLACE FUNCTION inbox._lock_dead_effect(fn text, verb text, effect_id text, consumer text, note text, audit text,
-                                                   not_dead_hint text)
+-- note, an effect that exists and is dead. Effect ids are unique per consumer and tenant: consumer
+-- (or tenant) NULL finds the effect without it, and refuses (P0003) when several consumers or
+-- tenants hold that id. Returns the effect locked (FOR UPDATE).
+DROP FUNCTION IF EXISTS inbox._lock_dead_effect(text, text, text, text, text, text, text);
+CREATE OR REPLACE FUNCTION inbox._lock_dead_effect(fn text, verb text, effect_id text, consumer text, tenant text,
+                                                   note text, audit text, not_dead_hint text)
     RETURNS inbox.outbox
     LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     effect inbox.outbox;
     holders text[];
+    holder_tenants text[];
 BEGIN
     PERFORM inbox._check_text(fn, 'effect_id', _lock_dead_effect.effect_id, 256);
     IF _lock_dead_effect.note IS NULL OR _lock_dead_effect.note !~ '\S' THEN
@@ -1234,26 +1337,29 @@ BEGIN
             USING ERRCODE = CASE WHEN _lock_dead_effect.note IS NULL THEN 'null_value_not_allowed' ELSE 'invalid_parameter_value' END,
                   HINT = pg_catalog.format('The note goes into the audit trail (%s).', audit);
     END IF;
-    IF _lock_dead_effect.consumer IS NULL THEN
-        SELECT pg_catalog.array_agg(o.consumer ORDER BY o.consumer) INTO holders
-          FROM inbox.outbox o WHERE o.effect_id = _lock_dead_effect.effect_id;
-        IF pg_catalog.cardinality(holders) > 1 THEN
-            RAISE EXCEPTION '%: effect % is held by % consumers', fn, pg_catalog.quote_literal(_lock_dead_effect.effect_id),
-                pg_catalog.cardinality(holders)
-                USING ERRCODE = 'too_many_rows',
-                      HINT = pg_catalog.format('Name the consumer: consumer => one of %s.',
-                                               (SELECT pg_catalog.string_agg(pg_catalog.quote_literal(h), ', ')
-                                                  FROM pg_catalog.unnest(holders) h));
-        END IF;
+    SELECT pg_catalog.array_agg(o.consumer ORDER BY o.consumer, o.tenant),
+           pg_catalog.array_agg(o.tenant ORDER BY o.consumer, o.tenant)
+      INTO holders, holder_tenants
+      FROM inbox.outbox o
+     WHERE o.effect_id = _lock_dead_effect.effect_id
+       AND (_lock_dead_effect.consumer IS NULL OR o.consumer = _lock_dead_effect.consumer)
+       AND (_lock_dead_effect.tenant IS NULL OR o.tenant = _lock_dead_effect.tenant);
+    IF pg_catalog.cardinality(holders) > 1 THEN
+        RAISE EXCEPTION '%: effect % is held by % consumers or tenants', fn,
+            pg_catalog.quote_literal(_lock_dead_effect.effect_id), pg_catalog.cardinality(holders)
+            USING ERRCODE = 'too_many_rows',
+                  HINT = pg_catalog.format('Name the one you mean: %s.',
+                                           (SELECT pg_catalog.string_agg(pg_catalog.format('consumer => %L, tenant => %L', h, t), '; ')
+                                              FROM ROWS FROM (pg_catalog.unnest(holders), pg_catalog.unnest(holder_tenants)) x(h, t)));
     END IF;
     SELECT o.* INTO effect FROM inbox.outbox o
-     WHERE o.effect_id = _lock_dead_effect.effect_id
-       AND o.consumer = coalesce(_lock_dead_effect.consumer, holders[1])
+     WHERE o.effect_id = _lock_dead_effect.effect_id AND o.consumer = holders[1] AND o.tenant = holder_tenants[1]
        FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION '%: no effect %', fn,
             pg_catalog.quote_literal(_lock_dead_effect.effect_id)
             || coalesce(' of consumer ' || pg_catalog.quote_literal(_lock_dead_effect.consumer), '')
+            || coalesce(' for tenant ' || pg_catalog.quote_literal(_lock_dead_effect.tenant), '')
             USING ERRCODE = 'no_data_found';
     END IF;
     IF effect.status <> 'dead' THEN
@@ -1263,14 +1369,17 @@ BEGIN
     RETURN effect;
 END
 $$;
-COMMENT ON FUNCTION inbox._lock_dead_effect(text, text, text, text, text, text, text) IS
+COMMENT ON FUNCTION inbox._lock_dead_effect(text, text, text, text, text, text, text, text) IS
     'internal: validates an operator decision on a dead effect and returns the effect locked (22004, 22023, 22001, P0002, P0003, 55000)';
 
 -- dead -> pending, due now, attempts reset; one audit row with the session user and the note.
--- The effect keeps its place in its ordering key. consumer: whose effect, needed only when
--- several consumers hold the id (0.2.0 added it: dropped and created again).
-DROP FUNCTION IF EXISTS inbox.redrive_effect(text, text);
-CREATE OR REPLACE FUNCTION inbox.redrive_effect(effect_id text, note text, consumer text DEFAULT NULL) RETURNS inbox.outbox
+-- The effect keeps its place in its ordering key. consumer, tenant: whose effect, needed only when
+-- several consumers or tenants hold the id (0.2.0 added consumer, 0.3.0 tenant: dropped and created
+-- again).
+DROP FUNCTION IF EXISTS inbox.redrive_effect(text, text, text);
+CREATE OR REPLACE FUNCTION inbox.redrive_effect(effect_id text, note text, consumer text DEFAULT NULL,
+                                                tenant text DEFAULT NULL)
+    RETURNS inbox.outbox
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$
@@ -1278,12 +1387,14 @@ DECLARE
     effect inbox.outbox;
 BEGIN
     effect := inbox._lock_dead_effect('inbox.redrive_effect', 'redrive', redrive_effect.effect_id, redrive_effect.consumer,
-                                      redrive_effect.note, 'inbox.outbox_redrive', 'Only dead effects can be redriven.');
-    INSERT INTO inbox.outbox_redrive (effect_id, consumer, note, attempts, dead_reason, last_error)
-    VALUES (effect.effect_id, effect.consumer, redrive_effect.note, effect.attempts, effect.dead_reason, effect.last_error);
+                                      redrive_effect.tenant, redrive_effect.note, 'inbox.outbox_redrive',
+                                      'Only dead effects can be redriven.');
+    INSERT INTO inbox.outbox_redrive (effect_id, consumer, tenant, note, attempts, dead_reason, last_error)
+    VALUES (effect.effect_id, effect.consumer, effect.tenant, redrive_effect.note, effect.attempts, effect.dead_reason,
+            effect.last_error);
     UPDATE inbox.outbox o
        SET status = 'pending', attempts = 0, available_at = now(), lease_expires_at = NULL, dead_reason = NULL
-     WHERE o.effect_id = effect.effect_id AND o.consumer = effect.consumer
+     WHERE o.effect_id = effect.effect_id AND o.consumer = effect.consumer AND o.tenant = effect.tenant
     RETURNING o.* INTO effect;
     IF EXISTS (SELECT FROM inbox.outbox_waiter) THEN
         PERFORM inbox._wake_dispatchers();
@@ -1291,16 +1402,18 @@ BEGIN
     RETURN effect;
 END
 $$;
-COMMENT ON FUNCTION inbox.redrive_effect(text, text, text) IS
-    'Send a dead effect again (dead -> pending, attempts reset), audited; consumer when several hold the id';
+COMMENT ON FUNCTION inbox.redrive_effect(text, text, text, text) IS
+    'Send a dead effect again (dead -> pending, attempts reset), audited; consumer and tenant when several hold the id';
 
 -- dead -> discarded: closed without delivery, for good (a repeat enqueue of its id is a no-op while
 -- the row is kept). One audit row with the session user and the note. A discarded effect no longer
 -- holds its ordering key: the next effect of the key becomes the head (unblocked, and idle
 -- dispatchers woken at commit). Only a dead effect can be discarded: a pending or leased one may
--- be in the middle of a delivery, a delivered one is done. consumer: as for redrive_effect.
-DROP FUNCTION IF EXISTS inbox.discard_effect(text, text);
-CREATE OR REPLACE FUNCTION inbox.discard_effect(effect_id text, note text, consumer text DEFAULT NULL) RETURNS inbox.outbox
+-- be in the middle of a delivery, a delivered one is done. consumer, tenant: as for redrive_effect.
+DROP FUNCTION IF EXISTS inbox.discard_effect(text, text, text);
+CREATE OR REPLACE FUNCTION inbox.discard_effect(effect_id text, note text, consumer text DEFAULT NULL,
+                                                tenant text DEFAULT NULL)
+    RETURNS inbox.outbox
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $$
@@ -1308,16 +1421,18 @@ DECLARE
     effect inbox.outbox;
 BEGIN
     effect := inbox._lock_dead_effect('inbox.discard_effect', 'discard', discard_effect.effect_id, discard_effect.consumer,
-                                      discard_effect.note, 'inbox.outbox_discard',
+                                      discard_effect.tenant, discard_effect.note, 'inbox.outbox_discard',
                                       'Only dead effects can be discarded; a pending or leased effect is still being delivered.');
-    INSERT INTO inbox.outbox_discard (effect_id, consumer, note, attempts, dead_reason, last_error)
-    VALUES (effect.effect_id, effect.consumer, discard_effect.note, effect.attempts, effect.dead_reason, effect.last_error);
+    INSERT INTO inbox.outbox_discard (effect_id, consumer, tenant, note, attempts, dead_reason, last_error)
+    VALUES (effect.effect_id, effect.consumer, effect.tenant, discard_effect.note, effect.attempts, effect.dead_reason,
+            effect.last_error);
     UPDATE inbox.outbox o
        SET status = 'discarded', discarded_at = now(), blocked = false, lease_expires_at = NULL
-     WHERE o.effect_id = effect.effect_id AND o.consumer = effect.consumer
+     WHERE o.effect_id = effect.effect_id AND o.consumer = effect.consumer AND o.tenant = effect.tenant
     RETURNING o.* INTO effect;
     IF effect.ordering_key IS NOT NULL AND effect.order_seq IS NOT NULL THEN
-        PERFORM inbox._unblock_successors(ARRAY[effect.ordering_key], ARRAY[effect.order_seq]);
+        PERFORM inbox._unblock_successors(ARRAY[effect.consumer], ARRAY[effect.tenant], ARRAY[effect.ordering_key],
+                                          ARRAY[effect.order_seq]);
         IF EXISTS (SELECT FROM inbox.outbox_waiter) THEN
             PERFORM inbox._wake_dispatchers();  -- the next effect of the key may be due now
         END IF;
@@ -1325,8 +1440,8 @@ BEGIN
     RETURN effect;
 END
 $$;
-COMMENT ON FUNCTION inbox.discard_effect(text, text, text) IS
-    'Close a dead effect without delivery (dead -> discarded), audited; its ordering key moves on to the next effect; consumer when several hold the id';
+COMMENT ON FUNCTION inbox.discard_effect(text, text, text, text) IS
+    'Close a dead effect without delivery (dead -> discarded), audited; its ordering key moves on to the next effect; consumer and tenant when several hold the id';
 
 -- Deletes, older than older_than and at most batch_size rows in all: delivered effects (by
 -- delivered_at, oldest first), then discarded effects (by discarded_at), then refused-report
@@ -1360,7 +1475,7 @@ BEGIN
     -- MATERIALIZED: evaluated once. A rescan would skip the rows this statement already deleted
     -- and pick the next ones, past batch_size.
     WITH doomed AS MATERIALIZED (
-        SELECT x.effect_id, x.consumer FROM inbox.outbox x
+        SELECT x.effect_id, x.consumer, x.tenant FROM inbox.outbox x
          WHERE x.status IN ('delivered', 'discarded')
            AND coalesce(x.delivered_at, x.discarded_at) < now() - purge_delivered_effects.older_than
          ORDER BY coalesce(x.delivered_at, x.discarded_at)
@@ -1368,7 +1483,7 @@ BEGIN
            FOR UPDATE SKIP LOCKED
     )
     DELETE FROM inbox.outbox o USING doomed d
-     WHERE o.effect_id = d.effect_id AND o.consumer = d.consumer;
+     WHERE o.effect_id = d.effect_id AND o.consumer = d.consumer AND o.tenant = d.tenant;
     GET DIAGNOSTICS purged = ROW_COUNT;
     left_over := purge_delivered_effects.batch_size - purged;
     IF left_over > 0 THEN
@@ -1390,9 +1505,10 @@ $$;
 COMMENT ON FUNCTION inbox.purge_delivered_effects(interval, integer) IS
     'Delete up to batch_size delivered and discarded effects and fenced-report records older than older_than; returns how many (loop until 0)';
 
-REVOKE ALL ON FUNCTION inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz, text),
+REVOKE ALL ON FUNCTION inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz, text, text),
     inbox.effect_id(text, text, text, text, text),
-    inbox.claim_effects(text, integer, interval),
+    inbox.idempotency_key(text, text, text),
+    inbox.claim_effects(text, integer, interval, boolean),
     inbox.complete_effect(text, bigint, integer, text, integer),
     inbox.fail_effect(text, bigint, text, boolean, integer, text, integer),
     inbox.complete_effects(text[], bigint[], integer[], text[], integer[]),
@@ -1402,16 +1518,18 @@ REVOKE ALL ON FUNCTION inbox.enqueue_effect(text, text, jsonb, jsonb, text, time
     inbox.configure_destination(text, integer, interval, interval),
     inbox.bind_destination(text, text, text),
     inbox.unbind_destination(text, text, text),
-    inbox.redrive_effect(text, text, text),
-    inbox.discard_effect(text, text, text),
+    inbox.redrive_effect(text, text, text, text),
+    inbox.discard_effect(text, text, text, text),
     inbox.purge_delivered_effects(interval, integer),
     inbox._order_at_commit(),
-    inbox._authorize_enqueue(text, text, text), inbox._lock_dead_effect(text, text, text, text, text, text, text),
+    inbox._authorize_enqueue(text, text, text, text), inbox._lock_dead_effect(text, text, text, text, text, text, text, text),
     inbox._headers_ok(jsonb), inbox._new_lease_token() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz, text),
+GRANT EXECUTE ON FUNCTION inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz, text, text),
     inbox.effect_id(text, text, text, text, text),
     inbox._check_text(text, text, text, integer) TO inbox_consumer;
-GRANT EXECUTE ON FUNCTION inbox.claim_effects(text, integer, interval),
+GRANT EXECUTE ON FUNCTION inbox.idempotency_key(text, text, text)
+    TO inbox_consumer, inbox_dispatcher, inbox_operator, inbox_reader;
+GRANT EXECUTE ON FUNCTION inbox.claim_effects(text, integer, interval, boolean),
     inbox.complete_effect(text, bigint, integer, text, integer),
     inbox.fail_effect(text, bigint, text, boolean, integer, text, integer),
     inbox.complete_effects(text[], bigint[], integer[], text[], integer[]),
@@ -1421,8 +1539,8 @@ GRANT EXECUTE ON FUNCTION inbox.claim_effects(text, integer, interval),
 GRANT EXECUTE ON FUNCTION inbox.configure_destination(text, integer, interval, interval),
     inbox.bind_destination(text, text, text),
     inbox.unbind_destination(text, text, text),
-    inbox.redrive_effect(text, text, text),
-    inbox.discard_effect(text, text, text) TO inbox_operator;
+    inbox.redrive_effect(text, text, text, text),
+    inbox.discard_effect(text, text, text, text) TO inbox_operator;
 GRANT EXECUTE ON FUNCTION inbox.purge_delivered_effects(interval, integer) TO inbox_operator, inbox_dispatcher;
 
 COMMIT;

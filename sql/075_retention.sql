@@ -1,9 +1,13 @@
--- pginbox: retention's functions (tables in 070_retention_tables.sql). Reworked in 0.2.0: the
--- watermark never moves back and covers every safety margin a claim ever accepted a produced_at
--- within; an expired delivery holds its identity; the purge procedure pauses, says 'inactive' and
--- reports each batch.
+-- pginbox: retention's functions (tables in 070_retention_tables.sql and
+-- 071_retention_watermark_tables.sql). The watermark never moves back; since 0.3.0 it is the
+-- announced cutoff itself, and the purge deletes only rows produced before it, so that no margin
+-- (nor a mistyped one) can push it past what was purged, and it is never ahead of the clock. A
+-- released expired entry lets one delivery through. An expired delivery holds its identity; the
+-- purge procedure pauses, says 'inactive' and reports each batch (and what holds rows back).
+-- Reworked in 0.3.0 (docs/releasing.md).
 BEGIN;
 
+SET LOCAL search_path = pg_catalog, pg_temp;
 SET LOCAL ROLE inbox_owner;
 -- DROP ... IF EXISTS below makes this script rerunnable (sqitch rework): no notices for it.
 SET LOCAL client_min_messages = warning;
@@ -137,6 +141,17 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'A message can always come back for some time: state at least the broker retention and a safety margin.';
     END IF;
+    -- What the window holds besides the margin must cover the clock tolerance (the safety margin, at
+    -- least 5 minutes): otherwise a message produced now by a producer whose clock is behind by
+    -- less than the tolerance would be older than the watermark of the next purge, and expire.
+    IF retention_window - policy.safety_margin < greatest(policy.safety_margin, inbox._default_clock_tolerance()) THEN
+        RAISE EXCEPTION '%: the window without its safety margin (%) is shorter than the clock tolerance (%)', fn,
+            pg_catalog.justify_hours(retention_window - policy.safety_margin),
+            greatest(policy.safety_margin, inbox._default_clock_tolerance())
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'Fresh messages from a producer whose clock is behind by less than the tolerance would be older than the next purge''s watermark, and expire.',
+                  HINT = 'State the broker retention (and the other scenarios) as they are: the redelivery horizons must be at least the safety margin and at least 5 minutes.';
+    END IF;
 
     INSERT INTO inbox.retention_policy AS p (consumer, producer, broker_retention, max_offset_rewind,
                                              dead_letter_redrive_horizon, producer_retry_horizon, outage_allowance,
@@ -163,9 +178,9 @@ BEGIN
     -- it starts from the default's watermark.
     IF policy.producer <> '' THEN
         INSERT INTO inbox.purge_state (consumer, producer, announced_before, watermark, announced_at, announce_xid,
-                                       purged_before, settled_at)
+                                       purged_before, settled_at, purged_produced_max)
         SELECT s.consumer, policy.producer, s.announced_before, s.watermark, s.announced_at, s.announce_xid,
-               s.purged_before, s.settled_at
+               s.purged_before, s.settled_at, s.purged_produced_max
           FROM inbox.purge_state s
          WHERE s.consumer = policy.consumer AND s.producer = ''
         ON CONFLICT ON CONSTRAINT purge_state_pkey DO NOTHING;
@@ -202,7 +217,7 @@ BEGIN
                     ON CONFLICT ON CONSTRAINT activity_gap_pkey DO NOTHING;
                 END IF;
             END IF;
-        ELSIF pg_catalog.pg_try_advisory_xact_lock(1886940771, pg_catalog.hashtext(_heartbeat.consumer)) THEN
+        ELSIF pg_catalog.pg_try_advisory_xact_lock(1886940771, inbox._lock_key('heartbeat', _heartbeat.consumer)) THEN
             -- No row yet (or one being refreshed, then the insert does nothing).
             INSERT INTO inbox.consumer_config (consumer, last_active_at) VALUES (_heartbeat.consumer, now())
             ON CONFLICT ON CONSTRAINT consumer_config_pkey DO NOTHING;
@@ -288,16 +303,29 @@ CREATE OR REPLACE FUNCTION inbox._expire_check(
 AS $$
 DECLARE
     mark timestamptz;
+    purged_max timestamptz;
     entry_id bigint;
 BEGIN
     mark := inbox._watermark(_expire_check.consumer, _expire_check.producer);
     IF _expire_check.produced_at IS NULL OR mark IS NULL OR _expire_check.produced_at >= mark THEN
         RETURN NULL;
     END IF;
-    IF EXISTS (SELECT 1 FROM inbox.quarantine q
-                WHERE q.consumer = _expire_check.consumer AND q.tenant = _expire_check.tenant
-                  AND q.producer = _expire_check.producer AND q.message_id = _expire_check.message_id
-                  AND q.kind = 'expired' AND q.status = 'released') THEN
+    -- Nothing produced after the latest produced_at a purge deleted can be a copy of a purged
+    -- message, whatever the watermark says: a watermark a mistyped margin pushed ahead (before
+    -- 0.3.0) does not expire traffic produced since. Rows of the producer purged under the
+    -- consumer's default policy count too.
+    SELECT max(s.purged_produced_max) INTO purged_max FROM inbox.purge_state s
+     WHERE s.consumer = _expire_check.consumer AND s.producer IN (_expire_check.producer, '');
+    IF purged_max IS NULL OR _expire_check.produced_at > purged_max THEN
+        RETURN NULL;
+    END IF;
+    -- An operator released an expired entry of this identity: exactly one delivery goes through.
+    UPDATE inbox.quarantine q SET release_used_at = now()
+     WHERE q.quarantine_id = (SELECT max(r.quarantine_id) FROM inbox.quarantine r
+                               WHERE r.consumer = _expire_check.consumer AND r.tenant = _expire_check.tenant
+                                 AND r.producer = _expire_check.producer AND r.message_id = _expire_check.message_id
+                                 AND r.kind = 'expired' AND r.status = 'released' AND r.release_used_at IS NULL);
+    IF FOUND THEN
         RETURN NULL;
     END IF;
     -- The claim row this transaction just inserted becomes the hold: every later delivery of the
@@ -330,16 +358,19 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION inbox._expire_check(text, text, text, text, bytea, text, timestamptz, text, jsonb, bytea, boolean) IS
-    'internal: quarantines a first delivery produced before its purge watermark (outcome expired), else NULL';
+    'internal: quarantines a first delivery produced before its purge watermark (outcome expired), else NULL; a released entry lets one through';
 
 -- ------------------------------------------------------------------ the purge
--- One purger per consumer: a session-level advisory lock (class 1886940770, hashtext(consumer)).
+-- One purger per consumer: a session-level advisory lock (class 1886940770), its key derived from
+-- the consumer with the database's secret (inbox._lock_key): no other session can compute it in
+-- advance (one that sees it in pg_locks while a purge holds it can take it later: the purge then
+-- answers 'busy', never deletes too much; docs/security.md).
 CREATE OR REPLACE FUNCTION inbox._purge_lock_held(consumer text) RETURNS boolean
     LANGUAGE sql STABLE
 AS $$
     SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
                     WHERE l.locktype = 'advisory' AND l.pid = pg_catalog.pg_backend_pid() AND l.granted
-                      AND l.classid = 1886940770::oid AND l.objid = pg_catalog.hashtext(_purge_lock_held.consumer)::oid
+                      AND l.classid = 1886940770::oid AND l.objid = inbox._lock_key('purge', _purge_lock_held.consumer)::oid
                       AND l.objsubid = 2 AND l.mode = 'ExclusiveLock')
 $$;
 COMMENT ON FUNCTION inbox._purge_lock_held(text) IS 'internal: true when this session is the purger of the consumer';
@@ -351,7 +382,7 @@ AS $$
 BEGIN
     PERFORM inbox._check_identity('inbox.purge_lock', purge_lock.consumer, '-', '-', '');
     RETURN inbox._purge_lock_held(purge_lock.consumer)
-        OR pg_catalog.pg_try_advisory_lock(1886940770, pg_catalog.hashtext(purge_lock.consumer));
+        OR pg_catalog.pg_try_advisory_lock(1886940770, inbox._lock_key('purge', purge_lock.consumer));
 END
 $$;
 COMMENT ON FUNCTION inbox.purge_lock(text) IS 'Become the purger of a consumer for this session: false when another session is';
@@ -365,7 +396,7 @@ DECLARE
 BEGIN
     PERFORM inbox._check_identity('inbox.purge_unlock', purge_unlock.consumer, '-', '-', '');
     WHILE inbox._purge_lock_held(purge_unlock.consumer) LOOP
-        released := pg_catalog.pg_advisory_unlock(1886940770, pg_catalog.hashtext(purge_unlock.consumer)) OR released;
+        released := pg_catalog.pg_advisory_unlock(1886940770, inbox._lock_key('purge', purge_unlock.consumer)) OR released;
     END LOOP;
     RETURN released;
 END
@@ -404,7 +435,6 @@ AS $$
 DECLARE
     policy inbox.retention_policy;
     span interval;
-    margin interval;
     cutoff timestamptz;
     mark timestamptz;
     state inbox.purge_state;
@@ -428,12 +458,6 @@ BEGIN
     LOOP
         span := (inbox._retention_window(policy)).retention_window;
         cutoff := inbox._active_cutoff(policy.consumer, span);
-        -- Claims accept a produced_at up to the safety margin in force ahead of their processed_at
-        -- (inbox._check_produced_at): the watermark covers the largest margin this consumer's
-        -- policies ever had, and the default tolerance of a consumer without one.
-        margin := greatest(policy.safety_margin, inbox._default_clock_tolerance(),
-                           (SELECT max(c.safety_margin) FROM inbox.retention_policy_change c
-                             WHERE c.consumer = policy.consumer));
         INSERT INTO inbox.purge_state (consumer, producer) VALUES (policy.consumer, policy.producer)
         ON CONFLICT ON CONSTRAINT purge_state_pkey DO NOTHING;
         SELECT s.* INTO state FROM inbox.purge_state s
@@ -445,9 +469,11 @@ BEGIN
             RETURN QUERY SELECT policy.producer, 'unchanged'::text, state.purged_before, state.watermark,
                 'the cutoff has not moved past the announced one'::text;
         ELSE
-            -- The watermark never moves back: a message purged under an earlier, larger margin
-            -- must stay older than it.
-            mark := greatest(state.watermark, cutoff + margin);
+            -- The watermark is the cutoff: the purge deletes only rows produced before it (a row
+            -- produced after its processing, by a clock ahead, waits for a later cutoff), so no
+            -- margin is added and it is never ahead of the clock. It never moves back: a message
+            -- purged under an earlier, higher watermark must stay older than it.
+            mark := greatest(state.watermark, cutoff);
             UPDATE inbox.purge_state s
                SET announced_before = cutoff, watermark = mark, announced_at = now(),
                    announce_xid = pg_catalog.pg_current_xact_id(), waiting_for = NULL
@@ -486,8 +512,10 @@ COMMENT ON FUNCTION inbox._running_transactions() IS 'internal: virtual transact
 --   uncommitted  the announcement is not committed yet
 --   no_policy, busy  as for announce_purge
 -- Kept whatever their age: rows that are not 'processed', rows with a retention_hold, identities
--- with an open quarantine entry, rows processed at or after the creation of the consumer's oldest
--- outbox effect not delivered yet.
+-- with an open quarantine entry, rows produced at or after the watermark (0.3.0: the watermark
+-- bounds what is deleted, and purged_produced_max records the latest produced_at deleted), rows
+-- processed at or after the creation of the oldest undelivered outbox effect of the consumer or of
+-- an anonymous one (the detail names that effect when it held rows back).
 CREATE OR REPLACE FUNCTION inbox.purge_batch(consumer text, producer text DEFAULT NULL, batch_size integer DEFAULT 5000)
     RETURNS TABLE (policy_producer text, status text, rows_deleted bigint, purged_before timestamptz,
                    watermark timestamptz, detail text)
@@ -501,6 +529,8 @@ DECLARE
     outbox_floor timestamptz;
     deleted bigint;
     reached timestamptz;
+    reached_produced timestamptz;
+    floor_note text;
     any_hold boolean;
     any_open_entry boolean;
     any_producer_policy boolean;
@@ -586,6 +616,7 @@ BEGIN
                              WHERE p.consumer = state.consumer AND p.producer = m.producer))))
                AND m.status = 'processed'
                AND m.processed_at < state.purged_before
+               AND (m.produced_at IS NULL OR m.produced_at < state.watermark)
                AND (outbox_floor IS NULL OR m.processed_at < outbox_floor)
                AND (NOT any_hold OR NOT EXISTS (
                         SELECT 1 FROM inbox.retention_hold h
@@ -604,17 +635,34 @@ BEGIN
                AND NOT EXISTS (SELECT 1 FROM inbox.retention_hold h
                                 WHERE h.consumer = m.consumer AND h.tenant = m.tenant AND h.producer = m.producer
                                   AND h.message_id = m.message_id)
-            RETURNING m.processed_at
+            RETURNING m.processed_at, m.produced_at
         )
-        SELECT count(*), max(g.processed_at) INTO deleted, reached FROM gone g;
+        SELECT count(*), max(g.processed_at), max(g.produced_at) INTO deleted, reached, reached_produced FROM gone g;
         budget := budget - deleted::integer;
         UPDATE inbox.purge_state s
            SET rows_purged = s.rows_purged + deleted, last_purge_at = now(),
-               resume_at = coalesce(reached, s.resume_at)
+               resume_at = coalesce(reached, s.resume_at),
+               purged_produced_max = greatest(s.purged_produced_max, reached_produced)
          WHERE s.consumer = state.consumer AND s.producer = state.producer;
+        -- Say what held rows back when nothing more goes: the oldest undelivered effect (an
+        -- anonymous one holds back every consumer: inbox.configure_security(anonymous_enqueue)).
+        floor_note := '';
+        IF deleted = 0 AND outbox_floor IS NOT NULL AND outbox_floor < state.purged_before THEN
+            SELECT pg_catalog.format('; rows processed from %s on are kept for the undelivered outbox effect %s of %s (%s)',
+                                     o.created_at, quote_literal(o.effect_id),
+                                     CASE WHEN o.consumer = '' THEN 'no consumer (anonymous: it holds back every consumer''s purge)'
+                                          ELSE 'consumer ' || quote_literal(o.consumer) END,
+                                     o.status)
+              INTO floor_note
+              FROM inbox.outbox o
+             WHERE o.consumer IN (state.consumer, '') AND o.status IN ('pending', 'leased', 'dead')
+             ORDER BY o.created_at
+             LIMIT 1;
+        END IF;
         RETURN QUERY SELECT state.producer, CASE WHEN deleted > 0 THEN 'purged' ELSE 'done' END, deleted,
                             state.purged_before, state.watermark,
-                            pg_catalog.format('%s row(s) processed before %s deleted', deleted, state.purged_before);
+                            pg_catalog.format('%s row(s) processed before %s deleted', deleted, state.purged_before)
+                            || coalesce(floor_note, '');
     END LOOP;
 END
 $$;
@@ -686,6 +734,7 @@ DECLARE
     announced text[];
     statuses text[];
     deleted bigint;
+    held text;
 BEGIN
     PERFORM inbox._check_purge_call(purge.batch_size, purge.max_batches, purge.wait_timeout, purge.pause);
     rows_deleted := 0;
@@ -701,7 +750,9 @@ BEGIN
     END IF;
     deadline := pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) purge.wait_timeout;
     LOOP
-        SELECT pg_catalog.array_agg(b.status), pg_catalog.sum(b.rows_deleted)::bigint INTO statuses, deleted
+        SELECT pg_catalog.array_agg(b.status), pg_catalog.sum(b.rows_deleted)::bigint,
+               pg_catalog.string_agg(b.detail, '; ') FILTER (WHERE pg_catalog.strpos(b.detail, 'undelivered outbox effect') OPERATOR(pg_catalog.>) 0)
+          INTO statuses, deleted, held
           FROM inbox.purge_batch(purge.consumer, purge.producer, purge.batch_size) b;
         COMMIT;
         IF deleted OPERATOR(pg_catalog.>) 0 THEN
@@ -722,6 +773,9 @@ BEGIN
             END IF;
             PERFORM pg_catalog.pg_sleep(0.05);
         ELSE
+            IF held IS NOT NULL THEN
+                RAISE NOTICE 'inbox.purge: consumer %: %', purge.consumer, held;
+            END IF;
             EXIT;
         END IF;
     END LOOP;
@@ -731,6 +785,70 @@ END
 $$;
 COMMENT ON PROCEDURE inbox.purge(text, text, integer, integer, interval, bigint, text, interval) IS
     'The whole purge of a consumer with a commit per batch (CALL it outside a transaction block; cron, pg_cron): purged | done | busy | no_policy | inactive';
+
+-- ------------------------------------------------------------------ correcting a watermark
+-- The audited way out of a watermark set too far ahead (by a mistyped policy, or a margin before
+-- 0.3.0): moves the watermark of one policy of a consumer down to `watermark`, which must stay later
+-- than the latest produced_at its purges deleted (purged_produced_max: a redelivery of anything
+-- purged stays expired, as it is produced before the watermark), never up (the purge raises it). The cutoffs follow it down, so nothing processed after it
+-- is deleted until a purge announces again. Fix the policy first (set_retention_policy): the next
+-- announcement takes its cutoff from the policy.
+CREATE OR REPLACE FUNCTION inbox.correct_watermark(consumer text, producer text, watermark timestamptz, note text)
+    RETURNS inbox.purge_state
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    fn constant text := 'inbox.correct_watermark';
+    state inbox.purge_state;
+BEGIN
+    PERFORM inbox._check_identity(fn, correct_watermark.consumer, '-', '-', '');
+    PERFORM inbox._check_note(fn, correct_watermark.note);
+    IF correct_watermark.producer IS NULL OR correct_watermark.watermark IS NULL THEN
+        RAISE EXCEPTION '%: % must not be NULL', fn, CASE WHEN correct_watermark.producer IS NULL THEN 'producer' ELSE 'watermark' END
+            USING ERRCODE = 'null_value_not_allowed', HINT = 'producer '''' is the consumer''s default policy.';
+    END IF;
+    IF NOT isfinite(correct_watermark.watermark) THEN
+        RAISE EXCEPTION '%: watermark must be a finite time, got %', fn, correct_watermark.watermark
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT s.* INTO state FROM inbox.purge_state s
+     WHERE s.consumer = correct_watermark.consumer AND s.producer = correct_watermark.producer
+       FOR UPDATE;
+    IF NOT FOUND OR state.watermark IS NULL THEN
+        RAISE EXCEPTION '%: consumer % has no purge watermark for producer %', fn,
+            quote_literal(correct_watermark.consumer), quote_literal(correct_watermark.producer)
+            USING ERRCODE = 'no_data_found', HINT = 'pginbox retention show lists the watermarks (inbox.retention_status).';
+    END IF;
+    IF correct_watermark.watermark > state.watermark THEN
+        RAISE EXCEPTION '%: % is above the watermark %: only a purge raises it', fn, correct_watermark.watermark,
+            state.watermark USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF correct_watermark.watermark <= state.purged_produced_max THEN
+        RAISE EXCEPTION '%: % is not later than the latest produced_at the purge deleted (%)', fn,
+            correct_watermark.watermark, state.purged_produced_max
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'A redelivery of a purged message produced at or after the new watermark would be applied again.',
+                  HINT = pg_catalog.format('Pass a watermark later than %s.', state.purged_produced_max);
+    END IF;
+    INSERT INTO inbox.watermark_change (consumer, producer, previous_watermark, watermark, purged_produced_max, note)
+    VALUES (state.consumer, state.producer, state.watermark, correct_watermark.watermark, state.purged_produced_max,
+            correct_watermark.note);
+    UPDATE inbox.purge_state s
+       SET watermark = correct_watermark.watermark,
+           announced_before = least(s.announced_before, correct_watermark.watermark),
+           purged_before = least(s.purged_before, correct_watermark.watermark),
+           waiting_for = NULL, resume_at = NULL
+     WHERE s.consumer = state.consumer AND s.producer = state.producer
+    RETURNING s.* INTO state;
+    UPDATE inbox.consumer_config c
+       SET purge_watermark = (SELECT max(s.watermark) FROM inbox.purge_state s WHERE s.consumer = c.consumer)
+     WHERE c.consumer = state.consumer;
+    RETURN state;
+END
+$$;
+COMMENT ON FUNCTION inbox.correct_watermark(text, text, timestamptz, text) IS
+    'Move a purge watermark down (kept later than what the purge deleted, never up), audited in inbox.watermark_change';
 
 -- ------------------------------------------------------------------ status
 CREATE OR REPLACE VIEW inbox.retention_status AS
@@ -758,7 +876,7 @@ REVOKE ALL ON FUNCTION inbox.retention_window(text, text),
     inbox.set_retention_policy(text, text, interval, interval, interval, interval, interval, interval, interval,
                                interval, text),
     inbox.purge_lock(text), inbox.purge_unlock(text), inbox.announce_purge(text, text),
-    inbox.purge_batch(text, text, integer) FROM PUBLIC;
+    inbox.purge_batch(text, text, integer), inbox.correct_watermark(text, text, timestamptz, text) FROM PUBLIC;
 REVOKE ALL ON PROCEDURE inbox.purge(text, text, integer, integer, interval, bigint, text, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION inbox.retention_window(text, text), inbox._retention_window(inbox.retention_policy),
     inbox._active_cutoff(text, interval) TO inbox_reader, inbox_operator;
@@ -766,7 +884,7 @@ GRANT EXECUTE ON FUNCTION
     inbox.set_retention_policy(text, text, interval, interval, interval, interval, interval, interval, interval,
                                interval, text),
     inbox.purge_lock(text), inbox.purge_unlock(text), inbox.announce_purge(text, text),
-    inbox.purge_batch(text, text, integer) TO inbox_operator;
+    inbox.purge_batch(text, text, integer), inbox.correct_watermark(text, text, timestamptz, text) TO inbox_operator;
 GRANT EXECUTE ON PROCEDURE inbox.purge(text, text, integer, integer, interval, bigint, text, interval) TO inbox_operator;
 GRANT EXECUTE ON FUNCTION inbox._check_purge_call(integer, integer, interval, interval), inbox._announced(text[]),
     inbox._announced_detail(text) TO inbox_operator;

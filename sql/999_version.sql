@@ -8,16 +8,17 @@
 --   breaking (it needs what that release added)                   -> refuse: deploy the schema
 BEGIN;
 
+SET LOCAL search_path = pg_catalog, pg_temp;
 SET LOCAL ROLE inbox_owner;
 
 CREATE OR REPLACE FUNCTION inbox.schema_version() RETURNS integer
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    RETURN 2;
+    RETURN 3;
 COMMENT ON FUNCTION inbox.schema_version() IS 'Version of the inbox SQL API (one per release; see inbox.schema_release())';
 
 CREATE OR REPLACE FUNCTION inbox.schema_release(OUT version integer, OUT release text, OUT breaking_since integer)
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $$ SELECT inbox.schema_version(), '0.2.0'::text, 1 $$;
+AS $$ SELECT inbox.schema_version(), '0.3.0'::text, 1 $$;
 COMMENT ON FUNCTION inbox.schema_release() IS
     'The deployed release: API version, release name, and the version of the last release that broke earlier clients';
 

@@ -1,6 +1,8 @@
 -- Verify pginbox:apply
 BEGIN;
 
+SET LOCAL search_path = pg_catalog, pg_temp;
+
 DO $verify$
 BEGIN
     IF pg_catalog.has_function_privilege('public', 'inbox._check_message_type(text, text)', 'EXECUTE') THEN
@@ -46,5 +48,9 @@ SELECT 'inbox._is_transient(text)'::regprocedure, 'inbox._batch_messages(text, t
        'inbox._unclaim(text, text, text, text)'::regprocedure;
 SELECT 1 / (p.prosrc LIKE '%inbox._acting_as(%')::integer FROM pg_catalog.pg_proc p
  WHERE p.oid = 'inbox._begin_apply(text, text, text, text, jsonb, text, timestamptz)'::regprocedure;
+
+-- 0.3.0: the generated dispatcher's bodies are quoted literals, its names format('%I.%I').
+SELECT 1 / (pg_catalog.strpos(p.prosrc, 'AS %L') > 0 AND pg_catalog.strpos(p.prosrc, 'LOCK TABLE inbox.handler') > 0)::integer
+  FROM pg_catalog.pg_proc p WHERE p.oid = 'inbox._generate_dispatcher()'::regprocedure;
 
 ROLLBACK;

@@ -1,7 +1,11 @@
 -- Verify pginbox:claim
 BEGIN;
 
+SET LOCAL search_path = pg_catalog, pg_temp;
+
 SELECT inbox.payload_hash('{}'::jsonb);
+-- 0.3.0: control characters in names and ids are refused.
+SELECT 1 / (inbox._has_control(E'a\nb') AND NOT inbox._has_control('ab'))::integer;
 SELECT 'inbox._delivery_ok(integer, integer, text)'::regprocedure, 'inbox._check_optional(text, text, text)'::regprocedure,
        'inbox._held_by(inbox.delivery_result)'::regprocedure, 'inbox._check_identity(text, text, text, text, text)'::regprocedure,
        'inbox._settings(text)'::regprocedure, 'inbox._default_settings(text)'::regprocedure,

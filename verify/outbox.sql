@@ -1,23 +1,26 @@
 -- Verify pginbox:outbox
 BEGIN;
 
+SET LOCAL search_path = pg_catalog, pg_temp;
+
 SELECT 'inbox._check_text(text, text, text, integer)'::regprocedure,
        'inbox._effect_ok(text, text, integer, jsonb, text, timestamptz)'::regprocedure,
        'inbox._check_effect(text, text, text, integer, jsonb, text, timestamptz)'::regprocedure,
        'inbox._check_lease(text, interval)'::regprocedure,
-       'inbox._lock_dead_effect(text, text, text, text, text, text, text)'::regprocedure,
+       'inbox._lock_dead_effect(text, text, text, text, text, text, text, text)'::regprocedure,
        'inbox._check_report(text, text, bigint, integer, integer)'::regprocedure,
        'inbox._wake_dispatchers()'::regprocedure,
        'inbox._default_destination(text)'::regprocedure,
        'inbox._report_outcomes(text, text[], bigint[], integer[], text[])'::regprocedure,
-       'inbox._unblock_successors(text[], bigint[])'::regprocedure,
+       'inbox._unblock_successors(text[], text[], text[], bigint[])'::regprocedure,
+       'inbox._order_bucket(text, text, text)'::regprocedure,
        'inbox._check_failure(text, text, boolean)'::regprocedure,
        'inbox._check_reports(text, boolean, text[], bigint[], integer[], text[], integer[], text[], boolean[])'::regprocedure,
        'inbox._complete_reports(text[], bigint[], integer[], text[], integer[])'::regprocedure,
        'inbox._fail_reports(text[], bigint[], text[], boolean[], integer[], text[], integer[])'::regprocedure,
        'inbox._backoff(inbox.outbox_destination, integer)'::regprocedure,
        'inbox._headers_ok(jsonb)'::regprocedure,
-       'inbox._authorize_enqueue(text, text, text)'::regprocedure,
+       'inbox._authorize_enqueue(text, text, text, text)'::regprocedure,
        'inbox._new_lease_token()'::regprocedure;
 
 DO $verify$
@@ -43,9 +46,10 @@ BEGIN
         RAISE EXCEPTION 'the per-row trigger outbox_signal_at_commit is still on inbox.outbox';
     END IF;
     FOR fn, role_name IN
-        VALUES ('inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz, text)', 'inbox_consumer'),
+        VALUES ('inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz, text, text)', 'inbox_consumer'),
+               ('inbox.idempotency_key(text, text, text)', 'inbox_dispatcher'),
                ('inbox.effect_id(text, text, text, text, text)', 'inbox_consumer'),
-               ('inbox.claim_effects(text, integer, interval)', 'inbox_dispatcher'),
+               ('inbox.claim_effects(text, integer, interval, boolean)', 'inbox_dispatcher'),
                ('inbox.complete_effect(text, bigint, integer, text, integer)', 'inbox_dispatcher'),
                ('inbox.fail_effect(text, bigint, text, boolean, integer, text, integer)', 'inbox_dispatcher'),
                ('inbox.complete_effects(text[], bigint[], integer[], text[], integer[])', 'inbox_dispatcher'),
@@ -55,8 +59,8 @@ BEGIN
                ('inbox.purge_delivered_effects(interval, integer)', 'inbox_dispatcher'),
                ('inbox.purge_delivered_effects(interval, integer)', 'inbox_operator'),
                ('inbox.configure_destination(text, integer, interval, interval)', 'inbox_operator'),
-               ('inbox.redrive_effect(text, text, text)', 'inbox_operator'),
-               ('inbox.discard_effect(text, text, text)', 'inbox_operator'),
+               ('inbox.redrive_effect(text, text, text, text)', 'inbox_operator'),
+               ('inbox.discard_effect(text, text, text, text)', 'inbox_operator'),
                ('inbox.bind_destination(text, text, text)', 'inbox_operator'),
                ('inbox.unbind_destination(text, text, text)', 'inbox_operator'),
                ('inbox._order_at_commit()', NULL)
@@ -73,7 +77,7 @@ BEGIN
         RAISE EXCEPTION 'consumers and dispatchers must not touch inbox.outbox directly';
     END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
-                    WHERE p.oid = 'inbox.claim_effects(text, integer, interval)'::regprocedure
+                    WHERE p.oid = 'inbox.claim_effects(text, integer, interval, boolean)'::regprocedure
                       AND 'consumer' = ANY (p.proargnames)) THEN
         RAISE EXCEPTION 'inbox.claim_effects does not return the consumer';
     END IF;

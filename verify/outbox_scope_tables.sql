@@ -1,5 +1,8 @@
--- Verify pginbox:outbox_scope_tables
+-- Verify pginbox:outbox_scope_tables (0.3.0: effects are unique per consumer and tenant,
+-- outbox_tenant_tables; verify/outbox_scope_tables@v0.2.0.sql checked the shape of 0.2.0)
 BEGIN;
+
+SET LOCAL search_path = pg_catalog, pg_temp;
 
 SELECT destination, consumer, bound_at, bound_by, note FROM inbox.destination_binding WHERE false;
 SELECT consumer, lease_role FROM inbox.outbox WHERE false;
@@ -7,7 +10,8 @@ SELECT consumer FROM inbox.outbox_redrive WHERE false;
 SELECT consumer FROM inbox.outbox_discard WHERE false;
 SELECT 1 / count(*) FROM pg_catalog.pg_constraint c
  WHERE c.conname = 'outbox_pkey' AND c.conrelid = 'inbox.outbox'::regclass AND c.contype = 'p'
-   AND pg_catalog.pg_get_constraintdef(c.oid) = 'PRIMARY KEY (effect_id, consumer)';
+   AND pg_catalog.pg_get_constraintdef(c.oid) IN ('PRIMARY KEY (effect_id, consumer)',
+                                                  'PRIMARY KEY (effect_id, consumer, tenant)');
 SELECT 'inbox.outbox_consumer_undelivered_idx'::regclass, 'inbox.outbox_closed_idx'::regclass;
 SELECT 1 / (to_regclass('inbox.outbox_delivered_idx') IS NULL AND to_regclass('inbox.outbox_dead_idx') IS NULL)::integer;
 SELECT 1 / (NOT a.attnotnull)::integer FROM pg_catalog.pg_attribute a

@@ -1,6 +1,8 @@
 -- Verify pginbox:quarantine
 BEGIN;
 
+SET LOCAL search_path = pg_catalog, pg_temp;
+
 DO $verify$
 BEGIN
     IF pg_catalog.has_function_privilege('public', 'inbox._lock_open_entry(text, bigint, text)', 'EXECUTE') THEN
@@ -24,14 +26,14 @@ BEGIN
     IF pg_catalog.has_function_privilege('public', 'inbox._begin_repair(bigint, text)', 'EXECUTE') THEN
         RAISE EXCEPTION 'PUBLIC can execute inbox._begin_repair(bigint, text)';
     END IF;
-    IF NOT pg_catalog.has_function_privilege('inbox_operator', 'inbox._begin_repair(bigint, text)', 'EXECUTE') THEN
-        RAISE EXCEPTION 'inbox_operator cannot execute inbox._begin_repair(bigint, text)';
+    IF pg_catalog.has_function_privilege('inbox_operator', 'inbox._begin_repair(bigint, text)', 'EXECUTE') THEN
+        RAISE EXCEPTION 'inbox_operator can execute inbox._begin_repair(bigint, text), the half of repair that is repair''s own';
     END IF;
     IF pg_catalog.has_function_privilege('public', 'inbox._repair_failed(bigint, text, text, text)', 'EXECUTE') THEN
         RAISE EXCEPTION 'PUBLIC can execute inbox._repair_failed(bigint, text, text, text)';
     END IF;
-    IF NOT pg_catalog.has_function_privilege('inbox_operator', 'inbox._repair_failed(bigint, text, text, text)', 'EXECUTE') THEN
-        RAISE EXCEPTION 'inbox_operator cannot execute inbox._repair_failed(bigint, text, text, text)';
+    IF pg_catalog.has_function_privilege('inbox_operator', 'inbox._repair_failed(bigint, text, text, text)', 'EXECUTE') THEN
+        RAISE EXCEPTION 'inbox_operator can execute inbox._repair_failed(bigint, text, text, text), the half of repair that is repair''s own';
     END IF;
     IF pg_catalog.has_function_privilege('public', 'inbox.repair(bigint, text)', 'EXECUTE') THEN
         RAISE EXCEPTION 'PUBLIC can execute inbox.repair(bigint, text)';
@@ -42,7 +44,10 @@ BEGIN
 END
 $verify$;
 
--- 0.2.0: repair stays within the consumer's rights.
+-- repair stays within the rights of a role bound to the consumer (0.2.0), confined and as its own
+-- SECURITY DEFINER function (0.3.0).
+SELECT 1 / (p.prosecdef AND pg_catalog.strpos(p.prosrc, 'inbox._run_for_operator(') > 0)::integer FROM pg_catalog.pg_proc p
+ WHERE p.oid = 'inbox.repair(bigint, text)'::regprocedure;
 SELECT 1 / (p.prosrc LIKE '%inbox._check_operator_run(%')::integer FROM pg_catalog.pg_proc p
  WHERE p.oid = 'inbox._begin_repair(bigint, text)'::regprocedure;
 

@@ -1,6 +1,8 @@
 -- Verify pginbox:replay
 BEGIN;
 
+SET LOCAL search_path = pg_catalog, pg_temp;
+
 SELECT plan_id, plan_name, consumer, message_type, handler, handler_version, status, total, pending, applied, failed,
        skipped, registered_handler, registered_version, pin_matches, created_at, created_by, stopped_at, finished_at
   FROM inbox.replay_status WHERE false;
@@ -67,32 +69,32 @@ BEGIN
     IF pg_catalog.has_function_privilege('public', 'inbox._replay_run_start(bigint, integer)', 'EXECUTE') THEN
         RAISE EXCEPTION 'PUBLIC can execute inbox._replay_run_start(bigint, integer)';
     END IF;
-    IF NOT pg_catalog.has_function_privilege('inbox_operator', 'inbox._replay_run_start(bigint, integer)', 'EXECUTE') THEN
-        RAISE EXCEPTION 'inbox_operator cannot execute inbox._replay_run_start(bigint, integer)';
+    IF pg_catalog.has_function_privilege('inbox_operator', 'inbox._replay_run_start(bigint, integer)', 'EXECUTE') THEN
+        RAISE EXCEPTION 'inbox_operator can execute inbox._replay_run_start(bigint, integer), a half of run_replay_plan that is its own';
     END IF;
     IF pg_catalog.has_function_privilege('public', 'inbox._replay_next(bigint)', 'EXECUTE') THEN
         RAISE EXCEPTION 'PUBLIC can execute inbox._replay_next(bigint)';
     END IF;
-    IF NOT pg_catalog.has_function_privilege('inbox_operator', 'inbox._replay_next(bigint)', 'EXECUTE') THEN
-        RAISE EXCEPTION 'inbox_operator cannot execute inbox._replay_next(bigint)';
+    IF pg_catalog.has_function_privilege('inbox_operator', 'inbox._replay_next(bigint)', 'EXECUTE') THEN
+        RAISE EXCEPTION 'inbox_operator can execute inbox._replay_next(bigint), a half of run_replay_plan that is its own';
     END IF;
     IF pg_catalog.has_function_privilege('public', 'inbox._begin_replay_item(bigint, bigint)', 'EXECUTE') THEN
         RAISE EXCEPTION 'PUBLIC can execute inbox._begin_replay_item(bigint, bigint)';
     END IF;
-    IF NOT pg_catalog.has_function_privilege('inbox_operator', 'inbox._begin_replay_item(bigint, bigint)', 'EXECUTE') THEN
-        RAISE EXCEPTION 'inbox_operator cannot execute inbox._begin_replay_item(bigint, bigint)';
+    IF pg_catalog.has_function_privilege('inbox_operator', 'inbox._begin_replay_item(bigint, bigint)', 'EXECUTE') THEN
+        RAISE EXCEPTION 'inbox_operator can execute inbox._begin_replay_item(bigint, bigint), a half of run_replay_plan that is its own';
     END IF;
     IF pg_catalog.has_function_privilege('public', 'inbox._replay_item_failed(bigint, bigint, text, text)', 'EXECUTE') THEN
         RAISE EXCEPTION 'PUBLIC can execute inbox._replay_item_failed(bigint, bigint, text, text)';
     END IF;
-    IF NOT pg_catalog.has_function_privilege('inbox_operator', 'inbox._replay_item_failed(bigint, bigint, text, text)', 'EXECUTE') THEN
-        RAISE EXCEPTION 'inbox_operator cannot execute inbox._replay_item_failed(bigint, bigint, text, text)';
+    IF pg_catalog.has_function_privilege('inbox_operator', 'inbox._replay_item_failed(bigint, bigint, text, text)', 'EXECUTE') THEN
+        RAISE EXCEPTION 'inbox_operator can execute inbox._replay_item_failed(bigint, bigint, text, text), a half of run_replay_plan that is its own';
     END IF;
     IF pg_catalog.has_function_privilege('public', 'inbox._replay_run_finish(bigint)', 'EXECUTE') THEN
         RAISE EXCEPTION 'PUBLIC can execute inbox._replay_run_finish(bigint)';
     END IF;
-    IF NOT pg_catalog.has_function_privilege('inbox_operator', 'inbox._replay_run_finish(bigint)', 'EXECUTE') THEN
-        RAISE EXCEPTION 'inbox_operator cannot execute inbox._replay_run_finish(bigint)';
+    IF pg_catalog.has_function_privilege('inbox_operator', 'inbox._replay_run_finish(bigint)', 'EXECUTE') THEN
+        RAISE EXCEPTION 'inbox_operator can execute inbox._replay_run_finish(bigint), a half of run_replay_plan that is its own';
     END IF;
     IF pg_catalog.has_function_privilege('public', 'inbox.run_replay_plan(bigint, integer)', 'EXECUTE') THEN
         RAISE EXCEPTION 'PUBLIC can execute inbox.run_replay_plan(bigint, integer)';
@@ -112,7 +114,10 @@ BEGIN
 END
 $verify$;
 
--- 0.2.0: a plan stays within the consumer's rights.
+-- A plan stays within the rights of a role bound to the consumer (0.2.0), confined and as its own
+-- SECURITY DEFINER function (0.3.0).
+SELECT 1 / (p.prosecdef AND pg_catalog.strpos(p.prosrc, 'inbox._run_for_operator(') > 0)::integer FROM pg_catalog.pg_proc p
+ WHERE p.oid = 'inbox.run_replay_plan(bigint, integer)'::regprocedure;
 SELECT 1 / (p.prosrc LIKE '%inbox._check_operator_run(%')::integer FROM pg_catalog.pg_proc p
  WHERE p.oid = 'inbox._replay_run_start(bigint, integer)'::regprocedure;
 

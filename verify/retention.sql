@@ -1,6 +1,8 @@
 -- Verify pginbox:retention
 BEGIN;
 
+SET LOCAL search_path = pg_catalog, pg_temp;
+
 SELECT consumer, producer, retention_window, dominating_scenario, watermark, purged_before, announced_before,
        last_purge_at, rows_purged, purge_lag, expired_total, last_active_at
   FROM inbox.retention_status WHERE false;
@@ -22,7 +24,11 @@ SELECT 'inbox._retention_window(inbox.retention_policy)'::regprocedure,
        'inbox.purge_batch(text, text, integer)'::regprocedure,
        'inbox.purge(text, text, integer, integer, interval, bigint, text, interval)'::regprocedure,
        'inbox._check_purge_call(integer, integer, interval, interval)'::regprocedure, 'inbox._announced(text[])'::regprocedure,
-       'inbox._announced_detail(text)'::regprocedure;
+       'inbox._announced_detail(text)'::regprocedure,
+       'inbox.correct_watermark(text, text, timestamptz, text)'::regprocedure;
+SELECT 1 / (pg_catalog.has_function_privilege('inbox_operator', 'inbox.correct_watermark(text, text, timestamptz, text)', 'EXECUTE')
+            AND NOT pg_catalog.has_function_privilege('inbox_consumer', 'inbox.correct_watermark(text, text, timestamptz, text)', 'EXECUTE')
+            AND NOT pg_catalog.has_function_privilege('public', 'inbox.correct_watermark(text, text, timestamptz, text)', 'EXECUTE'))::integer;
 
 DO $$
 BEGIN

@@ -1,7 +1,9 @@
 -- Verify pginbox:version
 BEGIN;
 
-SELECT 1 / (inbox.schema_version() > 0)::integer;
+SET LOCAL search_path = pg_catalog, pg_temp;
+
+SELECT 1 / (inbox.schema_version() >= 3)::integer;
 SELECT 1 / (r.version = inbox.schema_version() AND r.breaking_since BETWEEN 1 AND r.version AND r.release <> '')::integer
   FROM inbox.schema_release() r;
 SELECT 1 / (pg_catalog.has_function_privilege(r, 'inbox.schema_release()', 'EXECUTE')

@@ -17,7 +17,8 @@ SELECT tables_are('inbox', ARRAY['consumer_config', 'handler', 'handler_registra
                                  'retention_policy', 'retention_policy_change', 'activity_gap', 'purge_state',
                                  'replay_plan', 'replay_item', 'replay_decision',
                                  'metric_config', 'metric_event', 'metric_total', 'metric_rollup_state',
-                                 'consumer_binding', 'binding_change', 'security_settings', 'destination_binding'],
+                                 'consumer_binding', 'binding_change', 'security_settings', 'destination_binding',
+                                 'operator_run', 'lock_salt', 'outbox_order_lock', 'watermark_change'],
                   'schema inbox has exactly the documented tables');
 SELECT has_composite('inbox', 'delivery_result', 'type inbox.delivery_result exists');
 SELECT has_composite('inbox', 'message_context', 'type inbox.message_context exists');
@@ -61,7 +62,7 @@ SELECT columns_are('inbox', 'quarantine',
     ARRAY['quarantine_id', 'consumer', 'tenant', 'producer', 'message_id', 'kind', 'message_type', 'payload_sha256',
           'stored_sha256', 'payload', 'payload_bytes', 'payload_ref', 'reason_code', 'error_message', 'attempts',
           'crashes', 'deliveries', 'first_failure_at', 'last_failure_at', 'handler_version', 'status', 'created_at',
-          'last_seen_at', 'decided_at', 'decided_by', 'recorded_by'], 'inbox.quarantine columns');
+          'last_seen_at', 'decided_at', 'decided_by', 'recorded_by', 'release_used_at'], 'inbox.quarantine columns');
 SELECT columns_are('inbox', 'quarantine_decision',
     ARRAY['decision_id', 'quarantine_id', 'decision', 'result', 'decided_by', 'decided_at', 'note', 'reason_code',
           'error_message'], 'inbox.quarantine_decision columns');

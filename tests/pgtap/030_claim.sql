@@ -383,16 +383,16 @@ SELECT throws_ok($$SELECT inbox.record_failure('tap-rf', 'p', 'f9', '{}', repeat
                  format('inbox.record_failure: reason_code must be a stable code of 1 to 64 bytes, got %L', repeat('r', 65)),
                  'record_failure: a reason_code of 65 bytes is 22023');
 SELECT throws_ok($$SELECT inbox.record_failure('tap-rf', 'p', 'f9', '{}', 'X1', message_type => '')$$, '22023',
-                 'inbox.record_failure: message_type must be NULL or a name of 1 to 128 bytes, not only whitespace',
+                 'inbox.record_failure: message_type must be NULL or a name of 1 to 128 bytes, not only whitespace, without control characters',
                  'record_failure: an empty message_type is 22023');
 SELECT throws_ok($$SELECT inbox.record_failure('tap-rf', 'p', 'f9', '{}', 'X1', message_type => repeat('t', 129))$$,
-                 '22001', 'inbox.record_failure: message_type must be NULL or a name of 1 to 128 bytes, not only whitespace',
+                 '22001', 'inbox.record_failure: message_type must be NULL or a name of 1 to 128 bytes, not only whitespace, without control characters',
                  'record_failure: a message_type of 129 bytes is 22001');
 SELECT throws_ok($$SELECT inbox.record_failure('tap-rf', 'p', 'f9', '{}', 'X1', payload_ref => repeat('r', 1025))$$,
                  '22001', 'inbox.record_failure: payload_ref is longer than 1024 bytes',
                  'record_failure: a payload_ref of 1025 bytes is 22001');
 SELECT throws_ok($$SELECT inbox.record_start('tap-rf', 'p', 'f9', message_type => '')$$, '22023',
-                 'inbox.record_start: message_type must be NULL or a name of 1 to 128 bytes, not only whitespace',
+                 'inbox.record_start: message_type must be NULL or a name of 1 to 128 bytes, not only whitespace, without control characters',
                  'record_start: an empty message_type is 22023');
 SELECT throws_ok($$SELECT inbox.record_start('tap-rf', 'p', 'f9', payload_ref => repeat('r', 1025))$$, '22001',
                  'inbox.record_start: payload_ref is longer than 1024 bytes',

@@ -33,6 +33,19 @@ BEGIN
 END
 $$;
 
+-- The handlers are SECURITY DEFINER functions of the consumer's own role, bound to it: repair runs
+-- a handler only with the rights of a role bound to the consumer (0.3.0: an unbound consumer is
+-- refused), called by inbox_runner, which needs USAGE on the handlers' schema.
+CREATE ROLE tap_q_service NOLOGIN;
+GRANT USAGE ON SCHEMA tapq TO tap_q_service, inbox_runner;
+GRANT SELECT, INSERT ON tapq.effect, tapq.ctx_log TO tap_q_service;
+GRANT USAGE, UPDATE ON SEQUENCE tapq.calls TO tap_q_service;
+ALTER FUNCTION tapq.broken(jsonb) SECURITY DEFINER SET search_path = tapq, pg_temp;
+ALTER FUNCTION tapq.fixed(jsonb, inbox.message_context) SECURITY DEFINER SET search_path = tapq, pg_temp;
+ALTER FUNCTION tapq.broken(jsonb) OWNER TO tap_q_service;
+ALTER FUNCTION tapq.fixed(jsonb, inbox.message_context) OWNER TO tap_q_service;
+SELECT inbox.bind_consumer('tap-q', 'tap_q_service', note => 'pgTAP') \g /dev/null
+
 -- Consumer tap-q quarantines at the first failure.
 SELECT inbox.configure_consumer('tap-q', max_attempts => 1) \g /dev/null
 SELECT inbox.register_handler('tap-q', 'thing', 'tapq.broken(jsonb)', 'v1') \g /dev/null
@@ -277,9 +290,9 @@ SELECT throws_ok(format($$SELECT inbox.discard(%s, E'\t\n')$$, :f_blank), '22023
 
 -- ================================================================== signatures
 SELECT is_definer('inbox', f, ARRAY['bigint', 'text'], 'inbox.' || f || ' is SECURITY DEFINER')
-  FROM unnest(ARRAY['discard', 'release', '_begin_repair']) f;
-SELECT isnt_definer('inbox', 'repair', ARRAY['bigint', 'text'],
-                    'inbox.repair is SECURITY INVOKER (the handler runs with the operator''s rights)');
+  FROM unnest(ARRAY['discard', 'release', 'repair']) f;
+SELECT isnt_definer('inbox', '_begin_repair', ARRAY['bigint', 'text'],
+                    'inbox._begin_repair is repair''s own half (0.3.0): not SECURITY DEFINER, executable by its owner only');
 SELECT function_returns('inbox', 'repair', ARRAY['bigint', 'text'], 'inbox.delivery_result',
                         'inbox.repair returns inbox.delivery_result');
 SELECT function_returns('inbox', 'discard', ARRAY['bigint', 'text'], 'inbox.quarantine', 'inbox.discard returns the entry');

@@ -12,7 +12,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(456);
+SELECT plan(458);
 
 -- ------------------------------------------------------------------ fixtures
 \ir write_counter.psql
@@ -27,7 +27,7 @@ CREATE FUNCTION pg_temp.make_due(id text) RETURNS void LANGUAGE sql AS $$
      WHERE o.effect_id = id
 $$;
 CREATE FUNCTION pg_temp.claimed(dispatcher text, n integer DEFAULT 10) RETURNS text[] LANGUAGE sql AS
-    $$SELECT coalesce(array_agg(c.effect_id ORDER BY c.effect_id), '{}') FROM inbox.claim_effects(dispatcher, n) c$$;
+    $$SELECT coalesce(array_agg(c.effect_id ORDER BY c.effect_id), '{}') FROM inbox.claim_effects(dispatcher, n, key_aware => true) c$$;
 
 -- Self-test: the counter sees a write even when it is rolled back.
 SELECT public.tap_writes() AS w0 \gset
@@ -58,8 +58,8 @@ SELECT is((SELECT pg_catalog.pg_get_indexdef(i.indexrelid) FROM pg_catalog.pg_in
           'the claim index: available_at of pending and leased effects not set aside behind their key');
 SELECT is((SELECT pg_catalog.pg_get_indexdef(i.indexrelid) FROM pg_catalog.pg_index i
             WHERE i.indexrelid = 'inbox.outbox_order_idx'::regclass),
-          'CREATE INDEX outbox_order_idx ON inbox.outbox USING btree (ordering_key, order_seq) WHERE ((ordering_key IS NOT NULL) AND (status = ANY (ARRAY[''pending''::inbox.effect_status, ''leased''::inbox.effect_status, ''dead''::inbox.effect_status])))',
-          'the head-of-key index: (ordering_key, order_seq) of undelivered effects');
+          'CREATE INDEX outbox_order_idx ON inbox.outbox USING btree (consumer, tenant, ordering_key, order_seq) WHERE ((ordering_key IS NOT NULL) AND (status = ANY (ARRAY[''pending''::inbox.effect_status, ''leased''::inbox.effect_status, ''dead''::inbox.effect_status])))',
+          'the head-of-key index: (consumer, tenant, ordering_key, order_seq) of undelivered effects');
 SELECT is((SELECT pg_catalog.pg_get_indexdef(i.indexrelid) FROM pg_catalog.pg_index i
             WHERE i.indexrelid = 'inbox.outbox_closed_idx'::regclass),
           'CREATE INDEX outbox_closed_idx ON inbox.outbox USING btree (COALESCE(delivered_at, discarded_at)) WHERE (status = ANY (ARRAY[''delivered''::inbox.effect_status, ''discarded''::inbox.effect_status]))',
@@ -250,17 +250,18 @@ SELECT inbox.enqueue_effect('b2', 'hook', '{"n": 2}', ordering_key => 'K-b') \g 
 SELECT inbox.enqueue_effect('a3', 'hook', '{"n": 3}', ordering_key => 'K-a') \g /dev/null
 SELECT is((SELECT count(*)::integer FROM inbox.outbox WHERE ordering_key IS NOT NULL AND order_seq IS NULL), 5,
           'order: keyed effects have no order_seq before commit');
-SELECT is((SELECT count(*)::integer FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()
-              AND classid = 1886282358), 0, 'order: no ordering-key lock is taken before commit');
+SELECT is((SELECT count(*)::integer FROM inbox.outbox_order_lock l WHERE l.xmax = pg_current_xact_id()::xid), 0,
+          'order: no ordering-key bucket is locked before commit');
 SELECT is(pg_temp.claimed('tap-d'), '{}'::text[], 'order: unnumbered (uncommitted) keyed effects are not claimed');
 SET CONSTRAINTS inbox.outbox_order_at_commit IMMEDIATE;
 SELECT is((SELECT array_agg(effect_id ORDER BY order_seq) FROM inbox.outbox WHERE ordering_key IS NOT NULL),
           ARRAY['a1', 'b1', 'a2', 'b2', 'a3'], 'order: numbered at commit time, in insertion order within a transaction');
-SELECT is((SELECT count(*)::integer FROM pg_locks l, unnest(ARRAY['K-a', 'K-b']) k
-            WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid() AND l.classid = 1886282358 AND l.objsubid = 2
-              AND l.objid::bigint = (hashtext(k)::bigint + 4294967296) % 4294967296
-              AND l.mode = 'ExclusiveLock' AND l.granted), 2,
-          'order: numbering holds a transaction advisory lock per ordering key (class 1886282358) until the end');
+SELECT ok((SELECT array_agg(l.bucket ORDER BY l.bucket) FROM inbox.outbox_order_lock l WHERE l.xmax = pg_current_xact_id()::xid)
+          @> (SELECT array_agg(DISTINCT inbox._order_bucket(o.consumer, o.tenant, o.ordering_key)) FROM inbox.outbox o
+               WHERE o.ordering_key IN ('K-a', 'K-b')),
+          'order: numbering holds the row lock of each ordering key''s bucket (inbox.outbox_order_lock) until the end');
+SELECT is((SELECT count(*)::integer FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()
+              AND classid = 1886282358), 0, 'order: no advisory lock (any session could take its key first)');
 SELECT is((SELECT count(*)::integer FROM inbox.outbox WHERE ordering_key IS NULL AND order_seq IS NOT NULL), 0,
           'order: keyless effects get no order_seq');
 
@@ -268,7 +269,7 @@ SELECT is((SELECT count(*)::integer FROM inbox.outbox WHERE ordering_key IS NULL
 SELECT inbox.enqueue_effect('n1', 'hook', '{}') \g /dev/null
 SELECT inbox.enqueue_effect('n2', 'hook', '{}') \g /dev/null
 SELECT inbox.enqueue_effect('n-later', 'hook', '{}', available_at => now() + interval '1 minute') \g /dev/null
-CREATE TEMP TABLE claim1 AS SELECT * FROM inbox.claim_effects('tap-d1', 10, '45 seconds');
+CREATE TEMP TABLE claim1 AS SELECT * FROM inbox.claim_effects('tap-d1', 10, '45 seconds', key_aware => true);
 SELECT is((SELECT array_agg(effect_id ORDER BY effect_id) FROM claim1), ARRAY['a1', 'b1', 'n1', 'n2'],
           'claim: the head of each key and every due keyless effect; nothing due later, no second effect of a key');
 SELECT is((SELECT array_agg(DISTINCT (attempts, lease_expires_at = now() + interval '45 seconds')::text) FROM claim1),
@@ -306,8 +307,11 @@ SELECT is(pg_temp.claimed('tap-d3'), ARRAY['b2'], 'claim: now b2');
 
 -- A long queue on one key: set aside in rounds, never claimed out of order.
 DELETE FROM inbox.outbox;
-SELECT inbox.enqueue_effect('q' || lpad(g::text, 2, '0'), 'hook', '{}', ordering_key => 'K-q', available_at => now() - interval '1 minute') FROM generate_series(1, 30) g \g /dev/null
-SELECT inbox.enqueue_effect('q-free', 'hook', '{}', available_at => now() - interval '1 second') \g /dev/null
+SELECT inbox.enqueue_effect('q' || lpad(g::text, 2, '0'), 'hook', '{}', ordering_key => 'K-q') FROM generate_series(1, 30) g \g /dev/null
+SELECT inbox.enqueue_effect('q-free', 'hook', '{}') \g /dev/null
+-- Due a while ago (an enqueue's available_at in the past is stored as now: set by hand).
+UPDATE inbox.outbox SET available_at = now() - CASE WHEN effect_id = 'q-free' THEN interval '1 second' ELSE interval '1 minute' END
+ WHERE effect_id ~ '^q';
 SELECT is(pg_temp.claimed('tap-q', 1), ARRAY['q01'], 'queue: the head of the key first (it is due first)');
 SELECT is(pg_temp.claimed('tap-q', 10), ARRAY['q-free'],
           'queue: the next claim wades through the rest of the queue (in rounds) to the keyless effect');
@@ -321,15 +325,18 @@ SELECT is(pg_temp.claimed('tap-q', 10), ARRAY['q02'], 'queue: and claimed');
 -- max_effects and due order
 DELETE FROM inbox.outbox;
 SELECT inbox.enqueue_effect('due-' || g, 'hook', '{}', available_at => now() - g * interval '1 minute') FROM generate_series(1, 5) g \g /dev/null
-SELECT is((SELECT array_agg(effect_id) FROM inbox.claim_effects('tap-d4', 2)), ARRAY['due-5', 'due-4'],
+SELECT is((SELECT array_agg(DISTINCT available_at) FROM inbox.outbox WHERE effect_id ~ '^due-'), ARRAY[now()],
+          'enqueue_effect: an available_at in the past is stored as now (it cannot jump the queue)');
+UPDATE inbox.outbox SET available_at = now() - substr(effect_id, 5)::integer * interval '1 minute' WHERE effect_id ~ '^due-';
+SELECT is((SELECT array_agg(effect_id) FROM inbox.claim_effects('tap-d4', 2, key_aware => true)), ARRAY['due-5', 'due-4'],
           'claim: at most max_effects, the longest due first');
-SELECT is((SELECT array_agg(effect_id) FROM inbox.claim_effects('tap-d4', 1000)), ARRAY['due-3', 'due-2', 'due-1'],
+SELECT is((SELECT array_agg(effect_id) FROM inbox.claim_effects('tap-d4', 1000, key_aware => true)), ARRAY['due-3', 'due-2', 'due-1'],
           'claim: the rest on the next call');
 
 -- ================================================================== leases and fencing
 DELETE FROM inbox.outbox;
 SELECT inbox.enqueue_effect('f1', 'hook', '{}') \g /dev/null
-SELECT lease_token AS t1 FROM inbox.claim_effects('tap-old', 1) \gset
+SELECT lease_token AS t1 FROM inbox.claim_effects('tap-old', 1, key_aware => true) \gset
 SELECT is(inbox.complete_effect('f1', :t1 + 1000), false, 'fencing: complete with a wrong token is refused (false)');
 SELECT is((SELECT (status, lease_token)::text FROM inbox.outbox WHERE effect_id = 'f1'), format('(leased,%s)', :t1),
           'fencing: the refused report changed nothing');
@@ -339,7 +346,7 @@ SELECT is((SELECT (effect_id, lease_token, report, reported_by, reported_at IS N
           'fencing: the refusal is recorded (effect, stale token, report, session user, current status and token)');
 -- The lease expires and another dispatcher reclaims the effect under a new token.
 SELECT pg_temp.make_due('f1');
-SELECT lease_token AS t2 FROM inbox.claim_effects('tap-new', 1) \gset
+SELECT lease_token AS t2 FROM inbox.claim_effects('tap-new', 1, key_aware => true) \gset
 SELECT isnt(:t2::bigint, :t1::bigint, 'fencing: an expired lease is reclaimed with a new token');
 SELECT is((SELECT (leased_by, attempts)::text FROM inbox.outbox WHERE effect_id = 'f1'), '(tap-new,2)',
           'fencing: the reclaimed effect belongs to the new dispatcher, attempt 2');
@@ -371,7 +378,7 @@ SELECT is((SELECT (effect_id, current_status, current_token)::text FROM inbox.ou
           '(no-such-effect,,)', 'fencing: recorded with no current status');
 -- An expired lease that nobody reclaimed yet is still current: its holder may complete.
 SELECT inbox.enqueue_effect('f2', 'hook', '{}') \g /dev/null
-SELECT lease_token AS t3 FROM inbox.claim_effects('tap-slow', 1) \gset
+SELECT lease_token AS t3 FROM inbox.claim_effects('tap-slow', 1, key_aware => true) \gset
 SELECT pg_temp.make_due('f2');
 SELECT is(inbox.complete_effect('f2', :t3), true, 'fencing: an expired lease nobody reclaimed may still complete');
 SELECT is(pg_temp.claimed('tap-other'), '{}'::text[], 'fencing: and then there is nothing left to reclaim');
@@ -479,21 +486,21 @@ SELECT throws_ok(c.sql, c.state, c.msg, c.what)
              'inbox.extend_lease: lease must be longer than 0 and at most 1 day, got 00:00:00', 'extend_lease: a zero lease is 22023'),
         (19, $$SELECT inbox.extend_lease('r2', 1, '25 hours')$$, '22023',
              'inbox.extend_lease: lease must be longer than 0 and at most 1 day, got 25:00:00', 'extend_lease: a 25-hour lease is 22023'),
-        (20, $$SELECT * FROM inbox.claim_effects(NULL)$$, '22004', 'inbox.claim_effects: dispatcher must not be NULL',
+        (20, $$SELECT * FROM inbox.claim_effects(NULL, key_aware => true)$$, '22004', 'inbox.claim_effects: dispatcher must not be NULL',
              'claim_effects: NULL dispatcher is 22004'),
-        (21, $$SELECT * FROM inbox.claim_effects('')$$, '22023', 'inbox.claim_effects: dispatcher must not be empty',
+        (21, $$SELECT * FROM inbox.claim_effects('', key_aware => true)$$, '22023', 'inbox.claim_effects: dispatcher must not be empty',
              'claim_effects: empty dispatcher is 22023'),
-        (22, $$SELECT * FROM inbox.claim_effects(repeat('d', 129))$$, '22001',
+        (22, $$SELECT * FROM inbox.claim_effects(repeat('d', 129), key_aware => true)$$, '22001',
              'inbox.claim_effects: dispatcher is 129 bytes long, the limit is 128', 'claim_effects: a 129-byte dispatcher is 22001'),
-        (23, $$SELECT * FROM inbox.claim_effects('d', NULL)$$, '22004', 'inbox.claim_effects: max_effects must not be NULL',
+        (23, $$SELECT * FROM inbox.claim_effects('d', NULL, key_aware => true)$$, '22004', 'inbox.claim_effects: max_effects must not be NULL',
              'claim_effects: NULL max_effects is 22004'),
-        (24, $$SELECT * FROM inbox.claim_effects('d', 0)$$, '22023', 'inbox.claim_effects: max_effects must be between 1 and 1000, got 0',
+        (24, $$SELECT * FROM inbox.claim_effects('d', 0, key_aware => true)$$, '22023', 'inbox.claim_effects: max_effects must be between 1 and 1000, got 0',
              'claim_effects: max_effects 0 is 22023'),
-        (25, $$SELECT * FROM inbox.claim_effects('d', 1001)$$, '22023',
+        (25, $$SELECT * FROM inbox.claim_effects('d', 1001, key_aware => true)$$, '22023',
              'inbox.claim_effects: max_effects must be between 1 and 1000, got 1001', 'claim_effects: max_effects 1001 is 22023'),
-        (26, $$SELECT * FROM inbox.claim_effects('d', 1, NULL)$$, '22004', 'inbox.claim_effects: lease must not be NULL',
+        (26, $$SELECT * FROM inbox.claim_effects('d', 1, NULL, key_aware => true)$$, '22004', 'inbox.claim_effects: lease must not be NULL',
              'claim_effects: NULL lease is 22004'),
-        (27, $$SELECT * FROM inbox.claim_effects('d', 1, '-1 second')$$, '22023',
+        (27, $$SELECT * FROM inbox.claim_effects('d', 1, '-1 second', key_aware => true)$$, '22023',
              'inbox.claim_effects: lease must be longer than 0 and at most 1 day, got -00:00:01', 'claim_effects: a negative lease is 22023')
        ) AS c(ord, sql, state, msg, what)
  ORDER BY c.ord;
@@ -606,7 +613,7 @@ SELECT is(inbox.complete_effect('x3', pg_temp.token('x3')), true, 'discard: x3 d
 DELETE FROM inbox.outbox;
 SELECT inbox.enqueue_effect('p' || g, 'hook', '{}') FROM generate_series(1, 6) g \g /dev/null
 SELECT inbox.enqueue_effect('p-pending', 'hook', '{}', available_at => now() + interval '1 day') \g /dev/null
-SELECT count(*) FROM inbox.claim_effects('tap-d', 100) \g /dev/null
+SELECT count(*) FROM inbox.claim_effects('tap-d', 100, key_aware => true) \g /dev/null
 SELECT count(inbox.complete_effect(effect_id, lease_token)) FROM inbox.outbox WHERE status = 'leased' \g /dev/null
 -- p1..p5 were delivered 5..1 hours ago; p6 just now.
 UPDATE inbox.outbox SET delivered_at = now() - (6 - substr(effect_id, 2)::integer) * interval '1 hour'
@@ -624,7 +631,7 @@ SELECT is(inbox.enqueue_effect('p1', 'hook', '{"other": true}'), true,
 -- Discarded effects and refused-report records go too, within the same batch bound; audit trails stay.
 DELETE FROM inbox.outbox;
 SELECT inbox.enqueue_effect('q' || g, 'hook', '{}') FROM generate_series(1, 3) g \g /dev/null
-SELECT count(*) FROM inbox.claim_effects('tap-d', 100) \g /dev/null
+SELECT count(*) FROM inbox.claim_effects('tap-d', 100, key_aware => true) \g /dev/null
 SELECT count(inbox.fail_effect(effect_id, lease_token, 'gone', retryable => false)) FROM inbox.outbox WHERE status = 'leased' \g /dev/null
 SELECT count(inbox.discard_effect(effect_id, 'test data')) FROM inbox.outbox WHERE effect_id IN ('q1', 'q2') \g /dev/null
 UPDATE inbox.outbox SET discarded_at = now() - interval '2 hours' WHERE effect_id = 'q1';
@@ -693,9 +700,11 @@ SELECT inbox.enqueue_effect('s-later', 'hook', '{}', available_at => now() + int
 SELECT is((SELECT array_agg(dispatcher) FROM inbox.outbox_waiter), ARRAY['tap-w6'],
           'signal: a no-op enqueue and an effect due later wake nobody (the dispatcher''s poll finds the latter)');
 SELECT inbox.dispatcher_idle('tap-w6', false) \g /dev/null
+UPDATE inbox.outbox SET available_at = now() - (4 - substr(effect_id, 2)::integer) * interval '1 minute'
+ WHERE effect_id IN ('s1', 's2', 's3');  -- due a while ago, s1 first (set by hand: an enqueue stores the past as now)
 SELECT inbox.dispatcher_idle('tap-w3', true) \g /dev/null
 SELECT inbox.dispatcher_idle('tap-w4', true) \g /dev/null
-SELECT is((SELECT array_agg(effect_id ORDER BY effect_id) FROM inbox.claim_effects('tap-w4', 1)), ARRAY['s1'],
+SELECT is((SELECT array_agg(effect_id ORDER BY effect_id) FROM inbox.claim_effects('tap-w4', 1, key_aware => true)), ARRAY['s1'],
           'signal: a waiter that claims something ...');
 SELECT is((SELECT array_agg(dispatcher ORDER BY dispatcher) FROM inbox.outbox_waiter), ARRAY['tap-w3'],
           'signal: ... is no longer idle (claim_effects unregistered it), the others stay');
@@ -726,6 +735,9 @@ CREATE ROLE tap_ob_dispatcher NOLOGIN IN ROLE inbox_dispatcher;
 CREATE ROLE tap_ob_operator NOLOGIN IN ROLE inbox_operator;
 CREATE ROLE tap_ob_reader NOLOGIN IN ROLE inbox_reader;
 CREATE ROLE tap_ob_stranger NOLOGIN;
+-- The consumer role acts as 'tap-ob' (0.3.0: the effective role is the caller, SET ROLE included).
+SELECT inbox.bind_consumer('tap-ob', 'tap_ob_consumer', note => 'tap') \g /dev/null
+SELECT inbox.bind_destination('hook', 'tap-ob', 'tap') \g /dev/null
 GRANT USAGE ON SCHEMA inbox TO tap_ob_stranger;   -- may see the schema, has no other grant
 CREATE TEMP TABLE ob_res (step text PRIMARY KEY, val text);
 GRANT ALL ON ob_res TO PUBLIC;
@@ -735,7 +747,7 @@ SELECT throws_ok(c.sql, '42501', 'permission denied for function ' || c.fn, 'a r
   FROM (VALUES
         (1, 'enqueue_effect', $$SELECT inbox.enqueue_effect('e', 'd', '{}')$$),
         (2, 'effect_id', $$SELECT inbox.effect_id('c', 'p', 'm', 'e')$$),
-        (3, 'claim_effects', $$SELECT * FROM inbox.claim_effects('d')$$),
+        (3, 'claim_effects', $$SELECT * FROM inbox.claim_effects('d', key_aware => true)$$),
         (4, 'complete_effect', $$SELECT inbox.complete_effect('e', 1)$$),
         (5, 'fail_effect', $$SELECT inbox.fail_effect('e', 1, 'x')$$),
         (6, 'extend_lease', $$SELECT inbox.extend_lease('e', 1, '1 minute')$$),
@@ -746,7 +758,7 @@ SELECT throws_ok(c.sql, '42501', 'permission denied for function ' || c.fn, 'a r
         (11, '_wake_dispatchers', $$SELECT inbox._wake_dispatchers()$$),
         (12, '_report_outcomes', $$SELECT * FROM inbox._report_outcomes('complete', '{e}', '{1}', '{}', '{}')$$),
         (13, 'discard_effect', $$SELECT inbox.discard_effect('e', 'n')$$),
-        (14, '_unblock_successors', $$SELECT inbox._unblock_successors('{k}', '{1}')$$),
+        (14, '_unblock_successors', $$SELECT inbox._unblock_successors('{c}', '{t}', '{k}', '{1}')$$),
         (15, 'complete_effects', $$SELECT * FROM inbox.complete_effects('{e}', '{1}')$$),
         (16, 'fail_effects', $$SELECT * FROM inbox.fail_effects('{e}', '{1}', '{x}', '{t}')$$),
         (17, '_complete_reports', $$SELECT * FROM inbox._complete_reports('{e}', '{1}', NULL, NULL, NULL)$$),
@@ -771,7 +783,7 @@ SELECT throws_ok(c.sql, '42501', c.msg, 'consumer: ' || c.what)
         (3, $$INSERT INTO inbox.outbox (effect_id, destination, payload, payload_sha256) VALUES ('x', 'd', '{}', '\x00')$$,
             'permission denied for table outbox', 'cannot insert behind enqueue_effect''s back'),
         (4, $$DELETE FROM inbox.outbox_waiter$$, 'permission denied for table outbox_waiter', 'cannot touch the waiter table'),
-        (5, $$SELECT * FROM inbox.claim_effects('d')$$, 'permission denied for function claim_effects', 'is not a dispatcher'),
+        (5, $$SELECT * FROM inbox.claim_effects('d', key_aware => true)$$, 'permission denied for function claim_effects', 'is not a dispatcher'),
         (6, $$SELECT inbox.complete_effect('e', 1)$$, 'permission denied for function complete_effect', 'cannot complete'),
         (7, $$SELECT inbox.redrive_effect('e', 'n')$$, 'permission denied for function redrive_effect', 'cannot redrive'),
         (8, $$SELECT inbox.purge_delivered_effects('0 s')$$, 'permission denied for function purge_delivered_effects', 'cannot purge'),
@@ -786,7 +798,7 @@ SELECT ok((SELECT order_seq IS NOT NULL FROM inbox.outbox WHERE ordering_key = '
 -- The dispatcher claims and reports, and sees nothing else.
 SET ROLE tap_ob_dispatcher;
 INSERT INTO ob_res SELECT 'dispatcher-claim', string_agg(c.effect_id || ':' || c.lease_token, ',' ORDER BY c.effect_id)
-  FROM inbox.claim_effects('tap-ob-d', 10) c;
+  FROM inbox.claim_effects('tap-ob-d', 10, key_aware => true) c;
 INSERT INTO ob_res VALUES ('dispatcher-complete', inbox.complete_effect('tap-k1', (SELECT split_part(x, ':', 2)::bigint
     FROM ob_res, unnest(string_to_array(val, ',')) x WHERE step = 'dispatcher-claim' AND x LIKE 'tap-k1:%'))::text);
 INSERT INTO ob_res VALUES ('dispatcher-fenced', inbox.complete_effect('tap-k1', 1)::text);
@@ -838,7 +850,7 @@ SELECT throws_ok(format('SELECT %I FROM inbox.outbox', c), '42501', 'permission 
                  'reader: cannot read inbox.outbox.' || c)
   FROM unnest(ARRAY['payload', 'headers', 'last_response_excerpt']) c;
 SELECT throws_ok($$SELECT * FROM inbox.outbox$$, '42501', 'permission denied for table outbox', 'reader: cannot SELECT *');
-SELECT throws_ok($$SELECT * FROM inbox.claim_effects('d')$$, '42501', 'permission denied for function claim_effects',
+SELECT throws_ok($$SELECT * FROM inbox.claim_effects('d', key_aware => true)$$, '42501', 'permission denied for function claim_effects',
                  'reader: cannot claim');
 RESET ROLE;
 
@@ -856,7 +868,7 @@ SELECT throws_ok(c.sql, '42501', c.msg, 'operator: ' || c.what)
         (1, $$UPDATE inbox.outbox SET status = 'pending'$$, 'permission denied for table outbox', 'cannot redrive behind the API'),
         (2, $$DELETE FROM inbox.outbox_redrive$$, 'permission denied for table outbox_redrive', 'cannot delete the audit trail'),
         (5, $$DELETE FROM inbox.outbox_discard$$, 'permission denied for table outbox_discard', 'cannot delete the discard audit trail'),
-        (3, $$SELECT * FROM inbox.claim_effects('d')$$, 'permission denied for function claim_effects', 'is not a dispatcher'),
+        (3, $$SELECT * FROM inbox.claim_effects('d', key_aware => true)$$, 'permission denied for function claim_effects', 'is not a dispatcher'),
         (4, $$SELECT inbox.enqueue_effect('e', 'd', '{}')$$, 'permission denied for function enqueue_effect', 'is not a consumer')
        ) AS c(ord, sql, msg, what)
  ORDER BY c.ord;
@@ -1022,7 +1034,7 @@ SELECT is(public.tap_writes() - :wb0, 0::bigint, 'complete_effects, fail_effects
 DELETE FROM inbox.outbox;
 SELECT is((SELECT pg_catalog.pg_get_constraintdef(c.oid) FROM pg_catalog.pg_constraint c
             WHERE c.conrelid = 'inbox.outbox'::regclass AND c.conname = 'outbox_pkey'),
-          'PRIMARY KEY (effect_id, consumer)', 'effect ids are unique per consumer: primary key (effect_id, consumer)');
+          'PRIMARY KEY (effect_id, consumer, tenant)', 'effect ids are unique per consumer and tenant: primary key (effect_id, consumer, tenant)');
 SELECT is((SELECT pg_catalog.pg_get_indexdef('inbox.outbox_consumer_undelivered_idx'::regclass)),
           'CREATE INDEX outbox_consumer_undelivered_idx ON inbox.outbox USING btree (consumer, created_at) WHERE (status = ANY (ARRAY[''pending''::inbox.effect_status, ''leased''::inbox.effect_status, ''dead''::inbox.effect_status]))',
           'the per-consumer purge floor index: (consumer, created_at) of undelivered effects');
@@ -1171,9 +1183,9 @@ SELECT is(public.tap_writes(), :wz0::bigint, 'mallory: the refused enqueues wrot
 SELECT throws_ok(c.sql, c.state, c.msg, 'mallory: ' || c.what)
   FROM (VALUES
         (1, $$SELECT inbox.enqueue_effect('x', 'tx-pay', '{}', consumer => 'tx-billing')$$, '42501',
-            'inbox.enqueue_effect: role tap_tx_mallory may not act as consumer ''tx-billing''', 'cannot enqueue as billing'),
+            'inbox.enqueue_effect: role tap_tx_mallory may not act as consumer ''tx-billing'' for tenant ''''', 'cannot enqueue as billing'),
         (2, $$SELECT set_config('inbox.consumer', 'tx-billing', true), inbox.enqueue_effect('x', 'tx-pay', '{}')$$, '42501',
-            'inbox.enqueue_effect: role tap_tx_mallory may not act as consumer ''tx-billing''',
+            'inbox.enqueue_effect: role tap_tx_mallory may not act as consumer ''tx-billing'' for tenant ''''',
             'a forged inbox.consumer setting gets nothing')
        ) AS c(ord, sql, state, msg, what)
  ORDER BY c.ord;
@@ -1219,7 +1231,7 @@ DELETE FROM inbox.outbox;
 SELECT inbox.enqueue_effect('l1', 'd', '{}') \g /dev/null
 SELECT inbox.enqueue_effect('l1', 'd', '{}', consumer => 'tx-other') \g /dev/null
 SET SESSION AUTHORIZATION tap_tx_disp1;
-CREATE TEMP TABLE tx_lease AS SELECT effect_id, consumer, lease_token FROM inbox.claim_effects('disp1', 10);
+CREATE TEMP TABLE tx_lease AS SELECT effect_id, consumer, lease_token FROM inbox.claim_effects('disp1', 10, key_aware => true);
 RESET SESSION AUTHORIZATION;
 SELECT is((SELECT array_agg(consumer ORDER BY consumer) FROM tx_lease), ARRAY['', 'tx-other'],
           'claim_effects: returns each effect''s consumer');
@@ -1247,7 +1259,7 @@ RESET SESSION AUTHORIZATION;
 -- A lease taken before 0.2.0 (no lease_role) is accepted from any dispatcher until it ends.
 SELECT inbox.enqueue_effect('l2', 'd', '{}') \g /dev/null
 SET SESSION AUTHORIZATION tap_tx_disp1;
-SELECT lease_token AS lt2 FROM inbox.claim_effects('disp1', 1) \gset
+SELECT lease_token AS lt2 FROM inbox.claim_effects('disp1', 1, key_aware => true) \gset
 RESET SESSION AUTHORIZATION;
 UPDATE inbox.outbox SET lease_role = NULL WHERE effect_id = 'l2';
 SET SESSION AUTHORIZATION tap_tx_disp2;
@@ -1258,7 +1270,7 @@ RESET SESSION AUTHORIZATION;
 DELETE FROM inbox.outbox;
 SELECT inbox.enqueue_effect('dup', 'd', '{}', consumer => c) FROM unnest(ARRAY['tx-a', 'tx-b']) c \g /dev/null
 UPDATE inbox.outbox SET status = 'dead', dead_reason = 'permanent_failure' WHERE effect_id = 'dup';
-SELECT throws_ok($$SELECT inbox.redrive_effect('dup', 'n')$$, 'P0003', 'inbox.redrive_effect: effect ''dup'' is held by 2 consumers',
+SELECT throws_ok($$SELECT inbox.redrive_effect('dup', 'n')$$, 'P0003', 'inbox.redrive_effect: effect ''dup'' is held by 2 consumers or tenants',
                  'redrive_effect: an id several consumers hold needs the consumer (P0003)');
 SELECT throws_ok($$SELECT inbox.discard_effect('dup', 'n', consumer => 'tx-c')$$, 'P0002',
                  'inbox.discard_effect: no effect ''dup'' of consumer ''tx-c''', 'discard_effect: no such effect of that consumer');
@@ -1278,7 +1290,7 @@ SELECT is((SELECT array_agg((consumer, status)::text) FROM inbox.outbox WHERE ef
 -- enqueue_effect plans its statements once per session: with custom plans its authorization query
 -- was planned again at every call (4x the CPU of an enqueue once the outbox held rows).
 SELECT ok((SELECT 'plan_cache_mode=force_generic_plan' = ANY (p.proconfig) FROM pg_proc p
-            WHERE p.oid = 'inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz, text)'::regprocedure),
+            WHERE p.oid = 'inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz, text, text)'::regprocedure),
           'enqueue_effect: generic plans only (SET plan_cache_mode = force_generic_plan)');
 
 SELECT * FROM finish();

@@ -19,6 +19,13 @@ CREATE TABLE tapr.ledger (message_id text NOT NULL);
 CREATE FUNCTION tapr.credit(payload jsonb) RETURNS void LANGUAGE sql
     BEGIN ATOMIC INSERT INTO tapr.ledger VALUES (payload ->> 'id'); END;
 SELECT inbox.register_handler('tr', 'credit', 'tapr.credit(jsonb)'::regprocedure, 'v1') \gset
+-- repair runs the handler with the rights of a role bound to the consumer (its SECURITY DEFINER owner).
+CREATE ROLE tapr_service NOLOGIN;
+GRANT USAGE ON SCHEMA tapr TO tapr_service, inbox_runner;
+GRANT INSERT ON tapr.ledger TO tapr_service;
+ALTER FUNCTION tapr.credit(jsonb) SECURITY DEFINER SET search_path = tapr, pg_temp;
+ALTER FUNCTION tapr.credit(jsonb) OWNER TO tapr_service;
+SELECT inbox.bind_consumer('tr', 'tapr_service', note => 'pgTAP') \g /dev/null
 
 -- ------------------------------------------------------------------ objects
 SELECT has_table('inbox', 'retention_policy', 'inbox.retention_policy exists');
@@ -164,13 +171,13 @@ DO $$ BEGIN PERFORM inbox.claim_and_apply('tr', 'p', 'old-' || g, 'credit', json
                   FROM generate_series(1, 5) g; END $$;
 UPDATE inbox.message SET processed_at = now() - interval '30 days', produced_at = now() - interval '30 days'
  WHERE consumer = 'tr' AND message_id LIKE 'old-%';
-SELECT is((SELECT (status, watermark = now() - interval '17 days')::text FROM inbox.announce_purge('tr')), '(announced,t)',
-          'announce_purge: watermark = cutoff + safety_margin');
+SELECT is((SELECT (status, watermark = now() - interval '17 days 1 hour')::text FROM inbox.announce_purge('tr')), '(announced,t)',
+          'announce_purge: watermark = the cutoff (0.3.0: no margin added; the purge deletes only rows produced before it)');
 SELECT is((SELECT (announced_before = now() - interval '17 days 1 hour', purged_before IS NULL,
                    announce_xid = pg_current_xact_id())::text
              FROM inbox.purge_state WHERE consumer = 'tr' AND producer = ''), '(t,t,t)',
           'the announcement is recorded, nothing settled yet');
-SELECT ok((SELECT purge_watermark = now() - interval '17 days' FROM inbox.consumer_config WHERE consumer = 'tr'),
+SELECT ok((SELECT purge_watermark = now() - interval '17 days 1 hour' FROM inbox.consumer_config WHERE consumer = 'tr'),
           'the consumer''s watermark is published in consumer_config');
 SELECT is((SELECT status FROM inbox.announce_purge('tr')), 'unchanged', 'announce_purge again: unchanged');
 SELECT is((SELECT (status, rows_deleted)::text FROM inbox.purge_batch('tr')), '(uncommitted,0)',

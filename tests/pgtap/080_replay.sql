@@ -31,6 +31,19 @@ $$;
 CREATE FUNCTION tapr.fix2(payload jsonb) RETURNS void LANGUAGE sql
     AS $$INSERT INTO tapr.effect VALUES (payload ->> 'm', 'fix2', NULL, current_user)$$;
 
+-- The handlers are SECURITY DEFINER functions of the consumer's role, bound to it: a plan runs them
+-- with that role's rights (0.3.0: confined, inbox_runner calls them; never with the operator's).
+CREATE ROLE tap_r_service NOLOGIN;
+GRANT USAGE ON SCHEMA tapr TO tap_r_service, inbox_runner;
+GRANT INSERT, SELECT ON tapr.effect TO tap_r_service;
+ALTER FUNCTION tapr.v1(jsonb) SECURITY DEFINER SET search_path = tapr, pg_temp;
+ALTER FUNCTION tapr.fix(jsonb, inbox.message_context) SECURITY DEFINER SET search_path = tapr, pg_temp;
+ALTER FUNCTION tapr.fix2(jsonb) SECURITY DEFINER SET search_path = tapr, pg_temp;
+ALTER FUNCTION tapr.v1(jsonb) OWNER TO tap_r_service;
+ALTER FUNCTION tapr.fix(jsonb, inbox.message_context) OWNER TO tap_r_service;
+ALTER FUNCTION tapr.fix2(jsonb) OWNER TO tap_r_service;
+SELECT inbox.bind_consumer('tap-r', 'tap_r_service', note => 'pgTAP') \g /dev/null
+
 -- Consumer tap-r processed m1..m6 with v1 (m5 poisoned, m6 asks for a transient error later);
 -- q1 is quarantined.
 SELECT inbox.configure_consumer('tap-r', hash_exclude_keys => ARRAY['trace'], max_attempts => 1) \g /dev/null
@@ -197,8 +210,8 @@ SELECT is((SELECT (r.plan_id = :p1, r.status, r.applied_now, r.failed_now, r.ski
              FROM inbox.run_replay_plan(:p1, 2) r),
           '(t,open,2,0,0,5,2)', 'run_replay_plan: runs max_items items, returns this call''s counts and the totals');
 SELECT results_eq($$SELECT message_id, version, consumer, who FROM tapr.effect ORDER BY message_id$$,
-                  format($$VALUES ('m1', 'fix-1', 'tap-r', %L), ('m2', 'fix-1', 'tap-r', %L)$$, :'me', :'me'),
-                  'run_replay_plan: the pinned handler ran once per item, with the context (original consumer and id, pinned version) and the caller''s rights');
+                  $$VALUES ('m1', 'fix-1', 'tap-r', 'tap_r_service'), ('m2', 'fix-1', 'tap-r', 'tap_r_service')$$,
+                  'run_replay_plan: the pinned handler ran once per item, with the context (original consumer and id, pinned version) and the rights of the consumer''s role');
 SELECT results_eq(format($$SELECT message_id, handler_version, status::text, payload_sha256 FROM inbox.message
                             WHERE consumer = 'replay:%s' ORDER BY message_id$$, :p1),
                   format($$SELECT operation_id, 'fix-1', 'processed', payload_sha256 FROM inbox.replay_item
@@ -333,9 +346,10 @@ SELECT is((SELECT reason_code FROM inbox.replay_item WHERE plan_id = :p4), 'mess
 -- ================================================================== catalog
 SELECT is_definer('inbox', f, 'SECURITY DEFINER: inbox.' || f)
   FROM unnest(ARRAY['create_replay_plan', 'add_replay_items', 'accept_replay_version', 'cancel_replay_plan',
-                    '_replay_run_start', '_replay_next', '_begin_replay_item', '_replay_item_failed',
+                    'run_replay_plan']) f;
+SELECT isnt_definer('inbox', f, 'run_replay_plan''s own half (0.3.0): inbox.' || f)
+  FROM unnest(ARRAY['_replay_run_start', '_replay_next', '_begin_replay_item', '_replay_item_failed',
                     '_replay_run_finish']) f;
-SELECT isnt_definer('inbox', 'run_replay_plan', 'run_replay_plan is SECURITY INVOKER: handlers run with the caller''s rights');
 SELECT is_empty($$SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc p
                    WHERE p.pronamespace = 'inbox'::regnamespace
                      AND (p.proname ~ 'replay' OR p.proname = 'versioned_consumer' OR p.proname = '_check_registered_pair'
@@ -361,14 +375,14 @@ SELECT function_privs_are('inbox', f.name, f.args, r.role,
         ('run_replay_plan', ARRAY['bigint', 'integer'], ARRAY['inbox_operator'], 5),
         ('accept_replay_version', ARRAY['bigint', 'regprocedure', 'text', 'text'], ARRAY['inbox_operator'], 6),
         ('cancel_replay_plan', ARRAY['bigint', 'text'], ARRAY['inbox_operator'], 7),
-        ('_replay_next', ARRAY['bigint'], ARRAY['inbox_operator'], 8),
+        ('_replay_next', ARRAY['bigint'], ARRAY[]::text[], 8),
         ('_lock_replay_plan', ARRAY['text', 'bigint'], ARRAY[]::text[], 9),
         ('_check_registered_pair', ARRAY['text', 'text', 'text', 'regprocedure', 'text'], ARRAY[]::text[], 10)
        ) AS f(name, args, roles, ord)
  CROSS JOIN (VALUES ('inbox_consumer', 1), ('inbox_operator', 2), ('inbox_reader', 3)) AS r(role, ord)
  ORDER BY f.ord, r.ord;
 
--- The operator runs a plan; the handler runs with the operator's rights.
+-- The operator runs a plan; the handler runs with the rights of the consumer's role, never the operator's.
 SET ROLE tap_rp_operator;
 SELECT plan_id AS p5 FROM inbox.create_replay_plan('as-operator', 'tap-r', 'thing', 'tapr.fix2(jsonb)', 'fix-2', 'by the operator') \gset
 SELECT is(inbox.add_replay_items(:p5, '[{"producer": "p", "message_id": "m2", "payload": {"m": "m2"}}]'), 1,
@@ -379,8 +393,8 @@ SELECT throws_ok($$INSERT INTO inbox.replay_decision (plan_id, decision) VALUES 
                  'operator: cannot forge audit rows');
 SELECT throws_ok($$UPDATE inbox.replay_item SET status = 'pending'$$, '42501', NULL, 'operator: cannot reset items behind the API''s back');
 RESET ROLE;
-SELECT is((SELECT who FROM tapr.effect WHERE version = 'fix2' AND message_id = 'm2' ORDER BY who LIMIT 1), 'tap_rp_operator',
-          'the handler ran with the operator''s rights, not the owner''s');
+SELECT is((SELECT who FROM tapr.effect WHERE version = 'fix2' AND message_id = 'm2' ORDER BY who LIMIT 1), 'tap_r_service',
+          'the handler ran with the rights of the consumer''s role, not the operator''s nor the owner''s');
 SELECT is((SELECT decided_by FROM inbox.replay_decision WHERE plan_id = :p5 AND decision = 'create'), session_user::text,
           'the audit row names the session user');
 

@@ -63,6 +63,13 @@ BEGIN
     INSERT INTO tapm.effect VALUES (payload ->> 'm');
 END
 $$;
+-- repair runs it with the rights of a role bound to the consumer (its SECURITY DEFINER owner).
+CREATE ROLE tapm_service NOLOGIN;
+GRANT USAGE ON SCHEMA tapm TO tapm_service, inbox_runner;
+GRANT INSERT ON tapm.effect TO tapm_service;
+ALTER FUNCTION tapm.apply(jsonb) SECURITY DEFINER SET search_path = tapm, pg_temp;
+ALTER FUNCTION tapm.apply(jsonb) OWNER TO tapm_service;
+SELECT inbox.bind_consumer('tap-m', 'tapm_service', note => 'pgTAP') \g /dev/null
 SELECT inbox.register_handler('tap-m', 'thing', 'tapm.apply(jsonb)', 'v1') \g /dev/null
 SELECT inbox.configure_consumer('tap-m', max_attempts => 2) \g /dev/null
 -- Only rows claimed from here on: the rollup starts at an hour ago.
@@ -131,7 +138,8 @@ SELECT is(pg_temp.metric('pginbox_quarantine_open', '{"consumer": "tap-m"}'), 2:
           'quarantine: two entries open');
 
 -- Recovered: fix the handler's input rule, repair the entry.
-CREATE OR REPLACE FUNCTION tapm.apply(payload jsonb) RETURNS void LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION tapm.apply(payload jsonb) RETURNS void LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path = tapm, pg_temp AS $$
 BEGIN
     INSERT INTO tapm.effect VALUES (payload ->> 'm');
 END

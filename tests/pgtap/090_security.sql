@@ -8,22 +8,21 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(295);
+SELECT plan(314);
 
 -- ================================================================== catalog meta-tests
 SELECT set_eq($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc p
                  WHERE p.pronamespace = 'inbox'::regnamespace AND p.prosecdef$$,
               ARRAY['claim', 'claim_bytea', 'record_failure', 'record_start', 'configure_consumer', 'register_handler',
-                    '_begin_apply', 'discard', 'release', '_begin_repair', '_repair_failed',
+                    '_begin_apply', 'discard', 'release', 'repair', '_run_confined',
                     'enqueue_effect', 'claim_effects', 'complete_effect', 'fail_effect', 'extend_lease', 'dispatcher_idle',
                     'complete_effects', 'fail_effects',
                     'configure_destination', 'redrive_effect', 'discard_effect', 'purge_delivered_effects', '_order_at_commit',
                     'retention_window', 'set_retention_policy', 'purge_lock', 'purge_unlock',
-                    'announce_purge', 'purge_batch',
+                    'announce_purge', 'purge_batch', 'correct_watermark',
                     'metrics', 'metrics_rollup', 'configure_metrics',
                     'create_replay_plan', 'add_replay_items', 'accept_replay_version', 'cancel_replay_plan',
-                    '_replay_run_start', '_replay_next', '_begin_replay_item', '_replay_item_failed',
-                    '_replay_run_finish',
+                    'run_replay_plan',
                     'bind_consumer', 'unbind_consumer', 'configure_security',
                     'bind_destination', 'unbind_destination', '_generate_dispatcher', '_begin_apply_batch', '_unclaim'],
               'exactly the expected functions in schema inbox are SECURITY DEFINER');
@@ -52,8 +51,12 @@ SELECT is_empty($$SELECT c.oid::regclass::text, c.relkind FROM pg_catalog.pg_cla
                    WHERE c.relnamespace = 'inbox'::regnamespace AND c.relowner <> 'inbox_owner'::regrole$$,
                 'every relation (tables, indexes, sequences) in schema inbox is owned by inbox_owner');
 SELECT is_empty($$SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc p
-                   WHERE p.pronamespace = 'inbox'::regnamespace AND p.proowner <> 'inbox_owner'::regrole$$,
-                'every function in schema inbox is owned by inbox_owner');
+                   WHERE p.pronamespace = 'inbox'::regnamespace AND p.proowner <> 'inbox_owner'::regrole
+                     AND p.oid <> 'inbox._run_confined(regprocedure, boolean, jsonb, inbox.message_context)'::regprocedure$$,
+                'every function in schema inbox is owned by inbox_owner, but the confined runner of operator decisions');
+SELECT is((SELECT (p.proowner::regrole::text, p.prosecdef)::text FROM pg_catalog.pg_proc p
+            WHERE p.oid = 'inbox._run_confined(regprocedure, boolean, jsonb, inbox.message_context)'::regprocedure),
+          '(inbox_runner,t)', 'inbox._run_confined is SECURITY DEFINER owned by inbox_runner (no rights)');
 SELECT is_empty($$SELECT t.oid::regtype::text FROM pg_catalog.pg_type t
                    WHERE t.typnamespace = 'inbox'::regnamespace AND t.typowner <> 'inbox_owner'::regrole$$,
                 'every type in schema inbox is owned by inbox_owner');
@@ -88,23 +91,29 @@ SELECT function_privs_are('inbox', f.name, f.args, r.role,
         ('repair', ARRAY['bigint', 'text'], ARRAY['inbox_operator'], 9),
         ('discard', ARRAY['bigint', 'text'], ARRAY['inbox_operator'], 10),
         ('release', ARRAY['bigint', 'text'], ARRAY['inbox_operator'], 11),
-        ('enqueue_effect', ARRAY['text', 'text', 'jsonb', 'jsonb', 'text', 'timestamptz', 'text'], ARRAY['inbox_consumer'], 12),
+        ('enqueue_effect', ARRAY['text', 'text', 'jsonb', 'jsonb', 'text', 'timestamptz', 'text', 'text'], ARRAY['inbox_consumer'], 12),
         ('effect_id', ARRAY['text', 'text', 'text', 'text', 'text'], ARRAY['inbox_consumer'], 13),
-        ('claim_effects', ARRAY['text', 'integer', 'interval'], ARRAY['inbox_dispatcher'], 14),
+        ('claim_effects', ARRAY['text', 'integer', 'interval', 'boolean'], ARRAY['inbox_dispatcher'], 14),
         ('complete_effect', ARRAY['text', 'bigint', 'integer', 'text', 'integer'], ARRAY['inbox_dispatcher'], 15),
         ('fail_effect', ARRAY['text', 'bigint', 'text', 'boolean', 'integer', 'text', 'integer'], ARRAY['inbox_dispatcher'], 16),
         ('extend_lease', ARRAY['text', 'bigint', 'interval'], ARRAY['inbox_dispatcher'], 17),
         ('dispatcher_idle', ARRAY['text', 'boolean'], ARRAY['inbox_dispatcher'], 18),
         ('purge_delivered_effects', ARRAY['interval', 'integer'], ARRAY['inbox_dispatcher', 'inbox_operator'], 19),
         ('configure_destination', ARRAY['text', 'integer', 'interval', 'interval'], ARRAY['inbox_operator'], 20),
-        ('redrive_effect', ARRAY['text', 'text', 'text'], ARRAY['inbox_operator'], 21),
+        ('redrive_effect', ARRAY['text', 'text', 'text', 'text'], ARRAY['inbox_operator'], 21),
         ('_order_at_commit', ARRAY[]::text[], ARRAY[]::text[], 22),
-        ('discard_effect', ARRAY['text', 'text', 'text'], ARRAY['inbox_operator'], 24),
+        ('discard_effect', ARRAY['text', 'text', 'text', 'text'], ARRAY['inbox_operator'], 24),
         ('complete_effects', ARRAY['text[]', 'bigint[]', 'integer[]', 'text[]', 'integer[]'], ARRAY['inbox_dispatcher'], 25),
         ('fail_effects', ARRAY['text[]', 'bigint[]', 'text[]', 'boolean[]', 'integer[]', 'text[]', 'integer[]'],
          ARRAY['inbox_dispatcher'], 26),
         ('bind_destination', ARRAY['text', 'text', 'text'], ARRAY['inbox_operator'], 27),
-        ('unbind_destination', ARRAY['text', 'text', 'text'], ARRAY['inbox_operator'], 28)
+        ('unbind_destination', ARRAY['text', 'text', 'text'], ARRAY['inbox_operator'], 28),
+        ('idempotency_key', ARRAY['text', 'text', 'text'],
+         ARRAY['inbox_consumer', 'inbox_operator', 'inbox_reader', 'inbox_dispatcher'], 29),
+        ('correct_watermark', ARRAY['text', 'text', 'timestamptz', 'text'], ARRAY['inbox_operator'], 30),
+        ('_run_for_operator', ARRAY['text', 'text', 'text', 'oid', 'regprocedure', 'boolean', 'jsonb', 'inbox.message_context'],
+         ARRAY[]::text[], 31),
+        ('_run_confined', ARRAY['regprocedure', 'boolean', 'jsonb', 'inbox.message_context'], ARRAY[]::text[], 32)
        ) AS f(name, args, roles, ord)
  CROSS JOIN (VALUES ('inbox_consumer', 1), ('inbox_operator', 2), ('inbox_reader', 3), ('inbox_dispatcher', 4)) AS r(role, ord)
  ORDER BY f.ord, r.ord;
@@ -120,26 +129,27 @@ SELECT set_eq(format($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.
                                  '_reason_code', 'payload_hash', 'schema_version', 'schema_release', 'enqueue_effect',
                                  'effect_id',
                                  '_check_text', 'versioned_consumer', '_is_transient',
-                                 '_run_handler', '_run_handler_batch', '_blank', '_begin_apply_batch', '_unclaim'], 1),
+                                 '_run_handler', '_run_handler_batch', '_blank', '_begin_apply_batch', '_unclaim',
+                                 'idempotency_key', '_has_control'], 1),
         ('inbox_operator', ARRAY['register_handler', 'configure_consumer', 'repair', 'discard', 'release',
-                                 '_begin_repair', '_repair_failed', '_reason_code', 'payload_hash',
+                                 '_reason_code', 'payload_hash', 'idempotency_key', '_has_control', 'correct_watermark',
                                  'schema_version', 'schema_release', 'configure_destination', 'redrive_effect',
                                  'discard_effect',
                                  'purge_delivered_effects', 'retention_window', '_retention_window', '_active_cutoff',
                                  'set_retention_policy', 'purge_lock', 'purge_unlock', 'announce_purge', 'purge_batch',
                                  'purge', 'metrics', 'metrics_rollup', 'configure_metrics',
                                  'create_replay_plan', 'add_replay_items', 'accept_replay_version',
-                                 'cancel_replay_plan', '_replay_run_start', '_replay_next', '_begin_replay_item',
-                                 '_replay_item_failed', '_replay_run_finish', 'run_replay_plan',
+                                 'cancel_replay_plan', 'run_replay_plan',
                                  'versioned_consumer', 'replay_operation_id', '_is_transient', '_run_handler', '_blank',
                                  '_check_purge_call', '_announced', '_announced_detail', 'bind_consumer',
                                  'unbind_consumer', 'configure_security', 'bind_destination',
                                  'unbind_destination'], 2),
         ('inbox_reader', ARRAY['schema_version', 'schema_release', 'retention_window', '_retention_window',
-                               '_active_cutoff', 'metrics', 'versioned_consumer', 'replay_operation_id'], 3),
+                               '_active_cutoff', 'metrics', 'versioned_consumer', 'replay_operation_id',
+                               'idempotency_key'], 3),
         ('inbox_dispatcher', ARRAY['claim_effects', 'complete_effect', 'fail_effect', 'extend_lease', 'dispatcher_idle',
                                    'complete_effects', 'fail_effects', 'purge_delivered_effects', 'schema_version',
-                                   'schema_release'], 4)
+                                   'schema_release', 'idempotency_key'], 4)
        ) AS r(role, expected, ord)
  ORDER BY r.ord;
 
@@ -209,6 +219,10 @@ CREATE FUNCTION "we""ird"."x; DROP TABLE account; --"(payload jsonb) RETURNS voi
     AS $$INSERT INTO tapsec.who VALUES (current_user, 'hostile')$$;
 CREATE TABLE public.account (id integer);   -- what the name would drop if it were spliced into SQL
 GRANT SELECT ON public.account TO PUBLIC;
+
+-- The consumer role is bound to the consumers it acts as (0.3.0: the effective role, SET ROLE
+-- included, is the caller).
+SELECT inbox.bind_consumer(c, 'tap_sec_consumer', note => 'pgTAP') FROM unnest(ARRAY['tap-sec', 'tap-sec-r', 'tap-shadow']) c \g /dev/null
 
 -- Results collected under SET ROLE / a hostile search_path, checked afterwards.
 CREATE TEMP TABLE sec_res (step text PRIMARY KEY, LIKE inbox.delivery_result);
@@ -374,7 +388,7 @@ SELECT throws_ok($$SELECT inbox.discard(1, 'n')$$, '42501', 'permission denied f
                  'reader: cannot discard');
 SELECT throws_ok($$DELETE FROM inbox.message$$, '42501', 'permission denied for table message',
                  'reader: cannot DELETE from inbox.message');
-SELECT is(inbox.schema_version(), 2, 'reader: can check schema_version()');
+SELECT is(inbox.schema_version(), 3, 'reader: can check schema_version()');
 RESET ROLE;
 
 -- ================================================================== the operator
@@ -392,15 +406,29 @@ SELECT throws_ok($$DELETE FROM inbox.quarantine_decision$$, '42501', 'permission
 SELECT throws_ok($$INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version)
                    VALUES ('tap-sec', '', 'p', 'forged', '\x00', 'v')$$, '42501', 'permission denied for table message',
                  'operator: cannot INSERT into inbox.message');
--- repair runs the handler with the operator's rights.
+-- repair runs the handler only with the rights of a role bound to the consumer: a SECURITY INVOKER
+-- handler is refused (it would run with the rights of whoever calls it).
 SELECT lives_ok($$SELECT inbox.register_handler('tap-sec-r', 'thing', 'tapsec.whoami(jsonb)', 'w2')$$,
                 'operator: registers the fixed handler');
+SELECT throws_ok($$SELECT inbox.repair((SELECT q.quarantine_id FROM inbox.quarantine q
+                                         WHERE q.consumer = 'tap-sec-r' AND q.message_id = 'r1'), 'fixed')$$,
+                 '42501', 'inbox.repair: handler tapsec.whoami(jsonb) would run with more rights than consumer ''tap-sec-r'' has',
+                 'operator: repair refuses a SECURITY INVOKER handler');
+RESET ROLE;
+-- The consumer's own handler: SECURITY DEFINER, owned by its role; inbox_runner calls it.
+CREATE FUNCTION tapsec.whoami_own(payload jsonb) RETURNS void LANGUAGE sql SECURITY DEFINER SET search_path = tapsec, pg_temp
+    AS $$INSERT INTO tapsec.who VALUES (current_user, payload ->> 'via')$$;
+ALTER FUNCTION tapsec.whoami_own(jsonb) OWNER TO tap_sec_consumer;
+GRANT USAGE ON SCHEMA tapsec TO inbox_runner;
+SET ROLE tap_sec_operator;
+SELECT lives_ok($$SELECT inbox.register_handler('tap-sec-r', 'thing', 'tapsec.whoami_own(jsonb)', 'w3')$$,
+                'operator: registers the consumer''s own handler');
 INSERT INTO sec_res SELECT 'repair', r.* FROM inbox.repair(
     (SELECT q.quarantine_id FROM inbox.quarantine q WHERE q.consumer = 'tap-sec-r' AND q.message_id = 'r1'), 'fixed') r;
 RESET ROLE;
-SELECT is((SELECT (outcome, handler_version)::text FROM sec_res WHERE step = 'repair'), '(applied,w2)', 'operator: can repair');
-SELECT is((SELECT role_name FROM tapsec.who WHERE via = 'repair'), 'tap_sec_operator',
-          'repair runs the handler with the operator''s rights, not the owner''s');
+SELECT is((SELECT (outcome, handler_version)::text FROM sec_res WHERE step = 'repair'), '(applied,w3)', 'operator: can repair');
+SELECT is((SELECT role_name FROM tapsec.who WHERE via = 'repair'), 'tap_sec_consumer',
+          'repair runs the handler with the consumer''s rights, not the operator''s nor the owner''s');
 SELECT is((SELECT d.decided_by FROM inbox.quarantine_decision d JOIN inbox.quarantine q USING (quarantine_id)
             WHERE q.consumer = 'tap-sec-r'), session_user::text,
           'the audit row names the session user (SET ROLE does not hide who decided)');

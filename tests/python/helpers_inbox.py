@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
@@ -290,3 +291,28 @@ def backend_gone(observer: psycopg.Connection[Any], pid: int) -> bool:
         "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)
     ).fetchone()
     return row is not None and row[0] == 0
+
+
+def hand_to_service(
+    conn: psycopg.Connection[Any],
+    role: str,
+    consumer: str,
+    *,
+    functions: tuple[str, ...] = (),
+    tables: tuple[str, ...] = (),
+    sequences: tuple[str, ...] = (),
+) -> None:
+    """Makes `role` the consumer's service, as a real deployment has it (docs/security.md): it owns
+    the domain objects and the handlers, which are SECURITY DEFINER, and it is bound to the
+    consumer. An operator's repair or replay then runs a handler with that role's rights (0.3.0);
+    a superuser-owned or SECURITY INVOKER handler is refused for those."""
+    ident = sql.Identifier(role)
+    for table in tables:
+        conn.execute(sql.SQL("ALTER TABLE {} OWNER TO {}").format(sql.SQL(table), ident))
+    for sequence in sequences:
+        conn.execute(sql.SQL("ALTER SEQUENCE {} OWNER TO {}").format(sql.SQL(sequence), ident))
+    for function in functions:
+        conn.execute(sql.SQL("ALTER FUNCTION {0} OWNER TO {1}; ALTER FUNCTION {0} SECURITY DEFINER"
+                                     " SET search_path = public, pg_temp").format(sql.SQL(function), ident))
+    conn.execute("SELECT inbox.bind_consumer(%s, %s::regrole, note => 'the service that runs the consumer')",
+                 (consumer, role))

@@ -73,8 +73,9 @@ def dump_diff(expected: list[str], actual: list[str], expected_name: str, actual
     return "\n".join(difflib.unified_diff(expected, actual, expected_name, actual_name, lineterm=""))
 
 
-def assert_same_lines(expected: list[str], actual: list[str], what: str,
-                      names: tuple[str, str] = ("sqitch deploy", "sql/*.sql")) -> None:
+def assert_same_lines(
+    expected: list[str], actual: list[str], what: str, names: tuple[str, str] = ("sqitch deploy", "sql/*.sql")
+) -> None:
     if expected != actual:
         pytest.fail(f"{what} differ:\n{dump_diff(expected, actual, *names)}")
 
@@ -86,8 +87,11 @@ def query(dsn: str, statement: str) -> list[tuple[Any, ...]]:
 
 def plan_entries(project: Path = REPO_ROOT) -> list[str]:
     """Change names and @tags of sqitch.plan, in plan order."""
-    return [line.split()[0] for line in (project / "sqitch.plan").read_text().splitlines()
-            if line.strip() and not line.startswith(("%", "#", " "))]
+    return [
+        line.split()[0]
+        for line in (project / "sqitch.plan").read_text().splitlines()
+        if line.strip() and not line.startswith(("%", "#", " "))
+    ]
 
 
 def plan_changes(project: Path = REPO_ROOT) -> list[str]:
@@ -102,8 +106,8 @@ def plan_targets(project: Path = REPO_ROOT) -> list[str]:
     for i, entry in enumerate(entries):
         if entry.startswith("@"):
             continue
-        if entry in entries[i + 1:]:
-            targets.append(entry + next(e for e in entries[i + 1:] if e.startswith("@")))
+        if entry in entries[i + 1 :]:
+            targets.append(entry + next(e for e in entries[i + 1 :] if e.startswith("@")))
         elif entry in entries[:i]:
             targets.append(entry + "@HEAD")
         else:
@@ -111,8 +115,13 @@ def plan_targets(project: Path = REPO_ROOT) -> list[str]:
     return targets
 
 
-def last_tag(project: Path = REPO_ROOT) -> str:
+def release_tags(project: Path = REPO_ROOT) -> list[str]:
+    """The @tags of sqitch.plan, oldest first: every tag is a release (docs/releasing.md)."""
     tags = [entry for entry in plan_entries(project) if entry.startswith("@")]
     if not tags:
         pytest.fail("sqitch.plan has no release tag")
-    return tags[-1]
+    return tags
+
+
+def last_tag(project: Path = REPO_ROOT) -> str:
+    return release_tags(project)[-1]

@@ -79,8 +79,10 @@ def test_outcomes_and_bad_input(broker: str, conn: Conn, db_dsn: str, caplog: py
         "INSERT INTO inbox.retention_policy VALUES ('billing', 'orders', '1 day', '1 day', '1 day', "
         "'1 day', '1 day', '1 day', '1 day', '1 day', 'test')"
     )
+    # (0.3.0: expired only up to the latest produced_at a purge deleted)
     conn.execute(
-        "INSERT INTO inbox.purge_state (consumer, producer, watermark) VALUES ('billing', 'orders', '2021-01-01')"
+        "INSERT INTO inbox.purge_state (consumer, producer, watermark, purged_produced_max) "
+        "VALUES ('billing', 'orders', '2021-01-01', '2021-01-01')"
     )
     with channel(broker) as ch:
         deep = b"[" * 100_000 + b"]" * 100_000

@@ -22,6 +22,7 @@ from pginbox.brokers.rabbitmq import RabbitMQTransport
 from pginbox.dispatcher import Dispatcher
 from pginbox.transports import CallableTransport, Effect, load_config
 from pginbox.transports.config import destination_type
+from pginbox.transports.effect import idempotency_key
 
 pytestmark = pytest.mark.timeout(90)
 Conn = psycopg.Connection[tuple[Any, ...]]
@@ -87,8 +88,9 @@ def test_rabbitmq_destination(conn: Conn, db_dsn: str) -> None:
             transport.close()
         assert {s for s, _, _ in statuses(conn).values()} == {"delivered"}
         messages = rabbit_messages(ch.name)
-        assert sorted(m.message_id or "" for m in messages) == sorted(ids)
-        sample = next(m for m in messages if m.message_id == "e59")
+        keys = {idempotency_key("", "", effect_id): effect_id for effect_id in ids}
+        assert sorted(keys.get(m.message_id or "", "") for m in messages) == sorted(ids), "message_id: the key"
+        sample = next(m for m in messages if m.message_id == idempotency_key("", "", "e59"))
         assert sample.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
         assert sample.app_id == "shop" and sample.type == "credit" and sample.timestamp is not None
         assert (sample.headers or {}).get("Pginbox-Ordering-Key") == "cust-7"
@@ -125,7 +127,8 @@ def test_jetstream_destination_and_duplicates(conn: Conn, db_dsn: str) -> None:
             assert {s for s, _, _ in statuses(conn).values()} == {"delivered"}
             assert sum(counting.batches) == 40 and len(counting.batches) < 40
             # a republish (a confirm lost in transit) is dropped by the stream's duplicate window
-            again = transport.deliver_batch([Effect("n3", "events", {"id": "n3"})])
+            again = transport.deliver_batch([Effect("n3", "events", {"id": "n3"},
+                                                    idempotency_key=idempotency_key("", "", "n3"))])
             assert again[0].delivered and transport.duplicates == 1
         finally:
             transport.close()
@@ -142,9 +145,11 @@ def test_jetstream_destination_and_duplicates(conn: Conn, db_dsn: str) -> None:
         stored = asyncio.run(read())
         assert len(stored) == 40
         headers = stored[0].headers or {}
-        assert headers["Pginbox-Message-Id"] in ids and headers["Pginbox-Producer"] == "shop"
-        # Nats-Msg-Id: the key and the body's hash (the window drops only a true repeat)
+        # the scoped key (anonymous enqueue: consumer '' and tenant '') in Pginbox-Message-Id, and
+        # Nats-Msg-Id = that key and the body's hash (the window drops only a true repeat)
+        assert headers["Pginbox-Message-Id"] in {idempotency_key("", "", i) for i in ids}
         assert headers["Nats-Msg-Id"] == f"{headers['Pginbox-Message-Id']}:{hashlib.sha256(stored[0].data).hexdigest()}"
+        assert headers["Pginbox-Producer"] == "shop"
         assert headers["Pginbox-Type"] == "credit" and "Pginbox-Produced-At" in headers
 
 

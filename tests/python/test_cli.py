@@ -14,7 +14,7 @@ import json
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner, Result
 from conftest import create_database, drop_database, dsn_for
+from helpers_inbox import hand_to_service
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -64,8 +65,11 @@ def _apply(conn: psycopg.Connection[Any], message_id: str, payload: dict[str, in
 
 
 @pytest.fixture
-def entries(db_dsn: str, conn: psycopg.Connection[Any]) -> Entries:
+def entries(db_dsn: str, conn: psycopg.Connection[Any], login_role: Callable[..., str]) -> Entries:
     conn.execute(DOMAIN)
+    # A repair runs the handler with the rights of the consumer's service (docs/security.md).
+    service = conninfo_to_dict(login_role("inbox_consumer"))["user"]
+    hand_to_service(conn, str(service), CONSUMER, functions=("credit(jsonb)",), tables=("acct",))
     assert _apply(conn, "m-1", {"account": 1, "amount": 5})[0] == "applied"
     outcome, conflict = _apply(conn, "m-1", {"account": 1, "amount": 6})
     assert outcome == "conflict" and conflict is not None
@@ -348,13 +352,13 @@ def test_status_counts(entries: Entries) -> None:
     result = cli("status", dsn=entries.dsn)
     assert result.exit_code == 0, result.output
     out = result.stdout
-    assert "schema inbox: release 0.2.0 (version 2)" in out
+    assert "schema inbox: release 0.3.0 (version 3)" in out
     assert "inbox.message by status:\n  processed    1\n  quarantined  2\n  discarded    0" in out
     assert "  open         3  (conflict 1, failure 2, expired 0)" in out
     assert "open quarantine entries: 3" in out and CONSUMER in out
 
     status = ok_json("status", dsn=entries.dsn)
-    assert status["deployed"] is True and status["schema_version"] == 2 and status["release"] == "0.2.0"
+    assert status["deployed"] is True and status["schema_version"] == 3 and status["release"] == "0.3.0"
     assert status["messages"] == {"processed": 1, "quarantined": 2, "discarded": 0}
     assert status["quarantine"]["open"] == {"conflict": 1, "failure": 2, "expired": 0}
     assert status["quarantine"]["discarded"] == {"conflict": 0, "failure": 0, "expired": 0}

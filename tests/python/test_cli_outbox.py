@@ -56,7 +56,8 @@ def effects(db_dsn: str, conn: Conn) -> Effects:
     conn.execute("SELECT inbox.bind_destination('mail', 'a', 'test'), inbox.bind_destination('mail', 'b', 'test')")
     for effect_id, consumer in ((LONG_ID, "a"), (LONG_ID, "b"), ("refund-7", "a")):
         conn.execute("SELECT inbox.enqueue_effect(%s, 'mail', '{}'::jsonb, consumer => %s)", (effect_id, consumer))
-    claimed = conn.execute("SELECT effect_id, lease_token FROM inbox.claim_effects('t', 2)").fetchall()
+    claimed = conn.execute("SELECT effect_id, lease_token FROM inbox.claim_effects('t', 2, key_aware => true)")\
+        .fetchall()
     assert sorted(r[0] for r in claimed) == [LONG_ID, LONG_ID]
     for effect_id, token in claimed:
         assert conn.execute("SELECT inbox.fail_effect(%s, %s, %s, false)", (effect_id, token, ERROR_TEXT)).fetchone() \

@@ -19,7 +19,7 @@ PROOF_LINES = (
     "processed messages has one domain row and its",
     "rolled-back handlers left no effect",
     "every committed effect reached the sink",
-    "carried exactly one Idempotency-Key, the effect_id of the message and effect in its body",
+    "carried exactly one Idempotency-Key, the consumer's key for the effect id of the message and effect in its body",
     "the sink, deduplicating on the key, counted each effect exactly once",
     "attempts in inbox.outbox is one request at the sink",
     "the faults happened",

@@ -252,7 +252,8 @@ def test_cli_dispatch_once_exits_3_when_effects_went_dead(conn: Conn, db_dsn: st
     conn.execute("SELECT inbox.configure_destination('sink', 1, '10 milliseconds', '20 milliseconds')")
     enqueue(conn, "lost-1")
     # A dispatcher that claimed lost-1 (its only attempt) and vanished: its lease expires.
-    assert conn.execute("SELECT effect_id FROM inbox.claim_effects('vanished', 10, '1 millisecond')").fetchall() \
+    assert conn.execute("SELECT effect_id FROM inbox.claim_effects('vanished', 10, '1 millisecond',"
+                        " key_aware => true)").fetchall() \
         == [("lost-1",)]
     time.sleep(0.05)
     enqueue(conn, "bad-1", "ok-1")

@@ -145,10 +145,10 @@ def test_nobody_waits_for_a_transaction_that_is_waking_the_dispatchers(conn: Con
 
 def test_claiming_unregisters_an_idle_dispatcher(conn: Conn) -> None:
     idle(conn, "d1")
-    assert conn.execute("SELECT count(*) FROM inbox.claim_effects('d1')").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM inbox.claim_effects('d1', key_aware => true)").fetchone() == (0,)
     assert waiters(conn) == ["d1"], "a claim that finds nothing leaves the registration"
     assert enqueue(conn, "e1")
     assert waiters(conn) == [], "the enqueue woke d1"
     idle(conn, "d1")  # e.g. d1 registered again before its catch-up poll
-    assert conn.execute("SELECT count(*) FROM inbox.claim_effects('d1')").fetchone() == (1,)
+    assert conn.execute("SELECT count(*) FROM inbox.claim_effects('d1', key_aware => true)").fetchone() == (1,)
     assert waiters(conn) == [], "a dispatcher that claimed work is not idle"

@@ -23,8 +23,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import REPO_ROOT, create_database, drop_database, dsn_for, sqitch_project
-from helpers_schema import last_tag
+from conftest import create_database, drop_database, dsn_for, sqitch_project
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.json import Jsonb
@@ -83,25 +82,42 @@ class Services:
 def services(conn: Conn, login: Callable[[str, str], Login]) -> Services:
     """billing and mallory: two consumer services, each bound to its consumer name and its own
     destination (payments, mallory-hook); a dispatcher login."""
-    made = Services(login("billing", "inbox_consumer"), login("mallory", "inbox_consumer"),
-                    login("dsp", "inbox_dispatcher"))
-    for consumer, role, destination in (("billing", made.billing.name, "payments"),
-                                        ("mallory", made.mallory.name, "mallory-hook")):
+    made = Services(
+        login("billing", "inbox_consumer"), login("mallory", "inbox_consumer"), login("dsp", "inbox_dispatcher")
+    )
+    for consumer, role, destination in (
+        ("billing", made.billing.name, "payments"),
+        ("mallory", made.mallory.name, "mallory-hook"),
+    ):
         conn.execute("SELECT inbox.bind_consumer(%s, %s::regrole, note => 'test')", (consumer, role))
         conn.execute("SELECT inbox.bind_destination(%s, %s, 'test')", (destination, consumer))
     return made
 
 
-def enqueue_as(c: Conn, consumer: str, effect_id: str, destination: str, payload: Any,
-               headers: dict[str, Any] | None = None, **options: Any) -> Any:
+def enqueue_as(
+    c: Conn,
+    consumer: str,
+    effect_id: str,
+    destination: str,
+    payload: Any,
+    headers: dict[str, Any] | None = None,
+    **options: Any,
+) -> Any:
     """One transaction that enqueues as `consumer` the way a handler does: the claim paths set
     inbox.consumer (anyone can set it: it only names the consumer the session claims to act as)."""
     with c.transaction():
         c.execute("SELECT set_config('inbox.consumer', %s, true)", (consumer,))
         extra = "".join(f", {name} => %({name})s" for name in options)
-        row = c.execute(f"SELECT inbox.enqueue_effect(%(id)s, %(dest)s, %(payload)s, %(headers)s{extra})",
-                        {"id": effect_id, "dest": destination, "payload": Jsonb(payload),
-                         "headers": Jsonb(headers or {}), **options}).fetchone()
+        row = c.execute(
+            f"SELECT inbox.enqueue_effect(%(id)s, %(dest)s, %(payload)s, %(headers)s{extra})",
+            {
+                "id": effect_id,
+                "dest": destination,
+                "payload": Jsonb(payload),
+                "headers": Jsonb(headers or {}),
+                **options,
+            },
+        ).fetchone()
     assert row is not None
     return row[0]
 
@@ -134,8 +150,14 @@ def dispatch(login: Login, *destinations: str) -> dict[str, Recorder]:
 def test_a_consumer_not_bound_to_a_destination_cannot_enqueue_to_it(conn: Conn, services: Services) -> None:
     with services.mallory.connect() as mallory:
         with pytest.raises(psycopg.errors.InsufficientPrivilege) as refused:
-            enqueue_as(mallory, "mallory", "forged-1", "payments", {"to": "mallory", "amount": 1_000_000},
-                       {"X-Reason": "refund"})
+            enqueue_as(
+                mallory,
+                "mallory",
+                "forged-1",
+                "payments",
+                {"to": "mallory", "amount": 1_000_000},
+                {"X-Reason": "refund"},
+            )
         assert "consumer 'mallory' may not enqueue effects to destination 'payments'" in str(refused.value)
         assert "inbox.bind_destination('payments', 'mallory'" in (refused.value.diag.message_hint or "")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
@@ -186,8 +208,11 @@ def test_a_squatted_effect_id_neither_fails_the_victim_nor_is_delivered_as_its_e
     conn: Conn, services: Services
 ) -> None:
     conn.execute(CHARGE_HANDLER)
-    conn.execute(sql.SQL("GRANT USAGE ON SCHEMA app TO {0}; GRANT INSERT ON app.charge TO {0}")
-                 .format(sql.Identifier(services.billing.name)))
+    conn.execute(
+        sql.SQL("GRANT USAGE ON SCHEMA app TO {0}; GRANT INSERT ON app.charge TO {0}").format(
+            sql.Identifier(services.billing.name)
+        )
+    )
     conn.execute("SELECT inbox.register_handler('billing', 'order', 'app.charge(jsonb, inbox.message_context)', 'v1')")
     victim_id = conn.execute("SELECT inbox.effect_id('billing', 'shop', 'order-A', 'charge')").fetchone()
     assert victim_id is not None
@@ -197,15 +222,19 @@ def test_a_squatted_effect_id_neither_fails_the_victim_nor_is_delivered_as_its_e
         assert enqueue_as(mallory, "mallory", victim_id[0], "mallory-hook", {"amount": 1_000_000, "to": "mallory"})
 
     with services.billing.connect() as billing:
-        row = billing.execute("SELECT outcome, reason_code FROM inbox.claim_and_apply('billing', 'shop', 'order-A',"
-                              " 'order', %s)", (Jsonb({"amount": 10}),)).fetchone()
+        row = billing.execute(
+            "SELECT outcome, reason_code FROM inbox.claim_and_apply('billing', 'shop', 'order-A', 'order', %s)",
+            (Jsonb({"amount": 10}),),
+        ).fetchone()
     assert row == ("applied", None), "the victim's handler failed on the squatted id"
 
     delivered = dispatch(services.dispatcher, "payments", "mallory-hook")
     assert delivered["payments"].seen() == [(victim_id[0], {"amount": 10})]
     assert delivered["mallory-hook"].seen() == [(victim_id[0], {"amount": 1_000_000, "to": "mallory"})]
-    owners = conn.execute("SELECT consumer, destination, payload ->> 'amount' FROM inbox.outbox WHERE effect_id = %s"
-                          " ORDER BY consumer", victim_id).fetchall()
+    owners = conn.execute(
+        "SELECT consumer, destination, payload ->> 'amount' FROM inbox.outbox WHERE effect_id = %s ORDER BY consumer",
+        victim_id,
+    ).fetchall()
     assert owners == [("billing", "payments", "10"), ("mallory", "mallory-hook", "1000000")]
 
 
@@ -219,34 +248,41 @@ def test_another_dispatcher_cannot_report_on_a_lease_it_does_not_hold(
     for effect_id in ("fx-held", "fx-own"):
         conn.execute("SELECT inbox.enqueue_effect(%s, 'sink', '{}')", (effect_id,))
     with holder.connect() as a, intruder.connect() as b:
-        held = a.execute("SELECT effect_id, lease_token FROM inbox.claim_effects('a', 1)").fetchone()
-        own = b.execute("SELECT effect_id, lease_token FROM inbox.claim_effects('b', 1)").fetchone()
+        held = a.execute("SELECT effect_id, lease_token FROM inbox.claim_effects('a', 1, key_aware => true)").fetchone()
+        own = b.execute("SELECT effect_id, lease_token FROM inbox.claim_effects('b', 1, key_aware => true)").fetchone()
         assert held is not None and own is not None
         effect_id, token = held
         mine = int(own[1])
         for guess in sorted({mine - 1, mine + 1, token - 1, token + 1, token}):
             assert b.execute("SELECT inbox.complete_effect(%s, %s, 200)", (effect_id, guess)).fetchone() == (False,)
-            assert b.execute("SELECT inbox.fail_effect(%s, %s, 'x', false)", (effect_id, guess)).fetchone() \
-                == ("fenced",)
+            assert b.execute("SELECT inbox.fail_effect(%s, %s, 'x', false)", (effect_id, guess)).fetchone() == (
+                "fenced",
+            )
             assert b.execute("SELECT inbox.extend_lease(%s, %s, '1 hour')", (effect_id, guess)).fetchone() == (None,)
-            assert b.execute("SELECT result FROM inbox.complete_effects(%s, %s)",
-                             ([effect_id], [guess])).fetchall() == [("fenced",)]
-        reasons = b.execute("SELECT fenced_reason FROM inbox.fail_effects(%s, %s, '{x}', '{f}')",
-                            ([effect_id], [token])).fetchall()
+            assert b.execute(
+                "SELECT result FROM inbox.complete_effects(%s, %s)", ([effect_id], [guess])
+            ).fetchall() == [("fenced",)]
+        reasons = b.execute(
+            "SELECT fenced_reason FROM inbox.fail_effects(%s, %s, '{x}', '{f}')", ([effect_id], [token])
+        ).fetchall()
         assert reasons == [("not_lease_holder",)]
-        state = conn.execute("SELECT status::text, lease_token, attempts, delivered_at FROM inbox.outbox"
-                             " WHERE effect_id = %s", (effect_id,)).fetchone()
+        state = conn.execute(
+            "SELECT status::text, lease_token, attempts, delivered_at FROM inbox.outbox WHERE effect_id = %s",
+            (effect_id,),
+        ).fetchone()
         assert state == ("leased", token, 1, None), "another dispatcher changed a lease it does not hold"
         assert a.execute("SELECT inbox.complete_effect(%s, %s, 200)", (effect_id, token)).fetchone() == (True,)
-    refused_by = conn.execute("SELECT DISTINCT reported_by FROM inbox.outbox_fenced_report WHERE effect_id = %s",
-                              (effect_id,)).fetchall()
+    refused_by = conn.execute(
+        "SELECT DISTINCT reported_by FROM inbox.outbox_fenced_report WHERE effect_id = %s", (effect_id,)
+    ).fetchall()
     assert refused_by == [(intruder.name,)]
 
 
 def test_lease_tokens_are_not_a_sequence(conn: Conn) -> None:
     for i in range(20):
         conn.execute("SELECT inbox.enqueue_effect(%s, 'sink', '{}')", (f"t-{i}",))
-    tokens = [int(r[0]) for r in conn.execute("SELECT lease_token FROM inbox.claim_effects('d', 20)").fetchall()]
+    claim = "SELECT lease_token FROM inbox.claim_effects('d', 20, key_aware => true)"
+    tokens = [int(r[0]) for r in conn.execute(claim).fetchall()]
     assert len(tokens) == 20 and len(set(tokens)) == 20
     gaps = sorted(abs(x - y) for x, y in zip(sorted(tokens), sorted(tokens)[1:], strict=False))
     assert gaps[0] > 1_000_000, f"neighbouring tokens: {sorted(tokens)}"
@@ -324,7 +360,8 @@ def empty_db(pg_base: str) -> Iterator[str]:
 
 
 def test_an_upgrade_keeps_anonymous_enqueue_working(empty_db: str) -> None:
-    sqitch.deploy(empty_db, to_change=last_tag(REPO_ROOT), project=sqitch_project())
+    # 0.1.0 is the release before the outbox's trust boundaries (change outbox_scope_tables, 0.2.0).
+    sqitch.deploy(empty_db, to_change="@v0.1.0", project=sqitch_project())
     service = f"t_svc_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(empty_db, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE ROLE {} LOGIN IN ROLE inbox_consumer").format(sql.Identifier(service)))
@@ -337,12 +374,18 @@ def test_an_upgrade_keeps_anonymous_enqueue_working(empty_db: str) -> None:
 
             settings = admin.execute("SELECT anonymous_enqueue FROM inbox.security_settings").fetchone()
             assert settings == (True,)
-            assert admin.execute("SELECT destination, consumer FROM inbox.destination_binding ORDER BY 1").fetchall() \
-                == [("notifications", "*"), ("webhooks", "*")]
-            audit = admin.execute("SELECT action, destination FROM inbox.binding_change"
-                                  " WHERE action IN ('bind_destination', 'configure_security') ORDER BY 1, 2")
-            assert audit.fetchall() == [("bind_destination", "notifications"), ("bind_destination", "webhooks"),
-                                        ("configure_security", None)]
+            assert admin.execute(
+                "SELECT destination, consumer FROM inbox.destination_binding ORDER BY 1"
+            ).fetchall() == [("notifications", "*"), ("webhooks", "*")]
+            audit = admin.execute(
+                "SELECT action, destination FROM inbox.binding_change"
+                " WHERE action IN ('bind_destination', 'configure_security') ORDER BY 1, 2"
+            )
+            assert audit.fetchall() == [
+                ("bind_destination", "notifications"),
+                ("bind_destination", "webhooks"),
+                ("configure_security", None),
+            ]
             with psycopg.connect(as_role(empty_db, service), autocommit=True) as svc:
                 assert svc.execute("SELECT inbox.enqueue_effect('after', 'notifications', '{}')").fetchone() == (True,)
                 assert svc.execute("SELECT inbox.enqueue_effect('after-2', 'webhooks', '{}')").fetchone() == (True,)
@@ -350,14 +393,19 @@ def test_an_upgrade_keeps_anonymous_enqueue_working(empty_db: str) -> None:
                     svc.execute("SELECT inbox.enqueue_effect('new', 'brand-new', '{}')")
                 assert "inbox.bind_destination('brand-new', '*'" in (refused.value.diag.message_hint or "")
             assert admin.execute("SELECT effect_id, consumer FROM inbox.outbox ORDER BY 1").fetchall() == [
-                ("after", ""), ("after-2", ""), ("before", "")]
+                ("after", ""),
+                ("after-2", ""),
+                ("before", ""),
+            ]
         finally:
             drop_login(admin, service)
 
 
 def test_a_fresh_deployment_binds_nothing_and_refuses_anonymous_enqueue(conn: Conn) -> None:
-    assert conn.execute("SELECT anonymous_enqueue, max_effect_delay FROM inbox.security_settings").fetchone() \
-        == (False, datetime.timedelta(days=30))
+    assert conn.execute("SELECT anonymous_enqueue, max_effect_delay FROM inbox.security_settings").fetchone() == (
+        False,
+        datetime.timedelta(days=30),
+    )
     assert conn.execute("SELECT count(*) FROM inbox.destination_binding").fetchone() == (0,)
 
 
@@ -368,4 +416,3 @@ def test_payload_size_is_the_length_of_its_text(conn: Conn) -> None:
     with pytest.raises(psycopg.errors.ProgramLimitExceeded, match=r"payload is 20971\d\d bytes"):
         conn.execute("SELECT inbox.enqueue_effect('big', 'd', body) FROM big")
     assert conn.execute("SELECT count(*) FROM inbox.outbox").fetchone() == (0,)
-

@@ -348,10 +348,16 @@ def test_reverting_the_later_changes_leaves_working_claims(db_dsn: str, to_chang
 # Changes that only create tables, types and indexes (changed later by new ALTER changes), or that
 # must never run twice (the no-op hooks would replace retention's and metrics' real ones).
 NOT_REWORKABLE = ("roles", "schema", "hooks")
+# reader_grants runs again without error, but its REVOKE and column lists are those of 0.2.0: run
+# over a later change that granted readers a new column (100_outbox_tenant_tables.sql,
+# 101_retention_watermark_tables.sql), it would take that grant away. A table's grants change with
+# the table, in a new change; this one is never reworked.
+GRANTS_AT_THEIR_RELEASE = ("reader_grants",)
 
 
 def reworkable_changes() -> list[str]:
-    return [c for c in plan_changes() if c not in NOT_REWORKABLE and not c.endswith("_tables")]
+    return [c for c in plan_changes()
+            if c not in NOT_REWORKABLE + GRANTS_AT_THEIR_RELEASE and not c.endswith("_tables")]
 
 
 def test_functions_changes_deploy_again_over_themselves(db_dsn: str) -> None:

@@ -26,6 +26,7 @@ from pginbox.ops.quarantine import QUARANTINE_KINDS, QUARANTINE_STATUSES
 from pginbox.ops.retention import SCENARIOS
 from pginbox.ops.status import MESSAGE_STATUSES
 from pginbox.sql_limits import CLAIM_LIMIT, EXCERPT_CHARS, LEASE_MAX_SECONDS, MAX_BATCH, REASON_MAX_BYTES, REPORT_LIMIT
+from pginbox.transports.effect import idempotency_key
 
 Conn = psycopg.Connection[Any]
 CONSUMER = "contract"
@@ -143,7 +144,7 @@ def test_report_limit(conn: Conn) -> None:
 
 
 def test_claim_and_lease_limits(conn: Conn) -> None:
-    query = "SELECT count(*) FROM inbox.claim_effects('contract', %s, make_interval(secs => %s))"
+    query = "SELECT count(*) FROM inbox.claim_effects('contract', %s, make_interval(secs => %s), key_aware => true)"
     assert conn.execute(query, (CLAIM_LIMIT, LEASE_MAX_SECONDS)).fetchone() == (0,)
     refused(conn, query, (CLAIM_LIMIT + 1, 30), "22023")
     refused(conn, query, (1, LEASE_MAX_SECONDS + 1), "22023")
@@ -153,7 +154,8 @@ def test_excerpts_and_errors_are_cut_where_the_webhook_cuts(conn: Conn) -> None:
     """The dispatcher sends excerpts and errors as they are; SQL keeps EXCERPT_CHARS of them."""
     for effect_id in ("fx-done", "fx-failed"):
         conn.execute("SELECT inbox.enqueue_effect(%s, 'contract-dest', '{}')", (effect_id,))
-    leases = dict(conn.execute("SELECT effect_id, lease_token FROM inbox.claim_effects('contract', 2)").fetchall())
+    claim = "SELECT effect_id, lease_token FROM inbox.claim_effects('contract', 2, key_aware => true)"
+    leases = dict(conn.execute(claim).fetchall())
     long = "é" * (EXCERPT_CHARS + 500)
     conn.execute("SELECT inbox.complete_effects(ARRAY[%s], ARRAY[%s::bigint], ARRAY[200], ARRAY[%s], ARRAY[5])",
                  ("fx-done", leases["fx-done"], long))
@@ -162,6 +164,17 @@ def test_excerpts_and_errors_are_cut_where_the_webhook_cuts(conn: Conn) -> None:
     rows = conn.execute("SELECT effect_id, length(last_response_excerpt), length(last_error) FROM inbox.outbox"
                         " ORDER BY effect_id").fetchall()
     assert rows == [("fx-done", EXCERPT_CHARS, None), ("fx-failed", EXCERPT_CHARS, EXCERPT_CHARS)]
+
+
+@pytest.mark.parametrize(("consumer", "tenant", "effect_id"), [
+    ("billing", "", "fx_1"), ("a", "bc", "d"), ("ab", "c", "d"), ("", "", ""), ("café", "ü", "ключ-€"),
+    ("billing@v2", "acme", "fx_" + "f" * 64),
+])
+def test_idempotency_key_is_computed_alike(conn: Conn, consumer: str, tenant: str, effect_id: str) -> None:
+    """pginbox.transports.effect.idempotency_key (what a destination can check a key with) equals
+    inbox.idempotency_key, byte lengths of non-ASCII text included."""
+    row = conn.execute("SELECT inbox.idempotency_key(%s, %s, %s)", (consumer, tenant, effect_id)).fetchone()
+    assert row is not None and row[0] == idempotency_key(consumer, tenant, effect_id)
 
 
 def test_reason_code_length(db: Conn) -> None:

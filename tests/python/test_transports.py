@@ -83,6 +83,13 @@ class Handler(BaseHTTPRequestHandler):
             self._redirect(308, f"http://localhost:{self.server.server_address[1]}/ok")
         elif path == "/redirect-loop":
             self._redirect(302, "/redirect-loop")
+        elif path.startswith("/services/") and "slow" in path:
+            time.sleep(1.5)
+            self._reply(200, b"too late")
+        elif path.startswith("/services/") and "private" in path:
+            self._redirect(302, "http://10.0.0.1/hooks/REDIRECT-SECRET?sig=REDIRECT-SIG")
+        elif path.startswith("/services/"):
+            self._reply(503, b"try later")
         else:
             self._reply(404, b"")
 
@@ -213,6 +220,37 @@ def test_timeout_after_accept_is_ambiguous_and_keeps_key(server: tuple[str, Reco
             with pytest.raises(AmbiguousDelivery):
                 t.deliver(effect("eff-slow"))
     assert [r["headers"]["Idempotency-Key"] for r in rec.requests] == ["eff-slow", "eff-slow"]
+
+
+def test_webhook_errors_never_quote_the_url(server: tuple[str, Recorder]) -> None:
+    """A webhook URL is often the credential (Slack: /services/T…/B…/<secret>). The errors a delivery
+    reports reach inbox.outbox.last_error, audit rows and the dispatcher's log: none may quote the URL
+    (of the destination or of a redirect), only its scheme, host and port."""
+    base, _ = server
+    errors: list[str] = []
+    for path in ("/services/T0/B0/SECRET-503?token=QUERY-SECRET", "/services/T0/B0/SECRET-private"):
+        with webhook(base + path) as t:
+            report = t.deliver(effect())
+            errors.append(repr(t))
+        assert report.error is not None
+        errors.append(report.error)
+    with webhook(base + "/services/T0/B0/SECRET-slow", timeout=0.3) as t, pytest.raises(AmbiguousDelivery) as ambiguous:
+        t.deliver(effect())
+    errors.append(str(ambiguous.value))
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with webhook(f"http://user:PASSWORD@127.0.0.1:{port}/services/T0/B0/SECRET-refused", timeout=1.0) as t:
+        report = t.deliver(effect())
+    errors.append(report.error or "")
+    with pytest.raises(ValueError) as bad:
+        WebhookTransport("ftp://h/services/T0/B0/SECRET-config")
+    errors.append(str(bad.value))
+    leaked = [e for e in errors if any(secret in e for secret in ("SECRET", "PASSWORD", "REDIRECT-SIG"))]
+    assert not leaked, leaked
+    assert any("127.0.0.1" in e for e in errors), errors  # the host is still named
 
 
 def test_connect_refused_is_retryable_report() -> None:

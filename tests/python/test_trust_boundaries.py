@@ -64,9 +64,9 @@ def setup_billing(conn: Conn, login_role: Callable[..., str]) -> tuple[str, str,
     conn.execute(DOMAIN)
     conn.execute(sql.SQL("GRANT USAGE ON SCHEMA app TO {0}; GRANT INSERT, SELECT, UPDATE ON ALL TABLES IN SCHEMA app"
                          " TO {0}").format(sql.Identifier(billing_role)))
-    # Operators call the handler to repair (it runs with the consumer's rights): they see its schema only.
-    conn.execute(sql.SQL("GRANT USAGE ON SCHEMA app TO {}").format(
-        sql.Identifier(role_of(operator))))
+    # Operators name the handler (they see its schema only); repair and replay call it through
+    # inbox_runner, and it runs with the consumer's rights.
+    conn.execute(sql.SQL("GRANT USAGE ON SCHEMA app TO {}, inbox_runner").format(sql.Identifier(role_of(operator))))
     conn.execute("SELECT inbox.register_handler('billing', 'credit', 'app.credit(jsonb, inbox.message_context)', 'v1')")
     conn.execute("SELECT inbox.bind_consumer('billing', %s::regrole, note => 'the billing service')", (billing_role,))
     return billing, attacker, operator, reader
@@ -139,10 +139,11 @@ def test_tenant_bindings_and_unknown_consumers(conn: Conn, login_role: Callable[
 
 def test_a_binding_to_a_dropped_role_matches_nobody(conn: Conn) -> None:
     """A binding names a role by OID. Once that role is dropped the binding matches nobody, not
-    even a superuser under strict_consumers (a superuser is a member of every OID it is asked
-    about, so the role's existence is what decides)."""
+    even a superuser under strict_consumers (0.3.0: which holds superusers to the roles they are
+    granted; the grant goes with the role)."""
     ghost = f"ghost_{uuid.uuid4().hex[:8]}"
     conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(ghost)))
+    conn.execute(sql.SQL("GRANT {} TO CURRENT_USER").format(sql.Identifier(ghost)))
     conn.execute("SELECT inbox.bind_consumer('haunted', %s::regrole, note => 'test')", (ghost,))
     conn.execute("SELECT inbox.configure_security(strict_consumers => true, note => 'test')")
     assert scalar(conn, "SELECT outcome FROM inbox.claim('haunted', 'p', 'm1', '{}')") == "claimed"
@@ -405,9 +406,9 @@ def test_a_handler_made_security_definer_after_registration_is_refused(
 
 
 def test_a_replay_plan_checks_its_handler_at_every_run(conn: Conn, login_role: Callable[..., str]) -> None:
-    """A consumer bound only by the upgrade from 0.1.0 (legacy): its handler runs with the operator's
-    rights, so a handler altered into a SECURITY DEFINER function owned by a privileged role after
-    the plan was made must be refused at the run, as claim_and_apply and repair refuse it."""
+    """A handler altered into a SECURITY DEFINER function owned by a privileged role after the plan
+    was made must be refused at the run, as claim_and_apply and repair refuse it (a consumer bound
+    only by the upgrade from 0.1.0 too: since 0.3.0 its handler runs with no operator's rights)."""
     billing, _, operator, _ = setup_billing(conn, login_role)
     conn.execute("UPDATE inbox.consumer_binding SET legacy = true WHERE consumer = 'billing'")
     with connect(billing) as svc:

@@ -84,7 +84,7 @@ def test_the_installed_package_deploys_upgrades_and_guards_the_schema(
         assert conn.execute("SELECT outcome FROM inbox.claim('billing', 'shop', 'm-1', '{}')").fetchone() \
             == ("duplicate",)
     status = run([str(pginbox), "--dsn", empty_db, "status"], cwd=elsewhere, env=env)
-    assert "release 0.2.0" in status.stdout
+    assert "release 0.3.0" in status.stdout
 
     # A revert that would forget the claimed identity is refused, and says what would be lost.
     refused = run([str(pginbox), "--dsn", empty_db, "revert"], cwd=elsewhere, env=env, check=False)

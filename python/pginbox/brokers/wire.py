@@ -20,7 +20,7 @@ from pginbox.brokers.port import Delivery, Outgoing
 from pginbox.client.outcomes import Message
 from pginbox.client.retry import classify
 from pginbox.errors import ConsumerConfigError
-from pginbox.transports.effect import idempotency_key
+from pginbox.transports.effect import delivery_key
 
 __all__ = [
     "BROKERS",
@@ -35,7 +35,7 @@ __all__ = [
     "IdentitySource",
     "action_for",
     "dead_letter_headers",
-    "idempotency_key",
+    "delivery_key",
     "identity_headers",
     "outgoing",
     "parse_message",
@@ -319,7 +319,7 @@ def outgoing(effect: Any, *, producer: str, message_type: str | None = None, des
     `message_type`, else the destination's name; produced_at: when the effect was created."""
     headers = {str(k): str(v) for k, v in dict(effect.headers or {}).items()}
     body = json.dumps(effect.payload, separators=(",", ":"), ensure_ascii=False).encode()
-    key = idempotency_key(effect)
+    key = delivery_key(effect)
     created = getattr(effect, "created_at", None)
     if not isinstance(created, datetime.datetime):
         created = datetime.datetime.now(datetime.UTC)

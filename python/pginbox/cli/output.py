@@ -1,24 +1,33 @@
-"""How the commands print: JSON, plain tables, values and ages."""
+"""How the commands print: JSON, plain tables, values and ages. Every string goes out through
+pginbox.textsafe.printable: a name or id holding an escape sequence cannot drive the terminal."""
 
 from __future__ import annotations
 
 import datetime
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
 import click
 
+from pginbox.textsafe import printable
+
 __all__ = ["echo_json", "fmt", "format_age", "indent", "table"]
 
 
 def echo_json(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, sort_keys=False, ensure_ascii=False))
+    # json escapes C0 characters itself; DEL and C1 (U+009B is CSI to some terminals) it leaves raw.
+    text = json.dumps(value, indent=2, sort_keys=False, ensure_ascii=False)
+    click.echo(_C1.sub(lambda m: f"\\u{ord(m.group()):04x}", text))
+
+
+_C1 = re.compile("[\x7f-\x9f]")
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A plain-text table: columns as wide as their widest cell, numbers right-aligned."""
-    cells = [[("-" if v is None else str(v)) for v in row] for row in rows]
+    cells = [[("-" if v is None else printable(str(v))) for v in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in cells:
         for i, cell in enumerate(row):
@@ -41,8 +50,8 @@ def fmt(value: object) -> str:
     if isinstance(value, datetime.datetime):
         return value.isoformat(sep=" ", timespec="seconds")
     if isinstance(value, str):
-        return repr(value) if value == "" else value
-    return str(value)
+        return repr(value) if value == "" else printable(value)
+    return printable(str(value))
 
 
 def format_age(age: datetime.timedelta | None) -> str:

@@ -16,8 +16,9 @@ effect happened (ambiguous) and retries with the same key. The sink deduplicates
 `Idempotency-Key` header, as a destination must.
 
 The proof, from the sink's records and the database: every committed effect reached the sink and
-is `delivered`; every request carried exactly one Idempotency-Key, the effect_id of the message
-and effect in its body; the sink counted each effect exactly once; handler runs that rolled back
+is `delivered`; every request carried exactly one Idempotency-Key, the key of the consumer and the
+effect id of the message and effect in its body (inbox.idempotency_key); the sink counted each
+effect exactly once; handler runs that rolled back
 left no effect; each attempt in inbox.outbox is one request at the sink.
 """
 
@@ -110,8 +111,10 @@ ENQUEUE = (
 CLAIM = "SELECT outcome FROM inbox.claim(%s, %s, %s, %s::jsonb, 'v1')"
 # Every effect id this run's messages could produce, computed by the database.
 EXPECTED_IDS = (
-    "SELECT m.message_id, m.effect, inbox.effect_id(%(consumer)s, %(producer)s, m.message_id, m.effect) AS effect_id"
-    " FROM jsonb_to_recordset(%(pairs)s::jsonb) AS m(message_id text, effect text)"
+    "SELECT x.message_id, x.effect, x.effect_id, inbox.idempotency_key(%(consumer)s, '', x.effect_id) AS key"
+    " FROM (SELECT m.message_id, m.effect,"
+    "              inbox.effect_id(%(consumer)s, %(producer)s, m.message_id, m.effect) AS effect_id"
+    "         FROM jsonb_to_recordset(%(pairs)s::jsonb) AS m(message_id text, effect text)) x"
 )
 PROGRESS = (
     "SELECT count(*) FILTER (WHERE status = 'delivered') AS delivered,"
@@ -208,6 +211,7 @@ class OutboxAct:
         self.flaky_failed: set[str] = set()
         self.messages: list[OrderMessage] = []
         self.expected: dict[tuple[str, str], str] = {}  # (message_id, effect) -> effect_id
+        self.expected_key: dict[str, str] = {}  # effect_id -> the key the sink must see (inbox.idempotency_key)
         self.by_id: dict[str, OrderMessage] = {}
         self.crashed: set[str] = set()
         self.webhooks: list[WebhookTransport] = []
@@ -280,6 +284,7 @@ class OutboxAct:
                 EXPECTED_IDS, {"consumer": self.consumer, "producer": PRODUCER, "pairs": json.dumps(pairs)}
             ).fetchall()
             self.expected = {(r["message_id"], r["effect"]): r["effect_id"] for r in rows}
+            self.expected_key = {r["effect_id"]: r["key"] for r in rows}
 
     # ------------------------------------------------------------------ consumers
     def python_handler(self, cur: psycopg.Cursor[Any], msg: Message) -> None:
@@ -577,18 +582,20 @@ class OutboxAct:
             body = r.body if isinstance(r.body, dict) else {}
             identity = (str(body.get("message_id")), str(body.get("effect")))
             keys_per_effect.setdefault(identity, set()).update(r.keys)
-            if body.get("consumer") != self.consumer or len(r.keys) != 1 or self.expected.get(identity) != r.keys[0]:
+            expected_key = self.expected_key.get(self.expected.get(identity, ""))
+            if body.get("consumer") != self.consumer or len(r.keys) != 1 or expected_key != r.keys[0]:
                 mismatched.append(r)
         multi = [ident for ident, keys in keys_per_effect.items() if len(keys) != 1]
         ok = not bad_keys and not mismatched and not multi and bool(requests)
-        return ok, (f"each of the {len(requests)} requests carried exactly one Idempotency-Key, the effect_id "
-                    "of the message and effect in its body: one key per effect on every attempt" if ok else
-                    f"requests without exactly one key: {len(bad_keys)}; key not the body's effect_id: "
+        return ok, (f"each of the {len(requests)} requests carried exactly one Idempotency-Key, the consumer's key "
+                    "for the effect id of the message and effect in its body: one key per effect on every attempt"
+                    if ok else
+                    f"requests without exactly one key: {len(bad_keys)}; key not the body's effect's: "
                     f"{len(mismatched)}; effects seen with several keys: {multi[:3]}")
 
     def _sink_counted_each_once(self, outbox: dict[str, Row]) -> tuple[bool, str]:
         committed = set(outbox)
-        counts = {k: self.sink.counted[k] for k in committed}
+        counts = {k: self.sink.counted[self.expected_key[k]] for k in committed}
         not_once = sorted((k, n) for k, n in counts.items() if n != 1)
         dropped = sum(r.answer == "duplicate" for r in self.sink.requests)
         ok = not not_once and sum(counts.values()) == len(committed)

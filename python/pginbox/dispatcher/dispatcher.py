@@ -24,13 +24,13 @@ from psycopg_pool import ConnectionPool
 from pginbox import pooler
 from pginbox.dispatcher.listener import Listener
 from pginbox.dispatcher.log import kv, log
-from pginbox.dispatcher.queries import CLAIM, EXTEND, IDLE
+from pginbox.dispatcher.queries import CLAIM, CLAIM_V2, EXTEND, IDLE, SCHEMA_VERSION
 from pginbox.dispatcher.reporter import Report, Reporter
 from pginbox.dispatcher.stats import DispatcherMetrics, DispatcherStats
 from pginbox.errors import ClaimError
 from pginbox.runtime.backoff import jittered
 from pginbox.sql_limits import CLAIM_LIMIT, LEASE_MAX_SECONDS, REPORT_LIMIT
-from pginbox.transports.effect import EFFECT_FIELDS, Effect
+from pginbox.transports.effect import Effect
 from pginbox.transports.protocol import BatchTransport, DeliveryReport, Transport, TransportResolver
 
 __all__ = ["Dispatcher"]
@@ -153,6 +153,7 @@ class Dispatcher:
         self._queued = 0  # effects in _in_flight whose delivery is over and whose report waits
         self._unflushed = 0  # reports queued or being flushed (timed-out deliveries' reports too)
         self._claim_failures = 0
+        self._claim_sql: str | None = None  # CLAIM, or CLAIM_V2 against a 0.2.0 schema (first claim decides)
         self._last_claim_error = ""
         self._last_claim_sqlstate: str | None = None
         self._registered = False
@@ -357,7 +358,11 @@ class Dispatcher:
         try:
             with self._pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
                 cur.adapters.register_loader("jsonb", _JsonbLoader)
-                rows = cur.execute(CLAIM, (self.name, limit, datetime.timedelta(seconds=self.lease))).fetchall()
+                if self._claim_sql is None:
+                    version = cur.execute(SCHEMA_VERSION).fetchone()
+                    self._claim_sql = CLAIM if version and int(next(iter(version.values()))) >= 3 else CLAIM_V2
+                lease = datetime.timedelta(seconds=self.lease)
+                rows = cur.execute(self._claim_sql, (self.name, limit, lease)).fetchall()
         except psycopg.Error as exc:
             self._claim_failures += 1
             self._last_claim_sqlstate = exc.sqlstate
@@ -372,7 +377,7 @@ class Dispatcher:
             return _NOTHING_DUE
         self.stats.add(claimed=len(rows))
         self.metrics.claimed.inc(len(rows))
-        effects = [Effect(**{k: v for k, v in row.items() if k in EFFECT_FIELDS}) for row in rows]
+        effects = [Effect(**row) for row in rows]
         starts: list[_Lane] = []
         with self._in_flight_cond:
             for effect in effects:

@@ -4,15 +4,25 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["CHANNEL", "CLAIM", "COMPLETE_MANY", "EXTEND", "FAIL_MANY", "IDLE", "LISTEN", "REPORT_MANY"]
+__all__ = ["CHANNEL", "CLAIM", "CLAIM_V2", "COMPLETE_MANY", "EXTEND", "FAIL_MANY", "IDLE", "LISTEN", "REPORT_MANY",
+           "SCHEMA_VERSION"]
 
 #: The NOTIFY channel of inbox.dispatcher_idle's wake-up signal.
 CHANNEL: Final = "inbox_outbox"
 LISTEN: Final = "LISTEN inbox_outbox"
 
-# Every column: a schema that returns idempotency_key (the key destinations deduplicate on) hands
-# it to Effect; an older one does not, and the effect id is the key (transports.effect).
-CLAIM: Final = "SELECT * FROM inbox.claim_effects(%s, %s, %s)"
+#: Schema version 3 (0.3.0) and later: the key each destination deduplicates on is idempotency_key,
+#: derived from (consumer, tenant, effect_id); key_aware tells claim_effects this dispatcher sends it.
+CLAIM: Final = (
+    "SELECT effect_id, destination, payload, headers, ordering_key, attempts, lease_token, lease_expires_at,"
+    " created_at, idempotency_key FROM inbox.claim_effects(%s, %s, %s, key_aware => true)"
+)
+#: Schema version 2 (0.2.0): the key is the effect id.
+CLAIM_V2: Final = (
+    "SELECT effect_id, destination, payload, headers, ordering_key, attempts, lease_token, lease_expires_at,"
+    " created_at, effect_id AS idempotency_key FROM inbox.claim_effects(%s, %s, %s)"
+)
+SCHEMA_VERSION: Final = "SELECT inbox.schema_version()"
 # Set-based reports: one row per report (ord = position in the arrays, from 1), in one statement.
 COMPLETE_MANY: Final = (
     "SELECT 'complete' AS report, ord, result FROM inbox.complete_effects("

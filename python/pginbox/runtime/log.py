@@ -2,33 +2,22 @@
 
 from __future__ import annotations
 
+from pginbox.textsafe import printable
+
 __all__ = ["kv", "safe_url"]
-
-_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _quote(text: str) -> str:
-    # Values come from brokers and databases (message ids, error texts): a control character must
-    # never start a line of its own in the log.
-    out = []
-    for c in text:
-        if c in _ESCAPES:
-            out.append(_ESCAPES[c])
-        elif c < " " or c == "\x7f":
-            out.append(f"\\x{ord(c):02x}")
-        else:
-            out.append(c)
-    return '"' + "".join(out) + '"'
 
 
 def kv(event: str, **fields: object) -> str:
-    """A structured log line: `event key=value ...` (a value with spaces, quotes, '=' or control
-    characters is quoted, its control characters escaped)."""
+    """A structured log line: `event key=value ...`. Values come from brokers and databases
+    (message ids, error texts): control characters are escaped (pginbox.textsafe.printable), so
+    that no value can forge a line, and a value with spaces, quotes or '=' is quoted."""
     parts = [event]
     for key, value in fields.items():
-        text = "-" if value is None else str(value)
-        if not text or any(c.isspace() or c in '"=' or c < " " or c == "\x7f" for c in text):
-            text = _quote(text)
+        raw = "-" if value is None else str(value)
+        if not raw or any(c.isspace() or c in '"=' for c in raw):
+            text = '"' + printable(raw.replace("\\", "\\\\").replace('"', '\\"')) + '"'
+        else:
+            text = printable(raw)
         parts.append(f"{key}={text}")
     return " ".join(parts)
 

@@ -28,7 +28,7 @@ points) are described in their modules.
 from pginbox.errors import AmbiguousDelivery, DestinationRefused
 from pginbox.transports.callable import CallableTransport
 from pginbox.transports.config import ENTRY_POINT_GROUP, load_config
-from pginbox.transports.effect import Effect, EffectLike, idempotency_key
+from pginbox.transports.effect import Effect, EffectLike, delivery_key
 from pginbox.transports.protocol import BatchTransport, DeliveryReport, Transport, TransportResolver
 from pginbox.transports.webhook import DEFAULT_RETRY_ON, WebhookTransport
 
@@ -45,6 +45,6 @@ __all__ = [
     "Transport",
     "TransportResolver",
     "WebhookTransport",
-    "idempotency_key",
+    "delivery_key",
     "load_config",
 ]

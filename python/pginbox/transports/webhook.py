@@ -1,7 +1,6 @@
 """`WebhookTransport`: POST (or `method`) the effect's payload as JSON to a URL.
 
-The payload goes with `Idempotency-Key: <idempotency_key(effect)>` (never overridable: the effect's
-idempotency key, else its id). Headers: the effect's own,
+The payload goes with `Idempotency-Key: <effect id>` (never overridable). Headers: the effect's own,
 then the configured ones, which always win (names compared without case); an effect never sets
 Host, credentials (Authorization, Proxy-Authorization, Cookie), framing (Content-Length,
 Transfer-Encoding), hop-by-hop headers or the idempotency key: those are dropped from its headers
@@ -13,6 +12,9 @@ guard (pginbox.transports.ssrf); redirects are followed by hand (at most 5), eac
 301/302/307/308 keep the method and the payload, 303 is followed with GET. When a redirect changes
 the origin, every configured header is treated as a secret and dropped, unless the destination
 lists it in `forward_on_redirect`; Authorization, Proxy-Authorization and Cookie are dropped always.
+A webhook URL is often the credential itself (Slack, Teams): the errors this transport reports (which
+reach inbox.outbox.last_error, the audit rows and the dispatcher's log) name a URL only by its scheme,
+host and port (pginbox.textsafe.public_url), redirect targets included.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import httpx
 
 from pginbox.errors import AmbiguousDelivery, DestinationRefused
 from pginbox.sql_limits import EXCERPT_CHARS  # the excerpt kept: what inbox.outbox keeps
-from pginbox.transports.effect import EffectLike, idempotency_key
+from pginbox.textsafe import public_url, redact_urls
+from pginbox.transports.effect import EffectLike, delivery_key
 from pginbox.transports.protocol import DeliveryReport
 from pginbox.transports.ssrf import AddressPolicy, GuardedHTTPTransport
 
@@ -78,7 +81,7 @@ class WebhookTransport:
     ) -> None:
         parsed = httpx.URL(url)
         if parsed.scheme not in ("http", "https") or not parsed.host:
-            raise ValueError(f"webhook url must be http(s)://host/...: {url!r}")
+            raise ValueError(f"webhook url must be http(s)://host/...: {public_url(url)!r}")
         self.url = url
         self.method = method.upper()
         self.headers = dict(headers or {})
@@ -106,7 +109,7 @@ class WebhookTransport:
         self.close()
 
     def __repr__(self) -> str:
-        return f"WebhookTransport({self.method} {self.url})"
+        return f"WebhookTransport({self.method} {public_url(self.url)})"
 
     def _request_headers(self, effect: EffectLike) -> dict[str, str]:
         # By lower-case name, so that "x-a" from the effect cannot ride along with a configured "X-A".
@@ -117,10 +120,18 @@ class WebhookTransport:
         for name, value in self.headers.items():  # configured headers win
             if name.lower() != "idempotency-key":
                 merged[name.lower()] = (name, str(value))
-        merged["idempotency-key"] = ("Idempotency-Key", idempotency_key(effect))
+        merged["idempotency-key"] = ("Idempotency-Key", delivery_key(effect))
         return dict(merged.values())
 
     def deliver(self, effect: EffectLike) -> DeliveryReport:
+        seen = [self.url]  # every URL of this delivery: no error may quote one whole
+
+        def redacted(report: DeliveryReport) -> DeliveryReport:
+            if report.error is None:
+                return report
+            return DeliveryReport(report.status_code, report.response_excerpt, report.retryable,
+                                  redact_urls(report.error, seen))
+
         body = json.dumps(effect.payload, separators=(",", ":"), ensure_ascii=False).encode()
         method = self.method
         url = httpx.URL(self.url)
@@ -130,21 +141,24 @@ class WebhookTransport:
             try:
                 status, excerpt, location = self._send(method, url, headers, content)
             except DestinationRefused as exc:
-                return DeliveryReport(None, None, False, str(exc))
+                return redacted(DeliveryReport(None, None, False, str(exc)))
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
                 # Nothing was sent: an ordinary retryable failure.
-                return DeliveryReport(None, None, True, f"connect failed: {type(exc).__name__}: {exc}")
+                return redacted(DeliveryReport(None, None, True, f"connect failed: {type(exc).__name__}: {exc}"))
             except httpx.UnsupportedProtocol as exc:
-                return DeliveryReport(None, None, False, f"unsupported url: {exc}")
+                return redacted(DeliveryReport(None, None, False, f"unsupported url: {exc}"))
             except httpx.TransportError as exc:
-                raise AmbiguousDelivery(
-                    f"outcome unknown for effect {effect.effect_id} at {url}: {type(exc).__name__}: {exc}"
-                ) from exc
+                raise AmbiguousDelivery(redact_urls(
+                    f"outcome unknown for effect {effect.effect_id} at {url}: {type(exc).__name__}: {exc}", seen
+                )) from exc
             if status in _REDIRECT_STATUSES and location is not None:
+                seen.append(location)
                 try:
                     target = url.join(location)
                 except httpx.InvalidURL as exc:
-                    return DeliveryReport(status, excerpt, False, f"invalid redirect location {location!r}: {exc}")
+                    return redacted(DeliveryReport(status, excerpt, False,
+                                                   f"invalid redirect location {location!r}: {exc}"))
+                seen.append(str(target))
                 if target.scheme not in ("http", "https"):
                     return DeliveryReport(status, excerpt, False, f"refused: redirect to {target.scheme} url")
                 # 301/302/307/308 keep the method and the payload (a webhook that lost its payload on
