@@ -4,6 +4,7 @@ plan's changes and tags, psql on a file."""
 from __future__ import annotations
 
 import difflib
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import psycopg
 import pytest
 
 from pginbox.devtools.cluster import find_bindir
+from pginbox.schema.sqitch import pinned_pgoptions
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SQL_DIR = REPO_ROOT / "sql"
@@ -20,11 +22,14 @@ DUMP_NOISE = ("--", "SET ", "SELECT pg_catalog.set_config(", "\\restrict", "\\un
 
 
 def psql_file(dsn: str, path: Path) -> subprocess.CompletedProcess[str]:
+    """psql -f on a deploy, revert or verify script (or a source in sql/), its session started with
+    search_path = pg_catalog, pg_temp as every deploy path starts it (pginbox.schema.sqitch)."""
     return subprocess.run(
         [str(find_bindir() / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", str(path)],
         capture_output=True,
         text=True,
         check=False,
+        env={**os.environ, "PGOPTIONS": pinned_pgoptions(os.environ.get("PGOPTIONS"))},
     )
 
 
@@ -73,8 +78,9 @@ def dump_diff(expected: list[str], actual: list[str], expected_name: str, actual
     return "\n".join(difflib.unified_diff(expected, actual, expected_name, actual_name, lineterm=""))
 
 
-def assert_same_lines(expected: list[str], actual: list[str], what: str,
-                      names: tuple[str, str] = ("sqitch deploy", "sql/*.sql")) -> None:
+def assert_same_lines(
+    expected: list[str], actual: list[str], what: str, names: tuple[str, str] = ("sqitch deploy", "sql/*.sql")
+) -> None:
     if expected != actual:
         pytest.fail(f"{what} differ:\n{dump_diff(expected, actual, *names)}")
 
@@ -86,8 +92,11 @@ def query(dsn: str, statement: str) -> list[tuple[Any, ...]]:
 
 def plan_entries(project: Path = REPO_ROOT) -> list[str]:
     """Change names and @tags of sqitch.plan, in plan order."""
-    return [line.split()[0] for line in (project / "sqitch.plan").read_text().splitlines()
-            if line.strip() and not line.startswith(("%", "#", " "))]
+    return [
+        line.split()[0]
+        for line in (project / "sqitch.plan").read_text().splitlines()
+        if line.strip() and not line.startswith(("%", "#", " "))
+    ]
 
 
 def plan_changes(project: Path = REPO_ROOT) -> list[str]:
@@ -102,8 +111,8 @@ def plan_targets(project: Path = REPO_ROOT) -> list[str]:
     for i, entry in enumerate(entries):
         if entry.startswith("@"):
             continue
-        if entry in entries[i + 1:]:
-            targets.append(entry + next(e for e in entries[i + 1:] if e.startswith("@")))
+        if entry in entries[i + 1 :]:
+            targets.append(entry + next(e for e in entries[i + 1 :] if e.startswith("@")))
         elif entry in entries[:i]:
             targets.append(entry + "@HEAD")
         else:
