@@ -2,8 +2,9 @@
 TO PUBLIC: the default before PostgreSQL 15, kept by databases upgraded or restored from such
 clusters). An unprivileged login plants, in public, overloads of what the released scripts call
 unqualified, each recording that it ran and as whom. The database also names public before
-pg_catalog in its search_path, so that plants with the built-ins' own signatures (now(), text = text)
-compete too: "any schema the deployer's path names".
+pg_catalog in its search_path, and so does the deployer's PGOPTIONS (or DSN options), so that plants
+with the built-ins' own signatures (now(), text = text) compete too: "any schema the deployer's path
+names".
 
 Every way of running the scripts runs none of the plants, binds nothing to them, creates nothing in
 pg_catalog or public, and builds what a clean build from sql/ builds: plain `sqitch` in the checkout
@@ -288,14 +289,17 @@ def plain_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+# A deployer whose environment asks for public first.
+DEPLOYER_PGOPTIONS = "-c search_path=public,pg_catalog -c application_name=deployer"
+
+
 def sqitch_in_checkout(dsn: str, command: str, *args: str, client: str | None = None) -> str:
     """`sqitch <command>` in the checkout, as a developer runs it: with the project's own client
     (psql-pinned), or `client` (the old way: `--client psql`)."""
     target = target_from_dsn(dsn)
     argv = ["sqitch", command, "--target", target.uri, *(["--client", client] if client else []), *args]
-    result = subprocess.run(
-        argv, cwd=REPO_ROOT, env=plain_env(dict(target.env)), capture_output=True, text=True, check=False
-    )
+    env = plain_env({**target.env, "PGOPTIONS": DEPLOYER_PGOPTIONS})
+    result = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False)
     assert result.returncode == 0, f"{' '.join(argv)}:\n{result.stdout}\n{result.stderr}"
     return result.stdout
 
@@ -309,11 +313,11 @@ def pginbox(project: Path, *args: str) -> str:
 
 
 def psql_script(dsn: str, script: str) -> None:
-    """`... | psql -X -v ON_ERROR_STOP=1 -d DB`, by hand: no PGOPTIONS."""
+    """`... | psql -X -v ON_ERROR_STOP=1 -d DB`, by hand, in the deployer's environment."""
     result = subprocess.run(
         [str(find_bindir() / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn],
         input=script,
-        env=plain_env({}),
+        env=plain_env({"PGOPTIONS": DEPLOYER_PGOPTIONS}),
         capture_output=True,
         text=True,
         check=False,
@@ -385,6 +389,7 @@ def test_an_unqualified_create_under_the_pin_lands_in_pg_catalog_and_is_caught(a
 
 @pytest.mark.parametrize("start", starting_points())
 def test_sqitch_in_the_checkout_runs_no_plant(attacked: Attacked, start: str) -> None:
+    """psql-pinned appends the pin to the deployer's PGOPTIONS, which ask for public first."""
     dsn = attacked.dsn
     sqitch_in_checkout(dsn, "deploy", *([] if start == "HEAD" else ["--to-change", start]))
     traffic(dsn, 1)
@@ -398,16 +403,19 @@ def test_sqitch_in_the_checkout_runs_no_plant(attacked: Attacked, start: str) ->
 
 @pytest.mark.parametrize("start", starting_points())
 def test_pginbox_deploy_verify_revert_run_no_plant(site: Site, attacked: Attacked, start: str) -> None:
-    """pginbox pins the path itself: the project here has no psql-pinned and names no client."""
+    """pginbox pins the path itself: the project here has no psql-pinned and names no client, and the
+    deployer's DSN asks for public first (its options go into PGOPTIONS, before the pin)."""
     dsn = attacked.dsn
-    pginbox(site.legacy_project, "--dsn", dsn, "deploy", *([] if start == "HEAD" else ["--to-change", start]))
+    deployer = make_conninfo(dsn, options=DEPLOYER_PGOPTIONS)
+    project = site.legacy_project
+    pginbox(project, "--dsn", deployer, "deploy", *([] if start == "HEAD" else ["--to-change", start]))
     traffic(dsn, 1)
-    pginbox(site.legacy_project, "--dsn", dsn, "deploy")
+    pginbox(project, "--dsn", deployer, "deploy")
     traffic(dsn, 2)
-    assert "Verify successful" in pginbox(site.legacy_project, "--dsn", dsn, "verify")
+    assert "Verify successful" in pginbox(project, "--dsn", deployer, "verify")
     attacked.assert_untouched(deployed=True)
-    # Its history check runs first (the inbox holds data) and is pinned as well.
-    pginbox(site.legacy_project, "--dsn", dsn, "revert", "--yes", "--discard-history")
+    # Its history check runs first (the inbox holds data, an open quarantine entry) and is pinned too.
+    pginbox(project, "--dsn", deployer, "revert", "--yes", "--discard-history")
     assert_reverted(attacked)
 
 
