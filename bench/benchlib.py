@@ -3,6 +3,7 @@ SQL modules of sql/ deployed in database `bench`, stopped and removed afterwards
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -14,13 +15,21 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python"))
 
 from pginbox.devtools.cluster import Cluster  # noqa: E402
+from pginbox.schema.sqitch import pinned_pgoptions  # noqa: E402
 
 
 def deploy_sql(dsn: str, sql_dir: Path = ROOT / "sql") -> None:
-    """sql_dir/*.sql deployed in name order with psql (the readable current state, built directly)."""
+    """sql_dir/*.sql deployed in name order with psql (the readable current state, built directly),
+    each session pinned to search_path = pg_catalog, pg_temp like every deploy path."""
+    env = {**os.environ, "PGOPTIONS": pinned_pgoptions(os.environ.get("PGOPTIONS"))}
     for module in sorted(sql_dir.glob("*.sql")):
-        done = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", str(module)],
-                              check=False, capture_output=True, text=True)
+        done = subprocess.run(
+            ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", str(module)],
+            check=False,
+            capture_output=True,
+            text=True,
+            env=env,
+        )
         if done.returncode != 0:
             raise SystemExit(f"deploying {module} failed:\n{done.stderr}")
 
@@ -42,8 +51,16 @@ def bench_database(sql_dir: Path = ROOT / "sql", prefix: str = "pginbox-bench-")
             cluster.stop("fast")
 
 
-def run_pgbench(cluster: Cluster, script: str, clients: int, seconds: int, *, db: str = "bench",
-                user: str = "postgres", max_tries: int | None = 20) -> float:
+def run_pgbench(
+    cluster: Cluster,
+    script: str,
+    clients: int,
+    seconds: int,
+    *,
+    db: str = "bench",
+    user: str = "postgres",
+    max_tries: int | None = 20,
+) -> float:
     """Transactions per second of `script` under pgbench -M prepared (without connection time)."""
     import re
 
@@ -54,8 +71,25 @@ def run_pgbench(cluster: Cluster, script: str, clients: int, seconds: int, *, db
         path = f.name
     Path(path).chmod(0o644)
     cmd = [
-        str(find_bindir() / "pgbench"), "-n", "-M", "prepared", "-c", str(clients), "-j", str(clients),
-        "-T", str(seconds), "-f", path, "-h", "127.0.0.1", "-p", str(cluster.port), "-U", user, db,
+        str(find_bindir() / "pgbench"),
+        "-n",
+        "-M",
+        "prepared",
+        "-c",
+        str(clients),
+        "-j",
+        str(clients),
+        "-T",
+        str(seconds),
+        "-f",
+        path,
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(cluster.port),
+        "-U",
+        user,
+        db,
     ]
     if max_tries is not None:
         cmd.insert(-1, f"--max-tries={max_tries}")
@@ -81,7 +115,8 @@ def create_service_role(dsn: str, consumer: str = "bench", grants: str = "", *, 
     with psycopg.connect(dsn, autocommit=True) as conn:
         if create:
             conn.execute(f"CREATE ROLE {SERVICE_ROLE} LOGIN IN ROLE inbox_consumer")  # type: ignore[arg-type]
-        conn.execute("SELECT inbox.bind_consumer(%s, %s::regrole, note => 'benchmark service')",
-                     (consumer, SERVICE_ROLE))
+        conn.execute(
+            "SELECT inbox.bind_consumer(%s, %s::regrole, note => 'benchmark service')", (consumer, SERVICE_ROLE)
+        )
         if grants:
             conn.execute(grants.replace("{role}", SERVICE_ROLE))  # type: ignore[arg-type]

@@ -4,6 +4,7 @@ plan's changes and tags, psql on a file."""
 from __future__ import annotations
 
 import difflib
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import psycopg
 import pytest
 
 from pginbox.devtools.cluster import find_bindir
+from pginbox.schema.sqitch import pinned_pgoptions
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SQL_DIR = REPO_ROOT / "sql"
@@ -20,11 +22,14 @@ DUMP_NOISE = ("--", "SET ", "SELECT pg_catalog.set_config(", "\\restrict", "\\un
 
 
 def psql_file(dsn: str, path: Path) -> subprocess.CompletedProcess[str]:
+    """psql -f on a deploy, revert or verify script (or a source in sql/), its session started with
+    search_path = pg_catalog, pg_temp as every deploy path starts it (pginbox.schema.sqitch)."""
     return subprocess.run(
         [str(find_bindir() / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", str(path)],
         capture_output=True,
         text=True,
         check=False,
+        env={**os.environ, "PGOPTIONS": pinned_pgoptions(os.environ.get("PGOPTIONS"))},
     )
 
 

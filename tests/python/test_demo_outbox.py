@@ -127,7 +127,7 @@ def test_the_proof_catches_a_leaked_effect_and_a_wrong_key(db_dsn: str) -> None:
     text = out.getvalue()
     assert "FAILED effects of messages that never committed: ['fx_" in text
     assert "FAILED effects missing: []; unexpected: ['fx_" in text
-    assert re.search(r"FAILED requests without exactly one key: 0; key not the body's effect_id: 1; "
+    assert re.search(r"FAILED requests without exactly one key: 0; key not the body's effect's: 1; "
                      r"effects seen with several keys: \[\('o-\d+', '[a-z.]+'\)\]", text), text
     attempts = re.search(r"FAILED (\d+) attempts in inbox.outbox, (\d+) requests at the sink", text)
     assert attempts and int(attempts.group(2)) == int(attempts.group(1)) + 1, text

@@ -933,7 +933,7 @@ def test_transient_error_in_a_sql_handler_is_retried(client: Conn, domain: Conn)
 
 
 def test_schema_version_is_checked(inbox: Inbox) -> None:
-    assert inbox.check_schema() == 2
+    assert inbox.check_schema() == 3  # release 0.3.0
 
 
 def scratch_db(pg_base: str) -> Iterator[str]:

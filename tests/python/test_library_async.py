@@ -998,7 +998,7 @@ async def test_transient_error_in_a_sql_handler_is_retried(client: AConn, domain
 
 
 async def test_schema_version_is_checked(inbox: AsyncInbox) -> None:
-    assert await inbox.check_schema() == 2
+    assert await inbox.check_schema() == 3  # release 0.3.0
 
 
 def scratch_db(pg_base: str) -> Iterator[str]:

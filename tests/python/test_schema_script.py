@@ -68,7 +68,11 @@ DEPLOY = {
         "LANGUAGE sql AS $$ SELECT i.name $$;\nCOMMIT;\n"
     ),
     # Ends without a newline and without a final semicolon: psql runs that at the end of a file.
-    "audit": "-- l'audit (UTF-8: é)\nBEGIN;\nCREATE TABLE widgets.audit (id int);\nCREATE SEQUENCE audit_seq;\nCOMMIT",
+    # Names its schema: every script runs with search_path = pg_catalog, pg_temp (pginbox deploy, the
+    # rendered script), where an unqualified CREATE would target pg_catalog.
+    "audit": (
+        "-- l'audit (UTF-8: é)\nBEGIN;\nCREATE TABLE widgets.audit (id int);\nCREATE SEQUENCE public.audit_seq;\nCOMMIT"
+    ),
     "label": (
         "BEGIN;\nCREATE OR REPLACE FUNCTION widgets.label(i widgets.items) RETURNS text\n"
         "LANGUAGE sql AS $$ SELECT upper(i.name) $$;\nCOMMIT;\n"

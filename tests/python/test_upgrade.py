@@ -52,6 +52,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
 from pginbox.schema import sqitch
+from pginbox.transports.effect import idempotency_key
 
 Conn = psycopg.Connection[Any]
 
@@ -777,6 +778,13 @@ def check_nothing_lost(dsn: str, roles: Roles, released: Released, client: Clien
         assert deliver_all(s, released.purged, moment) == ["expired"] * len(released.purged)
         watermarks = dict(admin.execute("SELECT consumer, watermark FROM inbox.purge_state").fetchall())
         assert {c: watermarks.get(c) for c in released.watermarks} == released.watermarks
+        # What the release purged is bounded for the exact expiry of 0.3.0: by its watermark, or by the
+        # time of the upgrade when that is earlier; the purged deliveries above are expired by it.
+        bounds = dict(admin.execute(
+            "SELECT consumer, purged_produced_max FROM inbox.purge_state WHERE rows_purged > 0").fetchall())
+        assert bounds, "the release purged nothing: the watermark went untested"
+        for consumer, bound in bounds.items():
+            assert bound is not None and bound <= watermarks[consumer], (consumer, bound)
         # A quarantined identity stays with the entry that held it at the release.
         for d, entry_id in released.quarantined.items():
             assert deliver(s, d) == "quarantined", d
@@ -809,18 +817,25 @@ def check_nothing_lost(dsn: str, roles: Roles, released: Released, client: Clien
 
 
 def deliver_everything(dsn: str, roles: Roles, released: Released) -> None:
-    """A dispatcher of the new version drains the outbox: each effect enqueued at the release is
-    delivered exactly once with its payload (the leased ones after their lease expired), none of the
-    delivered ones again, and the old dispatcher's late report on its expired lease is refused."""
+    """Dispatchers drain the outbox: each effect enqueued at the release is delivered exactly once
+    with its payload (the leased ones after their lease expired), none of the delivered ones again,
+    and the old dispatcher's late report on its expired lease is refused. A dispatcher of the
+    release (claim_effects without key_aware) is given only the effects of the release, which keep
+    their bare id as key; the new one sends inbox.idempotency_key for the effects enqueued since:
+    no effect is ever sent under two keys."""
     time.sleep(1.1)  # the leases taken at the release expire
     deliveries: Counter[EffectKey] = Counter()
     payloads: dict[EffectKey, Any] = {}
-    with psycopg.connect(as_role(dsn, roles.dispatcher), autocommit=True) as conn:
+    keys: dict[EffectKey, str] = {}
+    notices: list[str] = []
+
+    def drain(conn: psycopg.Connection[Any], name: str, key_aware: bool) -> None:
         for _ in range(100):
             with conn.cursor(row_factory=dict_row) as cur:
-                rows = cur.execute("SELECT * FROM inbox.claim_effects('new-dispatcher', 100)").fetchall()
+                rows = cur.execute("SELECT * FROM inbox.claim_effects(%s, 100, key_aware => %s)",
+                                   (name, key_aware)).fetchall()
             if not rows:
-                break
+                return
             for row in rows:
                 reported = conn.execute(
                     "SELECT inbox.complete_effect(%s, %s, 200)", (row["effect_id"], row["lease_token"])
@@ -828,6 +843,13 @@ def deliver_everything(dsn: str, roles: Roles, released: Released) -> None:
                 assert reported == (True,)
                 deliveries[effect_key(row)] += 1
                 payloads[effect_key(row)] = row["payload"]
+                keys[effect_key(row)] = row["idempotency_key"]
+
+    with psycopg.connect(as_role(dsn, roles.dispatcher), autocommit=True) as conn:
+        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+        drain(conn, "dispatcher-of-the-release", key_aware=False)
+        old_style = set(deliveries)
+        drain(conn, "new-dispatcher", key_aware=True)
         for (effect_id, _), token in released.leases.items():
             assert conn.execute("SELECT inbox.complete_effect(%s, %s, 200)", (effect_id, token)).fetchone() == (
                 False,
@@ -836,6 +858,9 @@ def deliver_everything(dsn: str, roles: Roles, released: Released) -> None:
         undelivered = admin.execute(
             "SELECT effect_id, status::text FROM inbox.outbox WHERE status <> 'delivered'"
         ).fetchall()
+        rows = admin.execute("SELECT effect_id, consumer, tenant, key_scoped FROM inbox.outbox").fetchall()
+        tenants = {(r[0], r[1]): r[2] for r in rows}
+        scoped = {(r[0], r[1]) for r in rows if r[3]}
     owed = released.effects.keys() - released.delivered
     assert set(deliveries) >= owed, f"never delivered: {sorted(owed - set(deliveries))[:5]}"
     assert not (set(deliveries) & released.delivered), "an effect delivered at the release was delivered again"
@@ -843,9 +868,33 @@ def deliver_everything(dsn: str, roles: Roles, released: Released) -> None:
     assert set(released.leases) <= set(deliveries)
     assert {k: payloads[k] for k in owed} == {k: released.effects[k] for k in owed}
     assert undelivered == []
+    # The keys: effects committed before the upgrade (the release's, and the client's until the
+    # outbox change) keep their id; the new ones are scoped to consumer and tenant.
+    assert not (set(released.effects) & scoped), "an effect of the release changed its key"
+    assert not (old_style & scoped), "a key-unaware claim was given an effect keyed since 0.3.0"
+    for k, key in keys.items():
+        expected = idempotency_key(k[1], tenants[k], k[0]) if k in scoped else k[0]
+        assert key == expected, (k, key)
+    assert scoped & set(deliveries), "the traffic after the upgrade enqueued no effect: the new keys went untested"
+    assert any("wait for a dispatcher that sends their idempotency_key" in n for n in notices), notices
 
 
 def finish_replay_plan(dsn: str, roles: Roles, released: Released) -> None:
+    """The plan started at the release goes on after the upgrade steps of 0.3.0 (docs/security.md,
+    "Upgrading to 0.3.0"): its handler runs through inbox_runner with its owner's rights only, so
+    until it is a SECURITY DEFINER function of the consumer's role that inbox_runner may call, the
+    run is refused before any item runs."""
+    with psycopg.connect(as_role(dsn, roles.operator), autocommit=True) as op:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="inbox.run_replay_plan"):
+            op.execute("SELECT inbox.run_replay_plan(%s, 100)", (released.plan_id,))
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL(
+                "ALTER FUNCTION app.credit_fix(jsonb, inbox.message_context) SECURITY DEFINER"
+                " SET search_path = app, pg_temp; ALTER FUNCTION app.credit_fix(jsonb,"
+                " inbox.message_context) OWNER TO {}; GRANT USAGE ON SCHEMA app TO inbox_runner"
+            ).format(sql.Identifier(roles.service))
+        )
     with psycopg.connect(as_role(dsn, roles.operator), autocommit=True) as op:
         row = op.execute("SELECT status, pending FROM inbox.run_replay_plan(%s, 100)", (released.plan_id,)).fetchone()
         assert row == ("completed", 0)

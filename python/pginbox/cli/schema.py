@@ -42,12 +42,17 @@ def verify(ctx: click.Context, command_dsn: str | None) -> None:
 
 def _history(dsn: str) -> tuple[int, int, int] | None:
     with psycopg.connect(dsn, autocommit=True, application_name="pginbox-cli") as conn:
+        # Pinned like the revert scripts that follow: the deployer's search_path may name a schema
+        # where anyone can plant an operator (`status = 'open'` compares text).
+        conn.execute("SET search_path = pg_catalog, pg_temp")
         deployed = conn.execute("SELECT to_regclass('inbox.message') IS NOT NULL").fetchone()
         if not deployed or not deployed[0]:
             return None
         if conn.execute("SELECT to_regclass('inbox.outbox') IS NULL").fetchone() == (True,):
-            row = conn.execute("SELECT (SELECT count(*) FROM inbox.message), 0,"
-                               " (SELECT count(*) FROM inbox.quarantine WHERE status = 'open')").fetchone()
+            row = conn.execute(
+                "SELECT (SELECT count(*) FROM inbox.message), 0,"
+                " (SELECT count(*) FROM inbox.quarantine WHERE status = 'open')"
+            ).fetchone()
         else:
             row = conn.execute(_HISTORY).fetchone()
     assert row is not None
@@ -58,11 +63,13 @@ def _history(dsn: str) -> tuple[int, int, int] | None:
 @dsn_option
 @click.option("--to-change", metavar="CHANGE", help="Revert down to this change (or @tag), which is kept.")
 @click.option("--yes", is_flag=True, help="Do not ask: revert.")
-@click.option("--discard-history", is_flag=True,
-              help="Accept losing every remembered identity and owed effect (with --yes).")
+@click.option(
+    "--discard-history", is_flag=True, help="Accept losing every remembered identity and owed effect (with --yes)."
+)
 @click.pass_context
-def revert(ctx: click.Context, command_dsn: str | None, to_change: str | None, yes: bool,
-           discard_history: bool) -> None:
+def revert(
+    ctx: click.Context, command_dsn: str | None, to_change: str | None, yes: bool, discard_history: bool
+) -> None:
     """Revert the schema with Sqitch. Refused while the inbox remembers identities or owes effects,
     unless --yes --discard-history: after that, every redelivery would be applied again. To pick up a
     fix, upgrade with `pginbox deploy` instead; reverting to an earlier release (--to-change @tag)
@@ -88,10 +95,16 @@ def schema_group() -> None:
 
 @schema_group.command(name="sql")
 @click.option("--to", "to_tag", metavar="TAG", help="Stop at this release tag [default: the whole plan].")
-@click.option("--since", "since_tag", metavar="TAG",
-              help="Only the changes after this tag: the upgrade of a database at TAG.")
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write to this file instead of standard output.")
+@click.option(
+    "--since", "since_tag", metavar="TAG", help="Only the changes after this tag: the upgrade of a database at TAG."
+)
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write to this file instead of standard output.",
+)
 def schema_sql(to_tag: str | None, since_tag: str | None, output: Path | None) -> None:
     """Print the deploy (or the upgrade from --since TAG) as one psql script, with the Sqitch
     registry rows, so that Sqitch can take over later. Apply it with

@@ -51,6 +51,24 @@ BEGIN
     INSERT INTO pginbox_demo.ledger VALUES (ctx.message_id, (payload->>'account')::integer,
                                             (payload->>'amount')::bigint);
 END $$;
+-- The billing service owns its tables and handlers, which run with its rights (SECURITY DEFINER):
+-- an operator's repair then runs a handler with the service's rights, never the operator's, and
+-- only for a consumer bound to the service's role (docs/security.md). inbox_runner, which holds no
+-- rights, calls the handlers of operator decisions: it needs USAGE on their schema.
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'pginbox_demo_service') THEN
+        CREATE ROLE pginbox_demo_service NOLOGIN;
+    END IF;
+END $$;
+GRANT USAGE ON SCHEMA pginbox_demo TO pginbox_demo_service, inbox_runner;
+ALTER TABLE pginbox_demo.account OWNER TO pginbox_demo_service;
+ALTER TABLE pginbox_demo.ledger OWNER TO pginbox_demo_service;
+ALTER FUNCTION pginbox_demo.credit(jsonb, inbox.message_context) OWNER TO pginbox_demo_service;
+ALTER FUNCTION pginbox_demo.credit(jsonb, inbox.message_context)
+    SECURITY DEFINER SET search_path = pginbox_demo, pg_temp;
+ALTER FUNCTION pginbox_demo.credit_v2(jsonb, inbox.message_context) OWNER TO pginbox_demo_service;
+ALTER FUNCTION pginbox_demo.credit_v2(jsonb, inbox.message_context)
+    SECURITY DEFINER SET search_path = pginbox_demo, pg_temp;
 """
 
 APPLY = (
@@ -110,6 +128,10 @@ class OutcomesAct:
             (self.consumer,),
         )
         self.conn.execute("SELECT inbox.configure_consumer(%s, max_attempts => 3)", (self.consumer,))
+        self.conn.execute(
+            "SELECT inbox.bind_consumer(%s, 'pginbox_demo_service', note => 'the demo''s billing service')",
+            (self.consumer,),
+        )
 
         self.step("First delivery", "claim_and_apply claims the id and runs the handler in one transaction.")
         self.show("m-1 credit account 1 with 10", self.apply("m-1", {"account": 1, "amount": 10}))

@@ -193,10 +193,15 @@ class _Chain:
                         consumers[-1].stop()  # B stops mid-stream (finishing its batch) and starts again
                         b_thread.join(30)
                         b_thread = start_consumer()
-                # a publisher whose confirms were lost publishes again, with the same ids
+                # a publisher whose confirms were lost publishes again, with the same keys
                 from pginbox.transports import Effect
 
-                again = [Effect(oid, self.dest, {"id": oid, "amount": int(oid.rsplit("-o", 1)[1])})
+                keys = dict(conn.execute(
+                    "SELECT effect_id, CASE WHEN key_scoped THEN inbox.idempotency_key(consumer, tenant, effect_id)"
+                    " ELSE effect_id END FROM inbox.outbox WHERE destination = %s AND effect_id = ANY(%s)",
+                    (self.dest, committed[:20])).fetchall())
+                again = [Effect(oid, self.dest, {"id": oid, "amount": int(oid.rsplit("-o", 1)[1])},
+                                idempotency_key=keys[oid])
                          for oid in committed[:20]]
                 transport.deliver_batch(again)
                 deadline = time.monotonic() + 60

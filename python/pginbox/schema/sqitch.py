@@ -3,6 +3,10 @@
 The DSN (libpq conninfo or postgresql:// URL) becomes a `db:pg:` target holding user, host, port
 and database; everything else (password, sslmode, socket directory, ...) travels in the libpq
 environment variables of the sqitch process, so no secret appears on a command line.
+
+Every script runs with search_path = pg_catalog, pg_temp (`pinned_pgoptions`): nothing planted in
+public, or in any other schema the deployer's path names, can shadow a built-in that a script calls
+unqualified (docs/security.md).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ __all__ = [
     "SqitchTarget",
     "deploy",
     "find_project",
+    "pinned_pgoptions",
     "revert",
     "run",
     "status",
@@ -76,6 +81,27 @@ class SqitchTarget:
 
     uri: str
     env: Mapping[str, str]
+
+
+#: What starts every deploy, revert and verify session: the released scripts are frozen and call
+#: built-in functions and operators unqualified, so their session must not resolve names through
+#: the deployer's search_path (a public.format(text, text) planted where public is writable would
+#: run as the superuser). The project's own Sqitch client, psql-pinned, appends the same option.
+SEARCH_PATH_OPTION = "-c search_path=pg_catalog,pg_temp"
+
+
+def pinned_pgoptions(pgoptions: str | None = None) -> str:
+    """PGOPTIONS for a session that runs deploy, revert or verify scripts: `pgoptions` (kept) with
+    search_path = pg_catalog, pg_temp appended. The last setting of an option wins, and one given at
+    connection time wins over ALTER ROLE / ALTER DATABASE ... SET search_path; RESET ALL returns to it."""
+    if pgoptions and pgoptions.strip():
+        return f"{pgoptions} {SEARCH_PATH_OPTION}"
+    return SEARCH_PATH_OPTION
+
+
+def _psql_client() -> str:
+    """The psql this package runs (through Sqitch): $PGINBOX_PSQL, else psql on PATH."""
+    return os.environ.get("PGINBOX_PSQL") or "psql"
 
 
 #: The Sqitch project this package ships (pginbox/schema/project: symlinks in a checkout, files in
@@ -160,7 +186,12 @@ def run(
     target = target_from_dsn(dsn)
     env = dict(os.environ)
     env.update(target.env)
-    argv = [executable, command, "--target", target.uri, *args]
+    # Every psql session Sqitch starts for a script begins with the pinned search_path. Set here, not
+    # left to the project's client (psql-pinned): PGINBOX_SQITCH_DIR may name a project without it,
+    # and no mode bit of an installed file matters. Sqitch's registry connection inherits it too and
+    # then sets search_path = sqitch, as it always does.
+    env["PGOPTIONS"] = pinned_pgoptions(env.get("PGOPTIONS"))
+    argv = [executable, command, "--target", target.uri, "--client", _psql_client(), *args]
     result = subprocess.run(
         argv,
         cwd=project_dir,

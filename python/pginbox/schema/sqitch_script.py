@@ -15,6 +15,10 @@ Everything that must match Sqitch byte for byte follows App::Sqitch 1.3.1 (/usr/
                                        _log_event, log_new_tags), Engine.pm (check_deploy_dependencies)
   - the registry DDL:                  Engine/pg.sql, copied as sqitch_registry_pg.sql
 
+The script sets search_path = pg_catalog, pg_temp before anything else and again after each
+change's RESET ALL, so every deploy script runs pinned whatever the deployer's search_path says:
+a function or operator planted in a writable public schema cannot shadow a built-in it calls.
+
 Committer fields (and the installer/creator fields of the release and project rows) are
 `committer_name` / `committer_email` when given; by default they are computed by the database while
 the script runs: the session user, and `session_user@<server address or localhost>` (Sqitch's own
@@ -53,6 +57,9 @@ REGISTRY_RELEASE = "1.1"  # App::Sqitch::Engine::registry_release in Sqitch 1.3.
 REGISTRY_DDL_RESOURCE = "sqitch_registry_pg.sql"  # App/Sqitch/Engine/pg.sql of Sqitch 1.3.1
 ADVISORY_LOCK_KEY = 75474063  # App::Sqitch::Engine::pg::try_lock / wait_lock
 LOCK_WAIT = "60s"  # Sqitch's default --lock-timeout
+# What every deploy script (and the registry statements around it) runs with: the released scripts
+# call built-ins unqualified and are frozen, so the script pins the path for them (docs/security.md).
+SET_SEARCH_PATH = "SET search_path = pg_catalog, pg_temp;"
 
 
 # --------------------------------------------------------------------------- plan model
@@ -1105,6 +1112,10 @@ def render_script(
         f"\\set registry {REGISTRY_SCHEMA}",
         "\\set tableopts ''",
         "SET client_encoding = 'UTF8';",
+        "-- Every statement below runs with this search_path (pginbox deploy and the project's Sqitch",
+        "-- client set it for each script too): nothing in public, or in any other schema of the",
+        "-- deployer's path, can shadow a built-in that the scripts call unqualified.",
+        SET_SEARCH_PATH,
         "",
         "-- Engine::pg::wait_lock: one deployment at a time (Sqitch takes the same advisory lock).",
         f"""DO $pginbox_lock$
@@ -1160,6 +1171,7 @@ $pginbox_lock$;""",
             "RESET SESSION AUTHORIZATION;",
             "RESET ROLE;",
             "SET client_encoding = 'UTF8';",
+            SET_SEARCH_PATH,
             "-- DBIEngine::log_deploy_change",
             "BEGIN;",
             _render(sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE;").format(_table("changes"))),
