@@ -285,7 +285,9 @@ def test_redis_destination(conn: Conn, db_dsn: str) -> None:
         finally:
             r.close()
         fields = [{bytes(k).decode(): bytes(v).decode() for k, v in f.items()} for _, f in entries]
-        assert sorted(f["Pginbox-Message-Id"] for f in fields) == sorted([*ids, "scoped-key"])
+        # the scoped key (anonymous enqueue: consumer '' and tenant ''), delivery_key(effect)
+        assert sorted(f["Pginbox-Message-Id"] for f in fields) == sorted(
+            [*(idempotency_key("", "", i) for i in ids), "scoped-key"])
         assert {f["Pginbox-Producer"] for f in fields} == {"orders"}
         assert {f["Pginbox-Type"] for f in fields} == {"credit"}
         consumer = make_consumer(ch, db_dsn)
