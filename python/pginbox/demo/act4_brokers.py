@@ -1,8 +1,9 @@
-"""Act 4 of `pginbox demo`: two services chained through a real broker (RabbitMQ, NATS JetStream).
+"""Act 4 of `pginbox demo`: two services chained through a real broker (RabbitMQ, NATS JetStream,
+Redis Streams).
 
 Service A commits an order and its effect in one transaction (some transactions roll back); the
 real Dispatcher publishes the effects through the broker destination (RabbitMQTransport /
-JetStreamTransport, confirms batched); service B is a pginbox Consumer (what `pginbox consume`
+JetStreamTransport / RedisStreamsTransport, confirms batched); service B is a pginbox Consumer (what `pginbox consume`
 runs) whose SQL handler records the order and enqueues a follow-up effect. Midway, B is stopped
 and started again, and a batch of effects is published a second time, as a publisher whose
 confirms were lost would: B's inbox (and, on JetStream, the stream's duplicate window) absorbs
@@ -12,7 +13,8 @@ The proof: every order committed at A was recorded once at B with one follow-up 
 rolled-back order was published; the repeats were counted and absorbed.
 
 A broker that is not reachable (PGINBOX_DEMO_RABBITMQ_URL, default amqp://guest:guest@127.0.0.1:5672/;
-PGINBOX_DEMO_NATS_URL, default nats://127.0.0.1:4222) is skipped with one line saying so.
+PGINBOX_DEMO_NATS_URL, default nats://127.0.0.1:4222; PGINBOX_DEMO_REDIS_URL, default
+redis://127.0.0.1:6379/0) is skipped with one line saying so.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ __all__ = ["BROKER_URLS", "run"]
 BROKER_URLS = {
     "rabbitmq": ("PGINBOX_DEMO_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/"),
     "nats": ("PGINBOX_DEMO_NATS_URL", "nats://127.0.0.1:4222"),
+    "redis": ("PGINBOX_DEMO_REDIS_URL", "redis://127.0.0.1:6379/0"),
 }
 
 
@@ -63,9 +66,10 @@ def run(dsn: str, *, orders: int = 200, out: TextIO | None = None) -> bool:
         try:
             import aio_pika  # noqa: F401
             import nats  # noqa: F401
+            import redis  # noqa: F401
         except ImportError:
             _say(out, f"   {broker}: skipped: the broker extras are not installed "
-                      "(pip install 'pginbox[rabbitmq,nats]')")
+                      "(pip install 'pginbox[rabbitmq,nats,redis]')")
             continue
         ok = _Chain(dsn, broker, url, orders, out).run() and ok
     return ok
@@ -112,6 +116,16 @@ class _Chain:
 
     def broker_setup(self, delete: bool = False) -> None:
         async def go() -> None:
+            if self.broker == "redis":  # the stream and B's group are created by B; delete what is left
+                if delete:
+                    import redis.asyncio as aioredis
+
+                    client = aioredis.from_url(self.url)
+                    try:
+                        await client.delete(self.queue, f"{self.queue}:dead", f"{self.queue}:retry")
+                    finally:
+                        await client.aclose()
+                return
             if self.broker == "rabbitmq":
                 import aio_pika
 
@@ -142,12 +156,19 @@ class _Chain:
 
     def run(self) -> bool:
         from pginbox.brokers.jetstream import JetStreamTransport
+        from pginbox.brokers.publish import BrokerDestination
         from pginbox.brokers.rabbitmq import RabbitMQTransport
+        from pginbox.brokers.redis import RedisStreamsTransport
         from pginbox.consumer import Consumer, load_consume_config
         from pginbox.dispatcher import Dispatcher
 
-        transport: RabbitMQTransport | JetStreamTransport
-        if self.broker == "rabbitmq":
+        transport: BrokerDestination
+        if self.broker == "redis":
+            transport = RedisStreamsTransport(self.url, stream=self.queue, producer="svc-a",
+                                              message_type="order_placed", destination=self.dest)
+            source: dict[str, str] = {"stream": self.queue}
+            where = f"stream {self.queue}"
+        elif self.broker == "rabbitmq":
             transport = RabbitMQTransport(self.url, routing_key=self.queue, producer="svc-a",
                                           message_type="order_placed", destination=self.dest)
             source = {"queue": self.queue}
