@@ -196,7 +196,7 @@ class _Chain:
                 # a publisher whose confirms were lost publishes again, with the same keys
                 from pginbox.transports import Effect
 
-                keys = dict(conn.execute(
+                keys: dict[str, str] = dict(conn.execute(
                     "SELECT effect_id, CASE WHEN key_scoped THEN inbox.idempotency_key(consumer, tenant, effect_id)"
                     " ELSE effect_id END FROM inbox.outbox WHERE destination = %s AND effect_id = ANY(%s)",
                     (self.dest, committed[:20])).fetchall())
