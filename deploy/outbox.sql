@@ -134,7 +134,7 @@ BEGIN
                                                   'proxy-authenticate', 'te', 'trailer', 'upgrade', 'idempotency-key']) THEN
             RAISE EXCEPTION '%: header % belongs to the dispatcher', fn, pg_catalog.quote_literal(bad.key)
                 USING ERRCODE = 'invalid_parameter_value',
-                      HINT = 'Credentials, the target host, framing and hop-by-hop headers come from the destination''s configuration; the idempotency key is the effect id.';
+                      HINT = 'Credentials, the target host, framing and hop-by-hop headers come from the destination''s configuration; the dispatcher sends the idempotency key (inbox.idempotency_key).';
         END IF;
         IF bad.value ~ '[\x01-\x08\x0a-\x1f\x7f]' THEN
             RAISE EXCEPTION '%: the value of header % contains a control character (CR, LF, ...)', fn,

@@ -10,7 +10,7 @@ and enqueues one outbox effect per message. A seeded generator interleaves, step
   crash        the delivery runs in a transaction that dies before COMMIT: rolled back, or the
                backend terminated by pg_terminate_backend from another session
   timeout      a slow handler under a short statement_timeout (57014: nothing committed)
-  purge        the retention purge (a one-second window) after a pause
+  purge        the retention purge (a five-minute window), every row processed so far aged an hour
   dispatch     a dispatcher pass whose sink sometimes accepts a request and then fails (ambiguous)
 
 At the end the broker redelivers every message it never got a final answer for, the dispatcher
@@ -45,6 +45,7 @@ from psycopg import errors as pg_errors
 from psycopg.types.json import Jsonb
 
 from pginbox.dispatcher import CallableTransport, Dispatcher
+from pginbox.transports.effect import delivery_key
 
 Conn = psycopg.Connection[Any]
 
@@ -72,10 +73,10 @@ SELECT inbox.register_handler('rnd', 'credit', 'rnd.credit(jsonb, inbox.message_
 SELECT inbox.configure_consumer('rnd', max_attempts => 3);
 SELECT inbox.configure_destination('sink', max_attempts => 1000, base_backoff => '1 millisecond',
                                    max_backoff => '5 milliseconds');
-SELECT inbox.set_retention_policy('rnd', broker_retention => '1 second', max_offset_rewind => '0',
+SELECT inbox.set_retention_policy('rnd', broker_retention => '5 minutes', max_offset_rewind => '0',
     dead_letter_redrive_horizon => '0', producer_retry_horizon => '0', outage_allowance => '0',
     backup_restore_window => '0', planned_replay_horizon => '0', safety_margin => '0',
-    note => 'randomized test: purge what is older than a second');
+    note => 'randomized test: purge what is older than five minutes');
 """
 
 
@@ -98,7 +99,7 @@ class Sink:
 
     def deliver(self, effect: Any) -> None:
         with self.lock:
-            self.requests.append((effect.effect_id, effect.payload["message_id"]))
+            self.requests.append((delivery_key(effect), effect.payload["message_id"]))
             fail = self.flaky and self.rng.random() < 0.25
         if fail:
             raise TimeoutError("accepted, then the response timed out")
@@ -128,7 +129,9 @@ class Run:
         poison = self.rng.random() < 0.04
         payload: dict[str, Any] = {"message_id": f"m{n:05d}", "amount": self.rng.randint(1, 100), "poison": poison,
                    "slow": self.rng.random() < 0.02}
-        row = self.admin.execute("SELECT clock_timestamp()").fetchone()
+        # Messages reach the consumer an hour after they were produced (a lagging broker), so that
+        # the purge's five-minute window can pass over them once their rows are aged (op_purge).
+        row = self.admin.execute("SELECT clock_timestamp() - interval '1 hour'").fetchone()
         assert row is not None
         message = Produced(payload["message_id"], payload, row[0], poison)
         self.produced[message.message_id] = message
@@ -197,7 +200,13 @@ class Run:
             self.worker.execute("RESET statement_timeout")
 
     def op_purge(self) -> None:
-        time.sleep(1.1)
+        # An hour passes for the rows processed so far (redeliveries carry their produced_at, which
+        # is never changed), and the consumer has been active for a day: they are old enough.
+        self.admin.execute("UPDATE inbox.message SET processed_at = processed_at - interval '1 hour'"
+                           " WHERE consumer = %s", (CONSUMER,))
+        self.admin.execute("DELETE FROM inbox.activity_gap WHERE consumer = %s", (CONSUMER,))
+        self.admin.execute("INSERT INTO inbox.activity_gap (consumer, gap_from, gap_to)"
+                           " VALUES (%s, '-infinity', now() - interval '1 day')", (CONSUMER,))
         with self.connect() as conn:
             conn.execute("CALL inbox.purge('rnd', wait_timeout => '30 seconds')")
 
@@ -287,18 +296,25 @@ def test_randomized_run_keeps_the_invariant(conn: Conn, db_dsn: str) -> None:
         conn.execute("SELECT inbox.effect_id(%s, %s, %s, 'notify')", (CONSUMER, PRODUCER, m)).fetchone()[0]: m  # type: ignore[index]
         for m in ledger
     }
+    # The key the sink sees is the one claim_effects returns for the effect (scoped since 0.3.0).
+    expected_keys = {
+        conn.execute("SELECT inbox.idempotency_key(%s, '', %s)", (CONSUMER, e)).fetchone()[0]: m  # type: ignore[index]
+        for e, m in expected.items()
+    }
     # The purge may not delete effects (delivered effects stay until purge_delivered_effects).
     assert effects == expected, f"effects do not match applied messages; {context}"
     keys_by_message = defaultdict(set)
     for key, message_id in run.sink.requests:
         keys_by_message[message_id].add(key)
-    wrong_key = {m: keys_by_message[m] for k, m in expected.items() if keys_by_message[m] != {k}}
+    wrong_key = {m: keys_by_message[m] for k, m in expected_keys.items() if keys_by_message[m] != {k}}
     assert not wrong_key, f"a message reached the sink without its one key: {wrong_key}; {context}"
-    assert run.sink.dedup_counts() == Counter(list(expected)), f"deduplicated sink counts differ; {context}"
+    assert run.sink.dedup_counts() == Counter(list(expected_keys)), f"deduplicated sink counts differ; {context}"
     delivered = conn.execute("SELECT count(*) FROM inbox.outbox WHERE status = 'delivered'").fetchone()
     assert delivered == (len(expected),), f"not every effect delivered; {context}"
     # Sanity: the run exercised what it claims to.
     assert run.ops["purge"] >= 1 and len(run.produced) > 100, context
+    purged = conn.execute("SELECT sum(rows_purged) FROM inbox.purge_state WHERE consumer = %s", (CONSUMER,)).fetchone()
+    assert purged is not None and (purged[0] or 0) > 0, f"the purge deleted nothing; {context}"
     assert any("expired" in a or "duplicate" in a for a in run.answers.values()), context
     print(json.dumps({"seed": seed, "ops": dict(run.ops), "messages": len(run.produced),
                       "applied": len(ledger), "requests": len(run.sink.requests),

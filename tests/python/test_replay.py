@@ -27,7 +27,10 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner
+from helpers_inbox import hand_to_service
 from helpers_terminal import frames, run_on_a_terminal
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from pginbox.cli import main
 from pginbox.ops import replay
@@ -121,6 +124,21 @@ def new_plan(conn: Conn, items: list[dict[str, Any]], name: str = "bonus-fix", v
     return plan_id
 
 
+def old_enough_to_purge(conn: Conn) -> None:
+    """A five-minute retention window (the shortest that holds the clock tolerance), and every
+    processed row of billing an hour old, with billing active for a day: all of them may go."""
+    conn.execute("""SELECT inbox.set_retention_policy('billing', broker_retention => '5 minutes',
+                        max_offset_rewind => '0', dead_letter_redrive_horizon => '0', producer_retry_horizon => '0',
+                        outage_allowance => '0', backup_restore_window => '0', planned_replay_horizon => '0',
+                        safety_margin => '0', note => 'test: purge everything older than five minutes')""")
+    conn.execute("UPDATE inbox.message SET processed_at = processed_at - interval '1 hour',"
+                 " produced_at = produced_at - interval '1 hour' WHERE consumer = 'billing'")
+    conn.execute("DELETE FROM inbox.activity_gap WHERE consumer = 'billing'")
+    conn.execute("INSERT INTO inbox.activity_gap (consumer, gap_from, gap_to) VALUES ('billing', '-infinity',"
+                 " now() - interval '1 day')")
+    conn.execute("UPDATE inbox.consumer_config SET last_active_at = now() WHERE consumer = 'billing'")
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -139,8 +157,15 @@ def pginbox_command() -> list[str]:
 
 
 @pytest.fixture
-def domain(conn: Conn) -> Conn:
+def domain(conn: Conn, login_role: Callable[..., str]) -> Conn:
+    """The domain, owned by billing's service role as a deployment has it: a replay plan runs its
+    handler with that role's rights, through inbox_runner (docs/replay.md)."""
     conn.execute(DOMAIN)
+    service = str(conninfo_to_dict(login_role("inbox_consumer"))["user"])
+    conn.execute(sql.SQL("GRANT USAGE ON SCHEMA app TO {}, inbox_runner").format(sql.Identifier(service)))
+    hand_to_service(conn, service, "billing",
+                    functions=(FIX, FIX2, "app.credit_v1(jsonb,inbox.message_context)"),
+                    tables=("app.account", "app.credit_log", "app.compensation", "app.event_store", "app.slow"))
     return conn
 
 
@@ -402,15 +427,10 @@ def test_holds_keep_the_identities_while_the_plan_needs_them(domain: Conn) -> No
     holds = domain.execute("SELECT consumer, tenant, producer, message_id, holder FROM inbox.retention_hold "
                            "ORDER BY message_id").fetchall()
     assert holds == [("billing", "", "shop", i["message_id"], f"replay:{plan_id}") for i in items[:4]]
+    old_enough_to_purge(domain)
     held_rows = inbox_snapshot(domain)[:4]
-    # A one-second window: once it has passed, every processed row of billing is old enough.
-    domain.execute("""SELECT inbox.set_retention_policy('billing', broker_retention => '1 second',
-                          max_offset_rewind => '0', dead_letter_redrive_horizon => '0', producer_retry_horizon => '0',
-                          outage_allowance => '0', backup_restore_window => '0', planned_replay_horizon => '0',
-                          safety_margin => '0', note => 'test: purge everything older than a second')""")
 
     def purge() -> None:
-        time.sleep(1.2)
         domain.execute("CALL inbox.purge('billing')")
 
     purge()
@@ -563,11 +583,7 @@ def test_a_hold_taken_while_the_purge_runs_keeps_the_row(domain: Conn, db_dsn: s
     items = deliver_history(domain, 2)
     domain.execute(f"SELECT inbox.register_handler('billing', 'credit', '{FIX}', 'fix-1')")
     plan_id = replay.create_plan(domain, "race", "billing", "credit", FIX, "fix-1", "hold during a purge")
-    domain.execute("""SELECT inbox.set_retention_policy('billing', broker_retention => '1 second',
-                          max_offset_rewind => '0', dead_letter_redrive_horizon => '0', producer_retry_horizon => '0',
-                          outage_allowance => '0', backup_restore_window => '0', planned_replay_horizon => '0',
-                          safety_margin => '0', note => 'test: purge everything older than a second')""")
-    time.sleep(1.2)
+    old_enough_to_purge(domain)
     with psycopg.connect(db_dsn, autocommit=True) as older, psycopg.connect(db_dsn, autocommit=True) as adder, \
             psycopg.connect(db_dsn, autocommit=True) as purger:
         older.execute("BEGIN")

@@ -884,9 +884,11 @@ def finish_replay_plan(dsn: str, roles: Roles, released: Released) -> None:
     "Upgrading to 0.3.0"): its handler runs through inbox_runner with its owner's rights only, so
     until it is a SECURITY DEFINER function of the consumer's role that inbox_runner may call, the
     run is refused before any item runs."""
-    with psycopg.connect(as_role(dsn, roles.operator), autocommit=True) as op:
-        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="inbox.run_replay_plan"):
-            op.execute("SELECT inbox.run_replay_plan(%s, 100)", (released.plan_id,))
+    with (
+        psycopg.connect(as_role(dsn, roles.operator), autocommit=True) as op,
+        pytest.raises(psycopg.errors.InsufficientPrivilege, match=r"inbox\.run_replay_plan"),
+    ):
+        op.execute("SELECT inbox.run_replay_plan(%s, 100)", (released.plan_id,))
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute(
             sql.SQL(

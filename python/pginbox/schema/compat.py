@@ -33,8 +33,8 @@ __all__ = [
 
 #: The schema version of this package's own release (0.3.0).
 KNOWN_SCHEMA_VERSION: Final = 3
-#: Versions whose release broke the clients of the versions before it (1: the first release; 0.2.0
-#: and 0.3.0 broke none).
+#: Versions whose release broke the clients of the versions before it (1: the first release;
+#: 0.2.0 and 0.3.0 broke none).
 BREAKING_SCHEMA_VERSIONS: Final = frozenset({1})
 #: The one query every check runs.
 SCHEMA_RELEASE: Final = "SELECT r.version, r.release, r.breaking_since FROM inbox.schema_release() r"
