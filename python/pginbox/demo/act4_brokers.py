@@ -4,10 +4,10 @@ Redis Streams).
 Service A commits an order and its effect in one transaction (some transactions roll back); the
 real Dispatcher publishes the effects through the broker destination (RabbitMQTransport /
 JetStreamTransport / RedisStreamsTransport, confirms batched); service B is a pginbox Consumer
-(what `pginbox consume` runs) whose SQL handler records the order and enqueues a follow-up effect. Midway, B is stopped
-and started again, and a batch of effects is published a second time, as a publisher whose
-confirms were lost would: B's inbox (and, on JetStream, the stream's duplicate window) absorbs
-them. Both services use the demo's database here (in production B has its own).
+(what `pginbox consume` runs) whose SQL handler records the order and enqueues a follow-up
+effect. Midway, B is stopped and started again, and a batch of effects is published a second
+time, as a publisher whose confirms were lost would: B's inbox (and, on JetStream, the stream's
+duplicate window) absorbs them. Both services use the demo's database here (in production B has its own).
 
 The proof: every order committed at A was recorded once at B with one follow-up effect; no
 rolled-back order was published; the repeats were counted and absorbed.
