@@ -19,7 +19,9 @@ route            (function) parametrized "direct" / "pgbouncer" (marker `pgbounc
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import stat
 import tempfile
 import uuid
@@ -70,11 +72,30 @@ def _let_postgres_in(path: Path) -> None:
             directory.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
 
 
+_CLUSTER_DIRS: list[str] = []
+
+
+@atexit.register
+def _remove_cluster_dirs() -> None:
+    for directory in _CLUSTER_DIRS:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def make_cluster(path: Path) -> Cluster:
-    """A started private cluster with its data directory in `path`/cluster."""
+    """A started private cluster; `path`/cluster links to its data directory. As root the data
+    directory lives in a directory of its own right under the system temporary directory: the
+    server runs as the postgres OS user, and another pytest session on the machine resets the
+    modes of pytest's own temporary tree (/tmp/pytest-of-root) to 0700 at any moment (the
+    server then cannot even open its data directory)."""
     path.mkdir(parents=True, exist_ok=True)
-    _let_postgres_in(path)
-    cluster = Cluster(path / "cluster")
+    if os.geteuid() == 0:
+        home = tempfile.mkdtemp(prefix="pginbox-test-cluster-")
+        os.chmod(home, 0o755)
+        _CLUSTER_DIRS.append(home)
+        (path / "cluster").symlink_to(Path(home) / "cluster")
+        cluster = Cluster(Path(home) / "cluster")
+    else:
+        cluster = Cluster(path / "cluster")
     cluster.start()
     return cluster
 
