@@ -32,6 +32,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg_pool import ConnectionPool
 
 from pginbox import Inbox, Message, Outcome, RetryPolicy
+from pginbox.consumer import Consumer, load_consume_config
 from pginbox.ops.metrics import DatabaseCollector, InboxCollector
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -244,7 +245,12 @@ def test_alert_rules_name_only_served_metrics(conn: Conn, db_dsn: str) -> None:
     with psycopg.connect(db_dsn) as c:
         registry.register(InboxCollector(Inbox(c, consumer="billing")))
         served = {name for name, _ in samples(generate_latest(registry).decode())}
+    # The consumer process's own metrics (PginboxConsumerHalted), served by `pginbox consume`.
+    settings = {"consumer": "billing", "url": "memory://rules", "queue": "rules"}
+    consumer = Consumer(load_consume_config(None, settings), db_dsn)
+    served |= {name for name, _ in samples(generate_latest(consumer.registry).decode())}
     used = rule_metric_names()
+    assert "pginbox_consumer_halted" in used
     assert len(used) >= 15
     assert used <= served, f"alert rules name metrics that are not served: {sorted(used - served)}"
 
