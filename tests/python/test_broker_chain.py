@@ -1,11 +1,13 @@
 """Two services chained through a broker, under crashes (issue 13, item 3).
 
 Service A commits a domain change and its effect in one transaction (some transactions roll
-back); `pginbox dispatch` publishes the effects to the broker (RabbitMQ queue / JetStream stream);
+back); `pginbox dispatch` publishes the effects to the broker (RabbitMQ queue / JetStream stream /
+Redis stream);
 service B runs `pginbox consume` into a second database, whose SQL handler records the order and
 enqueues a follow-up effect. Every client reaches the broker through a TCP proxy. While it runs:
 SIGKILL of the dispatcher, SIGKILL of the consumer mid-batch, connections cut at the proxy, and
-a broker restart: a private `nats-server -js` with its own store directory, or a private RabbitMQ
+a broker restart: a private `nats-server -js` with its own store directory, a private
+`redis-server` whose append-only file is fsynced at every write, or a private RabbitMQ
 node on other ports with its own Mnesia directory (started as the rabbitmq user, ~7 s), SIGKILLed
 and started again. When a private RabbitMQ node cannot be started (not root, no rabbitmq user, too
 slow), the RabbitMQ run uses the shared broker with connection cuts only, and says so.
@@ -87,6 +89,42 @@ class NatsServer:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
+
+
+class RedisServer:
+    """A private redis-server whose append-only file is fsynced at every write (what a deployment
+    that must not lose an XADD or an XACK runs), killable with SIGKILL and started again on it."""
+
+    def __init__(self, path: Path) -> None:
+        self.port = free_port()
+        self.dir = path / "redis-data"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", str(self.port),
+                                      "--dir", str(self.dir), "--appendonly", "yes", "--appendfsync", "always",
+                                      "--save", ""], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(self._up, "the private redis-server", timeout=15)
+
+    def _up(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stream_length(self, stream: str) -> int:
+        out = subprocess.run(["redis-cli", "-p", str(self.port), "XLEN", stream], capture_output=True, text=True,
+                             check=True)
+        return int(out.stdout.strip())
 
 
 class RabbitNode:
@@ -256,17 +294,19 @@ async def rabbit_queue(url: str, queue: str, delete: bool = False) -> None:
         await conn.close()
 
 
-@pytest.mark.parametrize("broker", ["rabbitmq", "nats"])
+@pytest.mark.parametrize("broker", ["rabbitmq", "nats", "redis"])
 def test_chain_under_crashes(broker: str, conn: psycopg.Connection[Any], db_dsn: str, pg_base: str,
                              template_db: str, tmp_path: Path) -> None:
     require(broker)
     if broker == "nats" and shutil.which("nats-server") is None:
         pytest.fail("nats-server is not installed (./dev.sh setup installs it): this test restarts a private one")
+    if broker == "redis" and shutil.which("redis-server") is None:
+        pytest.fail("redis-server is not installed (./dev.sh setup installs it): this test restarts a private one")
     name = f"chain_{uuid.uuid4().hex[:8]}"
     b_db = f"t_{uuid.uuid4().hex}"
     create_database(pg_base, b_db, template=template_db)
     b_dsn = dsn_for(pg_base, b_db)
-    server: NatsServer | RabbitNode | None = None
+    server: NatsServer | RedisServer | RabbitNode | None = None
     services: list[Service] = []
     closing = "broker restarted"
     try:
@@ -280,20 +320,29 @@ def test_chain_under_crashes(broker: str, conn: psycopg.Connection[Any], db_dsn:
             target = server.url
             stream, subject = name.upper(), f"{name}.orders"
             asyncio.run(nats_setup(target, stream, subject, name))
+        elif broker == "redis":
+            server = RedisServer(tmp_path)
+            server.start()
+            target = server.url
+            stream = name
         else:
             server = RabbitNode.try_start()
             if server is None:
                 closing = "no private RabbitMQ node could be started: connection cuts only, no broker restart"
             target = RABBIT_URL if server is None else server.url
             asyncio.run(rabbit_queue(target, name))
-        host_port = target.split("@")[-1].split("://")[-1].rstrip("/")
+        host_port = target.split("@")[-1].split("://")[-1].split("/")[0]
         host, _, port = host_port.rpartition(":")
         with TcpProxy(host, int(port)) as proxy:
-            scheme_auth = target.split("://")[0] + "://" + ("guest:guest@" if broker == "rabbitmq" else "")
-            url = f"{scheme_auth}127.0.0.1:{proxy.port}/" if broker == "rabbitmq" else f"nats://127.0.0.1:{proxy.port}"
+            url = {"rabbitmq": f"amqp://guest:guest@127.0.0.1:{proxy.port}/",
+                   "nats": f"nats://127.0.0.1:{proxy.port}",
+                   "redis": f"redis://127.0.0.1:{proxy.port}/0"}[broker]
             dest = tmp_path / "dest.toml"
             if broker == "rabbitmq":
                 dest.write_text(f'[destinations.chain]\nurl = "{url}"\nrouting_key = "{name}"\n'
+                                'producer = "svc_a"\nmessage_type = "order_placed"\ntimeout = 3.0\n')
+            elif broker == "redis":
+                dest.write_text(f'[destinations.chain]\nurl = "{url}"\nstream = "{stream}"\n'
                                 'producer = "svc_a"\nmessage_type = "order_placed"\ntimeout = 3.0\n')
             else:
                 dest.write_text(f'[destinations.chain]\nurl = "{url}"\nsubject = "{subject}"\n'
@@ -306,6 +355,8 @@ def test_chain_under_crashes(broker: str, conn: psycopg.Connection[Any], db_dsn:
                            "PGINBOX_CONSUME_RETRY_DELAY": "0.2"}
             if broker == "rabbitmq":
                 consume_env["PGINBOX_CONSUME_QUEUE"] = name
+            elif broker == "redis":  # a SIGKILLed consumer's entries are claimed after 2 s
+                consume_env.update({"PGINBOX_CONSUME_STREAM": stream, "PGINBOX_CONSUME_CLAIM_IDLE": "2"})
             else:
                 consume_env.update({"PGINBOX_CONSUME_STREAM": stream, "PGINBOX_CONSUME_DURABLE": name})
             consumer = Service(["consume"], consume_env, tmp_path / "consume.log")
@@ -391,7 +442,11 @@ def test_chain_under_crashes(broker: str, conn: psycopg.Connection[Any], db_dsn:
             assert not (set(rolled_back) & {r[0] for r in conn.execute(
                 "SELECT effect_id FROM inbox.outbox").fetchall()})
             last = counters(consumer.outputs[-1].strip().splitlines()[-1]) if consumer.outputs[-1].strip() else {}
-            stream_count = asyncio.run(nats_stream_count(target, stream)) if broker == "nats" else None
+            stream_count = None
+            if broker == "nats":
+                stream_count = asyncio.run(nats_stream_count(target, stream))
+            elif isinstance(server, RedisServer):
+                stream_count = server.stream_length(stream)
             summary = (f"{broker}: committed={len(committed)} rolled_back={len(rolled_back)} "
                        f"dispatch_attempts={attempts} (republished {attempts - effects}) "
                        f"stream_messages={stream_count} dispatcher_kills={dispatcher.kills} "
@@ -399,8 +454,10 @@ def test_chain_under_crashes(broker: str, conn: psycopg.Connection[Any], db_dsn:
                        f"last consumer run: duplicates absorbed={last.get('duplicate', 0)} "
                        f"redeliveries={last.get('redeliveries', 0)}; applied once each at B; {closing}")
             print(summary)
-            if stream_count is not None:  # the stream's duplicate window dropped the republishes
+            if broker == "nats":  # the stream's duplicate window dropped the republishes
                 assert stream_count == len(committed)
+            elif stream_count is not None:  # Redis keeps republishes: B answered them `duplicate`
+                assert stream_count >= len(committed)
     finally:
         for s in services:
             s.ensure_dead()
