@@ -125,16 +125,19 @@ AS $$
 $$;
 
 -- One call per partition with that partition's elements (SPLIT): each shard runs its part of the
--- batch in one transaction; ordinals are the caller's, carried through.
-CREATE FUNCTION inbox._route_claim_and_apply_batch(consumer text, tenants text[], ordinals integer[], messages jsonb[])
+-- batch in one transaction; ordinals are the caller's, carried through. The caller computes each
+-- element's partition (inbox.tenant_partition once per distinct tenant): RUN ON an argument takes
+-- them as they are, without a query per element.
+CREATE FUNCTION inbox._route_claim_and_apply_batch(consumer text, partitions integer[], ordinals integer[],
+                                                   messages jsonb[])
     RETURNS TABLE (ordinal integer, tenant text, producer text, message_id text, outcome text,
                    payload_sha256 text, stored_sha256 text, handler_version text, processed_at timestamptz,
                    quarantine_id bigint, attempts integer, reason_code text, error_message text)
     LANGUAGE plproxy
 AS $$
     CLUSTER 'inbox_shards';
-    SPLIT tenants, ordinals, messages;
-    RUN ON inbox.tenant_partition(tenants);
+    SPLIT partitions, ordinals, messages;
+    RUN ON partitions;
     SELECT o.n AS ordinal, r.tenant, r.producer, r.message_id, r.outcome, r.payload_sha256, r.stored_sha256,
            r.handler_version, r.processed_at, r.quarantine_id, r.attempts, r.reason_code, r.error_message
       FROM inbox.claim_and_apply_batch($1, pg_catalog.to_jsonb($4)) r
@@ -144,7 +147,7 @@ $$;
 ALTER FUNCTION inbox._route_claim_and_apply(text, text, text, text, jsonb, text, timestamptz) OWNER TO inbox_owner;
 ALTER FUNCTION inbox._route_record_start(text, text, text, text, text, jsonb, text, text) OWNER TO inbox_owner;
 ALTER FUNCTION inbox._route_record_failure(text, text, text, jsonb, text, text, text, text, text, text) OWNER TO inbox_owner;
-ALTER FUNCTION inbox._route_claim_and_apply_batch(text, text[], integer[], jsonb[]) OWNER TO inbox_owner;
+ALTER FUNCTION inbox._route_claim_and_apply_batch(text, integer[], integer[], jsonb[]) OWNER TO inbox_owner;
 
 SET LOCAL ROLE inbox_owner;
 
@@ -233,6 +236,7 @@ CREATE FUNCTION inbox.claim_and_apply_batch(consumer text, messages jsonb)
 AS $$
 DECLARE
     tenants text[];
+    partitions integer[];
     ordinals integer[];
     elements jsonb[];
     err_state text;
@@ -259,16 +263,20 @@ BEGIN
     IF pg_catalog.jsonb_array_length(messages) OPERATOR(pg_catalog.=) 0 THEN
         RETURN;
     END IF;
-    SELECT pg_catalog.array_agg(coalesce(e.v OPERATOR(pg_catalog.->>) 'tenant', '') ORDER BY e.n),
-           pg_catalog.array_agg(e.n::integer ORDER BY e.n),
-           pg_catalog.array_agg(e.v ORDER BY e.n)
-      INTO tenants, ordinals, elements
-      FROM pg_catalog.jsonb_array_elements(messages) WITH ORDINALITY e(v, n);
+    WITH msgs AS (
+        SELECT e.v, e.n::integer AS n, coalesce(e.v OPERATOR(pg_catalog.->>) 'tenant', '') AS tenant
+          FROM pg_catalog.jsonb_array_elements(messages) WITH ORDINALITY e(v, n)),
+    placed AS MATERIALIZED (
+        SELECT d.tenant, inbox.tenant_partition(d.tenant) AS part FROM (SELECT DISTINCT x.tenant FROM msgs x) d)
+    SELECT pg_catalog.array_agg(DISTINCT e.tenant), pg_catalog.array_agg(p.part ORDER BY e.n),
+           pg_catalog.array_agg(e.n ORDER BY e.n), pg_catalog.array_agg(e.v ORDER BY e.n)
+      INTO tenants, partitions, ordinals, elements
+      FROM msgs e JOIN placed p ON p.tenant OPERATOR(pg_catalog.=) e.tenant;
     BEGIN
         RETURN QUERY
         SELECT r.ordinal, r.tenant, r.producer, r.message_id, r.outcome, r.payload_sha256, r.stored_sha256,
                r.handler_version, r.processed_at, r.quarantine_id, r.attempts, r.reason_code, r.error_message
-          FROM inbox._route_claim_and_apply_batch(consumer, tenants, ordinals, elements) r
+          FROM inbox._route_claim_and_apply_batch(consumer, partitions, ordinals, elements) r
          ORDER BY r.ordinal;
     EXCEPTION WHEN OTHERS THEN
         GET STACKED DIAGNOSTICS err_state = RETURNED_SQLSTATE, err_message = MESSAGE_TEXT,
@@ -288,7 +296,7 @@ REVOKE ALL ON FUNCTION inbox.schema_version(), inbox.schema_release(), inbox._sh
     inbox._route_claim_and_apply(text, text, text, text, jsonb, text, timestamptz),
     inbox._route_record_start(text, text, text, text, text, jsonb, text, text),
     inbox._route_record_failure(text, text, text, jsonb, text, text, text, text, text, text),
-    inbox._route_claim_and_apply_batch(text, text[], integer[], jsonb[]),
+    inbox._route_claim_and_apply_batch(text, integer[], integer[], jsonb[]),
     inbox.claim_and_apply(text, text, text, text, jsonb, text, timestamptz),
     inbox.record_start(text, text, text, text, text, jsonb, text, text),
     inbox.record_failure(text, text, text, jsonb, text, text, text, text, text, text),
@@ -300,7 +308,7 @@ GRANT EXECUTE ON FUNCTION inbox._shard_unreachable(text, text), inbox._raise_rou
     inbox._route_claim_and_apply(text, text, text, text, jsonb, text, timestamptz),
     inbox._route_record_start(text, text, text, text, text, jsonb, text, text),
     inbox._route_record_failure(text, text, text, jsonb, text, text, text, text, text, text),
-    inbox._route_claim_and_apply_batch(text, text[], integer[], jsonb[]),
+    inbox._route_claim_and_apply_batch(text, integer[], integer[], jsonb[]),
     inbox.claim_and_apply(text, text, text, text, jsonb, text, timestamptz),
     inbox.record_start(text, text, text, text, text, jsonb, text, text),
     inbox.record_failure(text, text, text, jsonb, text, text, text, text, text, text),

@@ -4,7 +4,7 @@ DROP FUNCTION inbox.claim_and_apply_batch(text, jsonb);
 DROP FUNCTION inbox.record_failure(text, text, text, jsonb, text, text, text, text, text, text);
 DROP FUNCTION inbox.record_start(text, text, text, text, text, jsonb, text, text);
 DROP FUNCTION inbox.claim_and_apply(text, text, text, text, jsonb, text, timestamptz);
-DROP FUNCTION inbox._route_claim_and_apply_batch(text, text[], integer[], jsonb[]);
+DROP FUNCTION inbox._route_claim_and_apply_batch(text, integer[], integer[], jsonb[]);
 DROP FUNCTION inbox._route_record_failure(text, text, text, jsonb, text, text, text, text, text, text);
 DROP FUNCTION inbox._route_record_start(text, text, text, text, text, jsonb, text, text);
 DROP FUNCTION inbox._route_claim_and_apply(text, text, text, text, jsonb, text, timestamptz);
