@@ -25,6 +25,8 @@ CREATE SCHEMA inbox AUTHORIZATION inbox_owner;
 REVOKE ALL ON SCHEMA inbox FROM PUBLIC;
 GRANT USAGE ON SCHEMA inbox TO inbox_consumer, inbox_operator, inbox_reader, inbox_dispatcher;
 COMMENT ON SCHEMA inbox IS 'pginbox proxy: the one-call delivery API routed by tenant to the shards (PL/Proxy)';
+-- No function created by inbox_owner is ever executable by PUBLIC (as in the shards' schema).
+ALTER DEFAULT PRIVILEGES FOR ROLE inbox_owner REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
 
 SET LOCAL ROLE inbox_owner;
 
