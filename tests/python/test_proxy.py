@@ -27,6 +27,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import REPO_ROOT, create_database, drop_database, dsn_for, make_cluster, sqitch_project
+from helpers_brokers import ConsumerThread, Out, channel, make_consumer, wait_for
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.json import Jsonb
@@ -438,6 +439,31 @@ def test_python_client_against_the_proxy(farm: Farm) -> None:
         assert [bookings[i].get((m.tenant, m.message_id), 0) for i in range(SHARDS)] == [
             int(i == owner) for i in range(SHARDS)
         ]
+
+
+def test_consume_against_the_proxy(farm: Farm) -> None:
+    """`pginbox consume` (the Consumer loop, SQL handlers) with the proxy DSN: each batch the broker
+    hands over is split per shard by inbox.claim_and_apply_batch, every message applied once on its
+    tenant's shard, a redelivered batch answers duplicate."""
+    tenants = tenants_on_every_shard(farm, per_shard=2)
+    sent = [(uid("c"), tenants[i % len(tenants)]) for i in range(40)]
+    with channel("memory") as ch:
+        ch.publish([Out(m, {"amount": 1}, message_type="booked", tenant=t) for m, t in sent])
+        consumer = make_consumer(ch, farm.proxy(), consumer=CONSUMER, prefetch=16)
+        with ConsumerThread(consumer):
+            wait_for(lambda: consumer.stats.outcomes.get("applied", 0) == len(sent), "every message applied")
+            wait_for(lambda: ch.pending() == 0, "every message acked")
+        assert consumer.stats.outcomes == {"applied": len(sent)}, consumer.stats.outcomes
+        assert consumer.stats.transactions < len(sent)  # batches, not one call per message
+        ch.publish([Out(m, {"amount": 1}, message_type="booked", tenant=t) for m, t in sent[:5]])
+        again = make_consumer(ch, farm.proxy(), consumer=CONSUMER, prefetch=16)
+        with ConsumerThread(again):
+            wait_for(lambda: ch.pending() == 0, "the redeliveries acked")
+        assert again.stats.outcomes == {"duplicate": 5}, again.stats.outcomes
+    bookings = farm.bookings()
+    for m, t in sent:
+        owner = farm.shard_of(t)
+        assert [bookings[i].get((t, m), 0) for i in range(SHARDS)] == [int(i == owner) for i in range(SHARDS)]
 
 
 def test_one_shard_stopped_its_tenants_fail_retryably_the_others_go_on(
