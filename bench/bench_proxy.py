@@ -9,6 +9,8 @@ bound to consumer 'bench' on every shard: the proxy connects to the shards as th
   proxy         the same call on the proxy database, routed to the tenant's shard (four shards)
   batch-direct  inbox.claim_and_apply_batch of 50 messages (64 tenants) on shard 0
   batch-proxy   the same batch on the proxy: split over the four shards, one call each, in parallel
+  hop           the hop alone: a PL/Proxy function routed like claim_and_apply that runs SELECT 1 on
+                the tenant's shard (its latency is what the proxy adds to a call, at best)
 
 Workloads are interleaved over --rounds rounds; each ratio is the median of its per-round ratios
 (with their range). Targets: proxy / direct >= 0.8, batch-proxy / batch-direct >= 0.8.
@@ -46,6 +48,20 @@ SELECT inbox.register_handler('bench', 'booked', 'public.book(jsonb, inbox.messa
 ONE = f"""\\set t random(0, {TENANTS - 1})
 SELECT r.outcome FROM inbox.claim_and_apply('bench', 'orders', pg_catalog.gen_random_uuid()::text, 'booked',
        '{{"amount": 1}}'::jsonb, 'tenant-' || :t) r;
+"""
+
+HOP_FUNCTION = """
+CREATE FUNCTION public.bench_hop(tenant text) RETURNS integer
+LANGUAGE plproxy AS $$
+    CLUSTER 'inbox_shards';
+    RUN ON inbox.tenant_partition(tenant);
+    SELECT 1 AS bench_hop;
+$$;
+GRANT EXECUTE ON FUNCTION public.bench_hop(text) TO inbox_consumer;
+"""
+
+HOP = f"""\\set t random(0, {TENANTS - 1})
+SELECT public.bench_hop('tenant-' || :t);
 """
 
 BATCH = f"""SELECT count(*) FROM inbox.claim_and_apply_batch('bench', (
@@ -101,6 +117,7 @@ def main() -> None:
         with psycopg.connect(cluster.dsn("proxy"), autocommit=True) as conn:
             dsns = [f"host=127.0.0.1 port={cluster.port} dbname={name}" for name in shard_dbs]
             conn.execute("SELECT inbox.configure_shards(%s)", (dsns,))
+            conn.execute(HOP_FUNCTION)  # type: ignore[arg-type]
         del dsn0
 
         workloads = {
@@ -108,6 +125,7 @@ def main() -> None:
             "proxy": (ONE, "proxy"),
             "batch-direct": (BATCH, "bench"),
             "batch-proxy": (BATCH, "proxy"),
+            "hop": (HOP, "proxy"),
         }
         tps: dict[str, list[float]] = {name: [] for name in workloads}
         for _ in range(args.rounds):
@@ -126,6 +144,7 @@ def main() -> None:
                 "batch-direct": round(statistics.median(tps["batch-direct"]) * 50),
                 "batch-proxy": round(statistics.median(tps["batch-proxy"]) * 50),
             },
+            "latency_us_per_call": {name: round(1e6 * args.clients / statistics.median(v)) for name, v in tps.items()},
             "proxy/direct": [round(statistics.median(one), 3), [round(min(one), 3), round(max(one), 3)]],
             "batch-proxy/batch-direct": [
                 round(statistics.median(batch), 3),
