@@ -14,6 +14,7 @@ databases with pginbox deployed, each holding a domain table keyed by tenant.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -599,3 +600,69 @@ def test_cli_deploys_and_verifies_the_proxy(pg_base: str) -> None:
             assert conn.execute("SELECT release FROM inbox.schema_release()").fetchone() == ("0.3.0",)
     finally:
         drop_database(pg_base, name)
+
+
+PURGE_SETUP = """
+CREATE FUNCTION public.noop(payload jsonb) RETURNS void LANGUAGE sql BEGIN ATOMIC SELECT 1; END;
+SELECT inbox.register_handler('ledger', 'noted', 'public.noop(jsonb)', 'v1');
+SELECT inbox.set_retention_policy('ledger', '', broker_retention => '7 days', max_offset_rewind => '3 days',
+    dead_letter_redrive_horizon => '14 days', producer_retry_horizon => '1 day', outage_allowance => '2 days',
+    backup_restore_window => '1 day', planned_replay_horizon => '0', safety_margin => '1 hour',
+    note => 'test policy: window 17 days 1 hour');
+"""
+
+AGE = """
+UPDATE inbox.message SET processed_at = now() - interval '30 days', produced_at = now() - interval '30 days'
+ WHERE consumer = 'ledger';
+DELETE FROM inbox.activity_gap WHERE consumer = 'ledger';
+INSERT INTO inbox.activity_gap (consumer, gap_from, gap_to) VALUES ('ledger', '-infinity', now() - interval '60 days');
+UPDATE inbox.consumer_config SET last_active_at = now() WHERE consumer = 'ledger';
+"""
+
+
+def test_purge_serves_several_shards(pg_base: str, template_db: str) -> None:
+    """`pginbox purge --shard-dsn A --shard-dsn B ...`: one process purges every shard in turn, one
+    connection at a time; a shard that is down is reported and the others are purged."""
+    names = [f"px_{uuid.uuid4().hex[:8]}_purge{i}" for i in range(2)]
+    try:
+        for i, name in enumerate(names):
+            create_database(pg_base, name, template=template_db)
+            with psycopg.connect(dsn_for(pg_base, name), autocommit=True) as conn:
+                conn.execute(PURGE_SETUP)
+                for n in range(3 + i):
+                    conn.execute(
+                        "SELECT inbox.claim_and_apply('ledger', 'books', %s, 'noted', '{}', produced_at => now())",
+                        (f"n{n}",),
+                    )
+                conn.execute(AGE)
+        down = make_conninfo(dsn_for(pg_base, "nowhere"), port="1", connect_timeout="2")
+        argv = [sys.executable, "-m", "pginbox", "purge", "--json"]
+        for dsn in [dsn_for(pg_base, names[0]), down, dsn_for(pg_base, names[1])]:
+            argv += ["--shard-dsn", dsn]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 1, done.stdout + done.stderr
+        shards = json.loads(done.stdout)["shards"]
+        assert [s.get("error") is not None for s in shards] == [False, True, False]
+        assert [s["consumers"][0]["rows_deleted"] for s in (shards[0], shards[2])] == [3, 4]
+        assert [s["consumers"][0]["status"] for s in (shards[0], shards[2])] == ["purged", "purged"]
+        for name in names:
+            with psycopg.connect(dsn_for(pg_base, name), autocommit=True) as conn:
+                assert conn.execute("SELECT count(*) FROM inbox.message").fetchone() == (0,)
+        again = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pginbox",
+                "purge",
+                *[a for n in names for a in ("--shard-dsn", dsn_for(pg_base, n))],
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert again.returncode == 0, again.stderr
+        assert again.stdout.count("ledger: nothing to purge") == 2
+    finally:
+        for name in names:
+            drop_database(pg_base, name)
