@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import uuid
@@ -663,6 +664,61 @@ def test_purge_serves_several_shards(pg_base: str, template_db: str) -> None:
         )
         assert again.returncode == 0, again.stderr
         assert again.stdout.count("ledger: nothing to purge") == 2
+    finally:
+        for name in names:
+            drop_database(pg_base, name)
+
+
+def test_dispatch_serves_several_shards(pg_base: str, template_db: str, tmp_path: Path) -> None:
+    """`pginbox dispatch --shard-dsn A --shard-dsn B --once`: one process, one dispatcher per shard,
+    every shard's committed effects delivered once; a line of stats per shard."""
+    names = [f"px_{uuid.uuid4().hex[:8]}_disp{i}" for i in range(2)]
+    try:
+        for i, name in enumerate(names):
+            create_database(pg_base, name, template=template_db)
+            with psycopg.connect(dsn_for(pg_base, name), autocommit=True) as conn:
+                for n in range(3 + i):
+                    conn.execute("SELECT inbox.enqueue_effect(%s, 'sink', '{}'::jsonb)", (f"s{i}-e{n}",))
+        sink = tmp_path / "sink.txt"
+        env = {
+            **os.environ,
+            "PGINBOX_TEST_SINK": str(sink),
+            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]),
+        }
+        argv = [sys.executable, "-m", "pginbox", "dispatch", "--once", "--name", "sharded", "--batch-size", "2"]
+        argv += ["--callable", "sink=_dispatch_sink:record"]
+        for name in names:
+            argv += ["--shard-dsn", dsn_for(pg_base, name)]
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert sorted(sink.read_text().split()) == sorted(
+            [f"s0-e{n}" for n in range(3)] + [f"s1-e{n}" for n in range(4)]
+        )
+        lines = [line for line in done.stdout.splitlines() if line.startswith("shard=")]
+        assert len(lines) == 2 and "delivered=3" in lines[0] and "delivered=4" in lines[1], done.stdout
+        for name in names:
+            with psycopg.connect(dsn_for(pg_base, name), autocommit=True) as conn:
+                assert conn.execute("SELECT count(*) FROM inbox.outbox WHERE status <> 'delivered'").fetchone() == (0,)
+        refused = subprocess.run(
+            [*argv, "--health-port", "0"], capture_output=True, text=True, env=env, timeout=60, check=False
+        )
+        assert refused.returncode == 2 and "one process per shard" in refused.stderr
+        # the daemon: woken by each shard's commits, stopped by SIGTERM with exit 0
+        daemon = [a for a in argv if a != "--once"]
+        proc = subprocess.Popen(daemon, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            for i, name in enumerate(names):
+                with psycopg.connect(dsn_for(pg_base, name), autocommit=True) as conn:
+                    conn.execute("SELECT inbox.enqueue_effect(%s, 'sink', '{}'::jsonb)", (f"late-{i}",))
+            wait_for(lambda: {"late-0", "late-1"} <= set(sink.read_text().split()), "late effects delivered")
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 0, err
+        assert out.count("shard=") == 2
     finally:
         for name in names:
             drop_database(pg_base, name)
