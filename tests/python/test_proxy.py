@@ -722,3 +722,41 @@ def test_dispatch_serves_several_shards(pg_base: str, template_db: str, tmp_path
     finally:
         for name in names:
             drop_database(pg_base, name)
+
+
+def test_eight_partitions_on_four_databases(farm: Farm, pg_base: str) -> None:
+    """A connection string may repeat (room to spread later): 8 partitions over the 4 shards, p_i on
+    shard i % 4. A batch is split per partition and still lands each message on its tenant's shard
+    once; reads over all shards see each database once."""
+    proxy_db = f"px_{uuid.uuid4().hex[:8]}_proxy8"
+    try:
+        create_database(pg_base, proxy_db)
+        deploy_proxy(dsn_for(pg_base, proxy_db))
+        dsns = [keyword_dsn(farm.shard(i % SHARDS)) for i in range(2 * SHARDS)]
+        with psycopg.connect(dsn_for(pg_base, proxy_db), autocommit=True) as conn:
+            assert conn.execute("SELECT inbox.configure_shards(%s)", (dsns,)).fetchone() == (2 * SHARDS,)
+        proxy = with_user(dsn_for(pg_base, proxy_db), farm.roles["service"])
+        tenants = [f"eight-{uuid.uuid4().hex[:6]}-{n}" for n in range(24)]
+        sent = [(uid("e"), t) for t in tenants]
+        batch = [
+            {"producer": "orders", "message_id": m, "message_type": "booked", "payload": {"amount": 1}, "tenant": t}
+            for m, t in sent
+        ]
+        with psycopg.connect(proxy, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT ordinal, message_id, outcome FROM inbox.claim_and_apply_batch(%s, %s)", (CONSUMER, Jsonb(batch))
+            ).fetchall()
+            assert rows == [(i + 1, m, "applied") for i, (m, _) in enumerate(sent)]
+            found = conn.execute("SELECT t, inbox.shard_of(t) FROM unnest(%s::text[]) t", (tenants,)).fetchall()
+            partitions = {str(t): int(p) for t, p in found}
+        reader = with_user(dsn_for(pg_base, proxy_db), farm.roles["reader"])
+        with psycopg.connect(reader, autocommit=True) as conn:
+            assert len(conn.execute("SELECT shard FROM inbox.shard_status()").fetchall()) == SHARDS
+        assert len(set(partitions.values())) > SHARDS  # partitions 4-7 are in use too
+        bookings = farm.bookings()
+        for m, t in sent:
+            owner = partitions[t] % SHARDS
+            assert owner == farm.shard_of(t)  # the same database as with 4 partitions: hash & 3
+            assert [bookings[i].get((t, m), 0) for i in range(SHARDS)] == [int(i == owner) for i in range(SHARDS)]
+    finally:
+        drop_database(pg_base, proxy_db)
