@@ -16,7 +16,7 @@ Workloads are interleaved over --rounds rounds; each ratio is the median of its 
 (with their range). Targets: proxy / direct >= 0.8, batch-proxy / batch-direct >= 0.8.
 All databases share the machine's cores: see docs/scaling.md for what that means on separate hosts.
 
-Usage:  .venv/bin/python bench/bench_proxy.py [--seconds 5] [--rounds 2] [--clients 2]
+Usage:  .venv/bin/python bench/bench_proxy.py [--seconds 5] [--rounds 2] [--clients 2] [--no-sync-commit]
 """
 
 from __future__ import annotations
@@ -101,6 +101,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--clients", type=int, default=2)
+    parser.add_argument(
+        "--no-sync-commit",
+        action="store_true",
+        help="synchronous_commit = off on the cluster: the commits' WAL flushes (noisy on a shared disk) "
+        "out of the figures, what is left is the CPU of the calls and the hop",
+    )
     args = parser.parse_args()
 
     with bench_database(prefix="pginbox-bench-proxy-") as (cluster, dsn0):
@@ -112,6 +118,10 @@ def main() -> None:
             with psycopg.connect(cluster.dsn(name), autocommit=True) as conn:
                 conn.execute(SHARD_SETUP)  # type: ignore[arg-type]
             create_service_role(cluster.dsn(name), grants="GRANT INSERT ON public.booking TO {role}", create=(i == 0))
+        if args.no_sync_commit:
+            with psycopg.connect(cluster.dsn("postgres"), autocommit=True) as conn:
+                conn.execute("ALTER SYSTEM SET synchronous_commit = off")
+                conn.execute("SELECT pg_reload_conf()")
         cluster.create_database("proxy")
         deploy_proxy(cluster.dsn("proxy"))
         with psycopg.connect(cluster.dsn("proxy"), autocommit=True) as conn:
@@ -151,6 +161,7 @@ def main() -> None:
                 [round(min(batch), 3), round(max(batch), 3)],
             ],
             "clients": args.clients,
+            "synchronous_commit": "off" if args.no_sync_commit else "on",
             "seconds": args.seconds,
             "rounds": args.rounds,
         }
