@@ -760,3 +760,14 @@ def test_eight_partitions_on_four_databases(farm: Farm, pg_base: str) -> None:
             assert [bookings[i].get((t, m), 0) for i in range(SHARDS)] == [int(i == owner) for i in range(SHARDS)]
     finally:
         drop_database(pg_base, proxy_db)
+
+
+def test_shard_dsns_from_the_environment_one_per_line() -> None:
+    """PGINBOX_PURGE_SHARD_DSN holds one connection string per line (they contain spaces)."""
+    dead = [f"host=127.0.0.1 port=1 dbname=shard{i} connect_timeout=2" for i in range(2)]
+    env = {**os.environ, "PGINBOX_PURGE_SHARD_DSN": "\n".join(dead)}
+    done = subprocess.run(
+        [sys.executable, "-m", "pginbox", "purge", "--json"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 1, done.stderr
+    assert [s["shard"] for s in json.loads(done.stdout)["shards"]] == dead

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, cast
 import click
 import psycopg
 
-from pginbox.cli.context import State, database, dsn_option, mask_dsn
+from pginbox.cli.context import SHARD_DSN, State, database, dsn_option, mask_dsn
 from pginbox.errors import ClaimError
 from pginbox.ops.retention import PeriodicPurger
 from pginbox.sql_limits import CLAIM_LIMIT, LEASE_MAX_SECONDS
@@ -146,7 +146,7 @@ def _run(dispatcher: Dispatcher, purger: PeriodicPurger | None, *, once: bool) -
 @click.option("--keep-delivered", type=click.FloatRange(0, None), default=7 * 86400.0, show_default=True,
               metavar="SECONDS",
               help="With --purge-every: also delete delivered and discarded effects older than this, in batches.")
-@click.option("--shard-dsn", "shard_dsns", multiple=True, metavar="DSN",
+@click.option("--shard-dsn", "shard_dsns", multiple=True, type=SHARD_DSN, metavar="DSN",
               help="Serve these shard databases from this process instead of --dsn (repeatable; docs/scaling.md): "
                    "one dispatcher per shard, each with at most min(max(batch-size, concurrency), 16) + 2 "
                    "connections to its shard.")

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import click
 import psycopg
 
-from pginbox.cli.context import State, connect, dsn_option, mask_dsn
+from pginbox.cli.context import SHARD_DSN, State, connect, dsn_option, mask_dsn
 from pginbox.cli.output import echo_json, table
 from pginbox.cli.progress import Progress, Render, duration, progress_for_stderr
 from pginbox.ops import retention
@@ -77,7 +77,7 @@ def _render(p: retention.PurgeProgress) -> Render:
               help="Show rows deleted, rate and time left on stderr [default: when stderr is a terminal].")
 @click.option("--quiet", is_flag=True, help="No progress and no summary unless something went wrong (cron).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-@click.option("--shard-dsn", "shard_dsns", multiple=True, metavar="DSN",
+@click.option("--shard-dsn", "shard_dsns", multiple=True, type=SHARD_DSN, metavar="DSN",
               help="Purge these shard databases instead of --dsn, one after the other over one connection at "
                    "a time (repeatable; docs/scaling.md). A shard that fails is reported; the others go on.")
 @click.pass_context
