@@ -13,6 +13,7 @@ DEB_PACKAGES=(
     postgresql-15-pgtap
     postgresql-15-plpgsql-check
     postgresql-15-cron
+    postgresql-15-plproxy   # the routing layer (proxy/, docs/scaling.md, tests/python/test_proxy.py)
     sqitch
     libdbd-pg-perl
     libtap-parser-sourcehandler-pgtap-perl

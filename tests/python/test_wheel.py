@@ -107,3 +107,18 @@ def test_the_installed_package_deploys_upgrades_and_guards_the_schema(
     assert applied.returncode == 0, applied.stderr
     status = run([str(pginbox), "--dsn", empty_db, "status"], cwd=elsewhere, env=env)
     assert "Nothing to deploy" in status.stdout or "up-to-date" in status.stdout, status.stdout
+
+
+def test_the_installed_package_deploys_the_proxy(
+    installed: tuple[Path, dict[str, str]], empty_db: str, tmp_path: Path
+) -> None:
+    """The routing layer ships in the wheel too (pginbox/schema/proxy_project): `deploy --proxy`
+    and `verify --proxy` work from anywhere after pip install."""
+    pginbox, env = installed
+    elsewhere = tmp_path / "somewhere-else"
+    elsewhere.mkdir()
+    deployed = run([str(pginbox), "--dsn", empty_db, "deploy", "--proxy"], cwd=elsewhere, env=env)
+    assert "+ proxy_operator" in deployed.stdout
+    run([str(pginbox), "--dsn", empty_db, "verify", "--proxy"], cwd=elsewhere, env=env)
+    with psycopg.connect(empty_db, autocommit=True) as conn:
+        assert conn.execute("SELECT inbox.partition_count()").fetchone() == (0,)

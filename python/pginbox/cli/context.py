@@ -8,7 +8,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import click
 import psycopg
@@ -145,6 +145,25 @@ def dsn_option(func: F) -> F:
         help="Connection string; overrides the global --dsn.",
     )(func)
 
+
+if TYPE_CHECKING:  # generic in click >= 8.2 only: subscripted for the type checker, not at run time
+    _StrParamType = click.ParamType[str]
+else:
+    _StrParamType = click.ParamType
+
+
+class _ShardDsn(_StrParamType):
+    """A connection string of --shard-dsn (repeatable). In the environment, one per line: a
+    connection string holds spaces."""
+
+    name = "dsn"
+    envvar_list_splitter = "\n"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        return str(value).strip()
+
+
+SHARD_DSN: Final = _ShardDsn()
 
 NO_DATABASE: Final = (
     "no database given: pass --dsn, or set PGINBOX_DSN or DATABASE_URL "

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, cast
 import click
 import psycopg
 
-from pginbox.cli.context import State, database, dsn_option
+from pginbox.cli.context import SHARD_DSN, State, database, dsn_option, mask_dsn
 from pginbox.errors import ClaimError
 from pginbox.ops.retention import PeriodicPurger
 from pginbox.sql_limits import CLAIM_LIMIT, LEASE_MAX_SECONDS
@@ -146,6 +146,10 @@ def _run(dispatcher: Dispatcher, purger: PeriodicPurger | None, *, once: bool) -
 @click.option("--keep-delivered", type=click.FloatRange(0, None), default=7 * 86400.0, show_default=True,
               metavar="SECONDS",
               help="With --purge-every: also delete delivered and discarded effects older than this, in batches.")
+@click.option("--shard-dsn", "shard_dsns", multiple=True, type=SHARD_DSN, metavar="DSN",
+              help="Serve these shard databases from this process instead of --dsn (repeatable; docs/scaling.md): "
+                   "one dispatcher per shard, each with at most min(max(batch-size, concurrency), 16) + 2 "
+                   "connections to its shard.")
 @click.pass_context
 def dispatch(
     ctx: click.Context,
@@ -165,6 +169,7 @@ def dispatch(
     purge_every: float | None,
     database_metrics: bool,
     keep_delivered: float,
+    shard_dsns: tuple[str, ...],
 ) -> None:
     """Deliver committed outbox effects to their destinations (SIGTERM/SIGINT: finish and exit 0).
     With --once: exit status 3, and the count on stderr, when effects went dead during the run
@@ -172,9 +177,58 @@ def dispatch(
     from pginbox.dispatcher import Dispatcher, HealthServer
     from pginbox.ops.metrics import DatabaseCollector
 
+    state = ctx.find_object(State)
+    if shard_dsns:
+        for flag, value in (("--health-port", health_port), ("--listen-dsn", listen_dsn),
+                            ("--database-metrics", database_metrics or None)):
+            if value is not None:
+                raise click.UsageError(f"{flag} serves one database: with --shard-dsn, run one process per shard "
+                                       "for it (docs/scaling.md)")
+        transports = _transports(config, callables)
+        logging.basicConfig(
+            level=logging.DEBUG if state is not None and state.verbose else logging.INFO,
+            format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        )
+        base = name or f"pginbox-{socket.gethostname()}-{os.getpid()}"
+        shards = [database(ctx, shard_dsn) for shard_dsn in shard_dsns]
+        dispatchers = [
+            Dispatcher(shard_dsn, f"{base}-shard{i}", transports, batch_size=batch_size, lease=lease,
+                       concurrency_per_destination=concurrency, poll_interval=poll_interval,
+                       delivery_timeout=delivery_timeout)
+            for i, shard_dsn in enumerate(shards)
+        ]
+        purgers = [
+            PeriodicPurger(shard_dsn, purge_every, keep_delivered=datetime.timedelta(seconds=keep_delivered))
+            if purge_every is not None else None
+            for shard_dsn in shards
+        ]
+        try:
+            failures = _run_shards(dispatchers, purgers, once=once)
+        finally:
+            for purger in purgers:
+                if purger is not None:
+                    purger.stop()
+            for one in dispatchers:
+                one.close()
+            for transport in transports.values():
+                close = getattr(transport, "close", None)
+                if callable(close):
+                    close()
+        for shard_dsn, one in zip(shards, dispatchers, strict=True):
+            stats = one.stats.as_dict()
+            click.echo(f"shard={mask_dsn(shard_dsn)} " + " ".join(f"{k}={'-' if v is None else v}"
+                                                                 for k, v in stats.items()))
+        if failures:
+            raise click.ClickException("; ".join(failures))
+        died = sum(one.stats.dead for one in dispatchers)
+        if once and died:
+            click.echo(f"pginbox dispatch: {died} effect{'s' if died != 1 else ''} went dead during this run; "
+                       "see `pginbox outbox list --status dead` on each shard", err=True)
+            raise click.exceptions.Exit(EXIT_EFFECTS_DEAD)
+        return
+
     dsn = database(ctx, command_dsn)
     transports = _transports(config, callables)
-    state = ctx.find_object(State)
     logging.basicConfig(
         level=logging.DEBUG if state is not None and state.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
@@ -215,6 +269,44 @@ def dispatch(
             click.echo(f"pginbox dispatch: {died} effect{'s' if died != 1 else ''} went dead during this run; "
                        "see `pginbox outbox list --status dead`, then redrive or discard them", err=True)
             raise click.exceptions.Exit(EXIT_EFFECTS_DEAD)
+
+
+class _All:
+    """Stops every shard's dispatcher (what the signal handler is given)."""
+
+    def __init__(self, dispatchers: list[Dispatcher]) -> None:
+        self.dispatchers = dispatchers
+
+    def stop(self) -> None:
+        for one in self.dispatchers:
+            one.stop()
+
+
+def _run_shards(dispatchers: list[Dispatcher], purgers: list[PeriodicPurger | None], *, once: bool) -> list[str]:
+    """Each shard's dispatcher (and purger) on a thread of its own until all are done (--once) or
+    stopped by a signal; a shard whose claims keep failing is reported, the others go on. Returns
+    the failures, one line per shard."""
+    import threading
+
+    failures: list[str] = []
+
+    def work(one: Dispatcher, purger: PeriodicPurger | None) -> None:
+        try:
+            _run(one, purger, once=once)
+        except click.ClickException as exc:
+            failures.append(f"{one.name}: {exc.message}")
+        except Exception as exc:  # reported below; the other shards go on
+            failures.append(f"{one.name}: {exc}")
+
+    threads = [threading.Thread(target=work, args=(one, purger), name=f"shard-{one.name}", daemon=True)
+               for one, purger in zip(dispatchers, purgers, strict=True)]
+    with _stopped_by_signals(cast("Dispatcher", _All(dispatchers))):
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(0.2)  # a short wait: the signal handler runs on this thread
+    return failures
 
 
 @click.command(name="dispatch-health")

@@ -18,8 +18,9 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 import click
+import psycopg
 
-from pginbox.cli.context import connect, dsn_option
+from pginbox.cli.context import SHARD_DSN, State, connect, dsn_option, mask_dsn
 from pginbox.cli.output import echo_json, table
 from pginbox.cli.progress import Progress, Render, duration, progress_for_stderr
 from pginbox.ops import retention
@@ -76,17 +77,23 @@ def _render(p: retention.PurgeProgress) -> Render:
               help="Show rows deleted, rate and time left on stderr [default: when stderr is a terminal].")
 @click.option("--quiet", is_flag=True, help="No progress and no summary unless something went wrong (cron).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option("--shard-dsn", "shard_dsns", multiple=True, type=SHARD_DSN, metavar="DSN",
+              help="Purge these shard databases instead of --dsn, one after the other over one connection at "
+                   "a time (repeatable; docs/scaling.md). A shard that fails is reported; the others go on.")
 @click.pass_context
 def purge_command(ctx: click.Context, command_dsn: str | None, consumer: str | None, batch_size: int,
                   max_batches: int, wait_timeout: float, pause: float, show_progress: bool | None, quiet: bool,
-                  as_json: bool) -> None:
+                  as_json: bool, shard_dsns: tuple[str, ...]) -> None:
     """Delete processed inbox rows older than each consumer's retention window (for cron). On a
     terminal it shows its progress; under cron it prints one summary line per consumer."""
+    options = {"batch_size": batch_size, "max_batches": max_batches, "wait_timeout": wait_timeout, "pause": pause}
+    if shard_dsns:
+        _purge_shards(ctx, shard_dsns, consumer, options, show_progress=show_progress, quiet=quiet, as_json=as_json)
+        return
     progress = progress_for_stderr(show_progress, quiet)
     try:
         with connect(ctx, command_dsn) as conn:
-            reports = _purge_all(conn, consumer, progress, batch_size=batch_size, max_batches=max_batches,
-                                 wait_timeout=wait_timeout, pause=pause)
+            reports = _purge_all(conn, consumer, progress, **options)
     finally:
         if progress is not None:
             progress.close()
@@ -95,22 +102,73 @@ def purge_command(ctx: click.Context, command_dsn: str | None, consumer: str | N
     elif not reports and not quiet:
         click.echo("no consumer has a retention policy: nothing is ever purged (pginbox retention set ...)")
     for report in reports if not as_json else []:
-        line = {
-            "purged": f"purged {report.rows_deleted} rows in {report.batches} batches ({report.seconds}s); "
-                      f"watermark {report.watermark}",
-            "done": f"nothing to purge; watermark {report.watermark}",
-            "busy": "another purger is running for this consumer: nothing done",
-            "no_policy": "no retention policy: its rows are never purged (pginbox retention set ...)",
-            "inactive": "not active for a whole retention window yet (or down now): nothing is old enough",
-            "timeout": f"gave up after {wait_timeout}s waiting for transactions from before the announcement; "
-                       f"deleted {report.rows_deleted} rows; run it again later",
-        }[report.status]
         if quiet and report.status != "timeout":
             continue
-        click.echo(f"{report.consumer}: {line}", err=report.status == "timeout")
+        click.echo(f"{report.consumer}: {_report_line(report, wait_timeout)}", err=report.status == "timeout")
     if any(r.status == "timeout" for r in reports):
         ctx.exit(EXIT_TIMEOUT)
     if consumer is not None and any(r.status == "no_policy" for r in reports):
+        ctx.exit(EXIT_NO_POLICY)
+
+
+def _report_line(report: retention.PurgeReport, wait_timeout: float) -> str:
+    return {
+        "purged": f"purged {report.rows_deleted} rows in {report.batches} batches ({report.seconds}s); "
+                  f"watermark {report.watermark}",
+        "done": f"nothing to purge; watermark {report.watermark}",
+        "busy": "another purger is running for this consumer: nothing done",
+        "no_policy": "no retention policy: its rows are never purged (pginbox retention set ...)",
+        "inactive": "not active for a whole retention window yet (or down now): nothing is old enough",
+        "timeout": f"gave up after {wait_timeout}s waiting for transactions from before the announcement; "
+                   f"deleted {report.rows_deleted} rows; run it again later",
+    }[report.status]
+
+
+def _purge_shards(ctx: click.Context, shard_dsns: tuple[str, ...], consumer: str | None, options: dict[str, Any],
+                  *, show_progress: bool | None, quiet: bool, as_json: bool) -> None:
+    """`purge --shard-dsn ...`: each shard in turn, one connection open at a time; lines and JSON
+    name the shard (its connection string, password masked). A shard that cannot be purged (down,
+    not deployed) is reported and the next one goes on; the exit status says the worst: 1 a shard
+    failed, 75 a timeout, 3 a named consumer without a policy on some shard."""
+    state = ctx.find_object(State)
+    results: list[dict[str, Any]] = []
+    failed = timeout = no_policy = False
+    for dsn in shard_dsns:
+        shard = mask_dsn(dsn)
+        progress = progress_for_stderr(show_progress, quiet)
+        try:
+            with connect(ctx, dsn) as conn:
+                reports = _purge_all(conn, consumer, progress, **options)
+        except (psycopg.Error, click.ClickException) as exc:
+            failed = True
+            problem = " ".join(str(exc).split())
+            problem = state.redact(problem) if state is not None else problem
+            results.append({"shard": shard, "error": problem})
+            if not as_json:
+                click.echo(f"{shard}: not purged: {problem}", err=True)
+            continue
+        finally:
+            if progress is not None:
+                progress.close()
+        results.append({"shard": shard, "consumers": [r.as_dict() for r in reports]})
+        timeout = timeout or any(r.status == "timeout" for r in reports)
+        no_policy = no_policy or (consumer is not None and any(r.status == "no_policy" for r in reports))
+        if as_json:
+            continue
+        if not reports and not quiet:
+            click.echo(f"{shard}: no consumer has a retention policy: nothing is ever purged")
+        for report in reports:
+            if quiet and report.status != "timeout":
+                continue
+            click.echo(f"{shard}: {report.consumer}: {_report_line(report, float(options['wait_timeout']))}",
+                       err=report.status == "timeout")
+    if as_json:
+        echo_json({"shards": results})
+    if failed:
+        ctx.exit(1)
+    if timeout:
+        ctx.exit(EXIT_TIMEOUT)
+    if no_policy:
         ctx.exit(EXIT_NO_POLICY)
 
 

@@ -25,19 +25,28 @@ SELECT (SELECT count(*) FROM inbox.message) AS identities,
 @click.command()
 @dsn_option
 @click.option("--to-change", metavar="CHANGE", help="Deploy up to this change (or @tag) only.")
+@click.option(
+    "--proxy",
+    is_flag=True,
+    help="Deploy the routing layer (PL/Proxy, project pginbox_proxy) to a proxy database in front of the shards.",
+)
 @click.pass_context
-def deploy(ctx: click.Context, command_dsn: str | None, to_change: str | None) -> None:
-    """Deploy the schema with Sqitch, or upgrade it in place to this package's release (idempotent)."""
-    output = sqitch.deploy(database(ctx, command_dsn), to_change=to_change)
+def deploy(ctx: click.Context, command_dsn: str | None, to_change: str | None, proxy: bool) -> None:
+    """Deploy the schema with Sqitch, or upgrade it in place to this package's release (idempotent).
+    With --proxy: the routing layer instead (docs/scaling.md); shards get the plain deploy."""
+    project = sqitch.find_proxy_project() if proxy else None
+    output = sqitch.deploy(database(ctx, command_dsn), to_change=to_change, project=project)
     click.echo(output.rstrip())
 
 
 @click.command()
 @dsn_option
+@click.option("--proxy", is_flag=True, help="Verify the routing layer (project pginbox_proxy) of a proxy database.")
 @click.pass_context
-def verify(ctx: click.Context, command_dsn: str | None) -> None:
+def verify(ctx: click.Context, command_dsn: str | None, proxy: bool) -> None:
     """Run the Sqitch verify scripts."""
-    click.echo(sqitch.verify(database(ctx, command_dsn)).rstrip())
+    project = sqitch.find_proxy_project() if proxy else None
+    click.echo(sqitch.verify(database(ctx, command_dsn), project=project).rstrip())
 
 
 def _history(dsn: str) -> tuple[int, int, int] | None:

@@ -29,6 +29,7 @@ __all__ = [
     "SqitchTarget",
     "deploy",
     "find_project",
+    "find_proxy_project",
     "pinned_pgoptions",
     "revert",
     "run",
@@ -121,6 +122,28 @@ def find_project() -> Path:
         return PACKAGED_PROJECT
     raise SqitchError(
         f"this pginbox package ships no Sqitch project ({PACKAGED_PROJECT / PLAN_FILE} is missing): "
+        "reinstall it, or set PGINBOX_SQITCH_DIR to a pginbox source checkout"
+    )
+
+
+#: The routing layer's Sqitch project (proxy/ in a checkout: PL/Proxy functions deployed to a proxy
+#: database in front of the shards; docs/scaling.md).
+PACKAGED_PROXY_PROJECT = Path(__file__).resolve().parent / "proxy_project"
+
+
+def find_proxy_project() -> Path:
+    """The proxy Sqitch project: $PGINBOX_SQITCH_DIR/proxy when PGINBOX_SQITCH_DIR names a
+    checkout, else the project this package ships."""
+    override = os.environ.get("PGINBOX_SQITCH_DIR")
+    if override:
+        path = Path(override) / "proxy"
+        if not (path / PLAN_FILE).is_file():
+            raise SqitchError(f"PGINBOX_SQITCH_DIR={override} holds no proxy/{PLAN_FILE}")
+        return path
+    if (PACKAGED_PROXY_PROJECT / PLAN_FILE).is_file():
+        return PACKAGED_PROXY_PROJECT
+    raise SqitchError(
+        f"this pginbox package ships no proxy Sqitch project ({PACKAGED_PROXY_PROJECT / PLAN_FILE} is missing): "
         "reinstall it, or set PGINBOX_SQITCH_DIR to a pginbox source checkout"
     )
 

@@ -1,0 +1,16 @@
+BEGIN;
+SET LOCAL search_path = pg_catalog, pg_temp;
+DROP FUNCTION inbox.claim_and_apply_batch(text, jsonb);
+DROP FUNCTION inbox.record_failure(text, text, text, jsonb, text, text, text, text, text, text);
+DROP FUNCTION inbox.record_start(text, text, text, text, text, jsonb, text, text);
+DROP FUNCTION inbox.claim_and_apply(text, text, text, text, jsonb, text, timestamptz);
+DROP FUNCTION inbox._route_claim_and_apply_batch(text, integer[], integer[], jsonb[]);
+DROP FUNCTION inbox._route_record_failure(text, text, text, jsonb, text, text, text, text, text, text);
+DROP FUNCTION inbox._route_record_start(text, text, text, text, text, jsonb, text, text);
+DROP FUNCTION inbox._route_claim_and_apply(text, text, text, text, jsonb, text, timestamptz);
+DROP FUNCTION inbox._raise_routed(text, text, text, text, text, text);
+DROP FUNCTION inbox._shard_unreachable(text, text);
+DROP FUNCTION inbox.schema_release();
+DROP FUNCTION inbox.schema_version();
+DROP TYPE inbox.delivery_result;
+COMMIT;
