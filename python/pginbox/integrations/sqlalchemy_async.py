@@ -105,6 +105,7 @@ SCHEMA_CHECK: TextClause = text(
 XACT_STATUS: TextClause = text("SELECT pg_catalog.pg_xact_status(CAST(:xid AS xid8))")
 
 _INERROR = psycopg.pq.TransactionStatus.INERROR
+_IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
 def _database_error(exc: BaseException) -> BaseException:
@@ -270,6 +271,16 @@ class AsyncSQLAlchemyInbox:
         """First use: the schema check (and pooler detection); behind a pooler, no prepared
         statements on the psycopg connection in use."""
         raw = await _dbapi(target)
+        if raw.autocommit and raw.info.transaction_status == _IDLE:
+            # isolation_level="AUTOCOMMIT": SQLAlchemy's begin() sends no BEGIN, so the claim would
+            # commit on its own, before the handler's writes (and a failing handler would leave them
+            # half applied, its redelivery answered "duplicate").
+            raise PginboxError(
+                "AsyncSQLAlchemyInbox was given an AUTOCOMMIT connection (isolation_level=\"AUTOCOMMIT\"): "
+                "the claim would commit on its own, apart from the handler's writes; give it a session or "
+                "connection of an engine created without isolation_level=\"AUTOCOMMIT\" (or with "
+                "create_engine(..., isolation_level=\"READ COMMITTED\"))"
+            )
         if self._schema_version is None:
             row = (await target.execute(SCHEMA_CHECK)).one()
             version = _core.check_schema_version(tuple(row)[:3], _core.describe(raw.info))
