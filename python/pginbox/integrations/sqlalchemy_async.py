@@ -13,6 +13,7 @@ In the caller's transaction (the AsyncSession or AsyncConnection given; nothing 
     apply(target, message)            inbox.claim_and_apply        -> Result
     apply_batch(target, messages)     inbox.claim_and_apply_batch  -> list[Result], input order
     record_failure(target, message, error)  inbox.record_failure   -> Result (FAILED / QUARANTINED)
+    enqueue(target, effect_id, destination, payload)  inbox.enqueue_effect -> bool (producer-only services too)
 
 In transactions of its own, like `pginbox.AsyncInbox.handle`:
 
@@ -33,6 +34,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import suppress
 from dataclasses import replace
+from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
@@ -99,6 +101,13 @@ SELECT {_RESULT}
   FROM inbox.record_start(consumer => :consumer, producer => :producer, message_id => :message_id,
                           tenant => :tenant, message_type => :message_type, payload => :payload,
                           handler_version => :handler_version) AS r""")
+ENQUEUE: TextClause = text("""
+SELECT inbox.enqueue_effect(effect_id => :effect_id, destination => :destination, payload => :payload,
+                            headers => coalesce(:headers, CAST('{}' AS jsonb)), ordering_key => :ordering_key,
+                            available_at => coalesce(CAST(:available_at AS timestamptz), pg_catalog.now()),
+                            consumer => :consumer, tenant => :tenant)""").bindparams(
+    bindparam("payload", type_=JSONB), bindparam("headers", type_=JSONB(none_as_null=True))
+)
 SCHEMA_CHECK: TextClause = text(
     "SELECT r.version, r.release, r.breaking_since, pg_catalog.pg_backend_pid() FROM inbox.schema_release() r"
 )
@@ -223,6 +232,21 @@ class AsyncSQLAlchemyInbox:
             code, text_ = reason_code, error_message or reason_code
         params = self._failure_params(message, reason_code or code, error_message or text_)
         return _core.result_from_row(await self._one(target, RECORD_FAILURE, params))
+
+    async def enqueue(
+        self, target: Target, effect_id: str, destination: str, payload: Any, *,
+        headers: Mapping[str, Any] | None = None, ordering_key: str | None = None,
+        available_at: datetime | None = None, tenant: str | None = None,
+    ) -> bool:
+        """inbox.enqueue_effect for this consumer in the caller's transaction (the write it belongs
+        to commits with it): True enqueued, False already enqueued (same id, destination and
+        payload). For producer-only services and handlers alike; the role must be bound to the
+        consumer and the consumer to `destination` (docs/outbox.md, "Producer-only services")."""
+        await self._prepare(target)
+        params = {"effect_id": effect_id, "destination": destination, "payload": payload,
+                  "headers": None if headers is None else dict(headers), "ordering_key": ordering_key,
+                  "available_at": available_at, "consumer": self.consumer, "tenant": tenant}
+        return bool((await target.execute(ENQUEUE, params)).scalar())
 
     # ------------------------------------------------------------------ transactions of its own
 
