@@ -14,10 +14,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import django
@@ -32,6 +35,12 @@ from pginbox import HandlerProtocolError, Message, Outcome, PginboxError, RetryP
 
 DJANGO_PROJECT = REPO_ROOT / "tests" / "django_project"
 FAST_RETRY = RetryPolicy(max_attempts=5, base_delay=0.005, max_delay=0.05)
+
+
+def doc_block(lang: str, index: int = 0) -> str:
+    """The `index`-th ```lang block of docs/django.md."""
+    page = (REPO_ROOT / "docs" / "django.md").read_text()
+    return str(re.findall(rf"```{lang}\n(.*?)```", page, re.S)[index])
 
 
 @dataclass(frozen=True)
@@ -52,11 +61,8 @@ def djdb(pg_base: str, template_db: str) -> Iterator[DjangoDb]:
     ident = sql.Identifier(role)
     with psycopg.connect(admin_dsn, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(ident))
-        admin.execute(sql.SQL("GRANT inbox_consumer TO {}").format(ident))
-        admin.execute(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(ident))
-        admin.execute("SELECT inbox.bind_consumer('billing', %s::regrole)", (role,))
-        admin.execute("SELECT inbox.bind_consumer('shop-api', %s::regrole)", (role,))
-        admin.execute("SELECT inbox.bind_destination('crm', 'shop-api', 'the shop tells the CRM')")
+        admin.execute(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(ident))  # for migrate
+        admin.execute(doc_block("sql").replace("shop_app", role).encode())  # docs/django.md §3, as written
         admin.execute("SELECT inbox.configure_consumer('billing', max_attempts => 3)")
     proxy = CommitDroppingProxy(admin_dsn)
     params = conninfo_to_dict(admin_dsn)
@@ -389,3 +395,55 @@ def test_a_redelivered_crash_loop_ends_in_quarantine(djdb: DjangoDb, admin: psyc
     result = inbox.handle(m, crash)
     assert result.outcome is Outcome.QUARANTINED
     assert len(runs) == 2
+
+
+def test_doc_handle_example(djdb: DjangoDb, admin: psycopg.Connection[Any]) -> None:
+    """docs/django.md §4, run as written."""
+    before = admin.execute("SELECT balance FROM ledger_account WHERE id = 1").fetchone()
+    admin.execute("DELETE FROM inbox.message WHERE message_id = 'evt-1'")
+    exec(compile(doc_block("python", 0), "docs/django.md §4", "exec"), {"__name__": "doc"})
+    assert entries(admin, "evt-1") == 1
+    after = admin.execute("SELECT balance FROM ledger_account WHERE id = 1").fetchone()
+    assert before is not None and after == (before[0] + 10,)
+
+
+def test_doc_views_are_the_test_projects_views() -> None:
+    """docs/django.md §5 shows ledger/views.py as it is (test_views_under_atomic_requests and
+    test_a_producer_view_enqueues_in_the_request_transaction run it through Django)."""
+    assert doc_block("python", 1) == (DJANGO_PROJECT / "ledger" / "views.py").read_text()
+
+
+def test_doc_release_step_deploys_a_fresh_database(djdb: DjangoDb, pg_base: str) -> None:
+    """docs/django.md §2, run as written in the project's directory, on an empty database:
+    `pginbox deploy` as the superuser, then `manage.py migrate` as the app's role."""
+    name = f"t_django_release_{uuid.uuid4().hex[:10]}"
+    create_database(pg_base, name)
+    try:
+        with psycopg.connect(dsn_for(pg_base, name), autocommit=True) as admin:
+            admin.execute(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(sql.Identifier(djdb.role)))
+        bin_dir = str(Path(sys.executable).parent)
+        env = {
+            **os.environ,
+            "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
+            "PGINBOX_DEPLOY_DSN": dsn_for(pg_base, name),
+            "PGINBOX_DJANGO_NAME": name,
+        }
+        env.pop("PGINBOX_DJANGO_LOSSY_PORT", None)
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", doc_block("sh")],
+            cwd=DJANGO_PROJECT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        with psycopg.connect(dsn_for(pg_base, name), autocommit=True) as admin:
+            assert admin.execute("SELECT release FROM inbox.schema_release()").fetchone() == ("0.3.0",)
+            owners = admin.execute(
+                "SELECT tablename, tableowner FROM pg_tables WHERE tablename LIKE 'ledger_%' ORDER BY 1"
+            ).fetchall()
+            assert owners == [(t, djdb.role) for t in ("ledger_account", "ledger_entry", "ledger_order")]
+    finally:
+        drop_database(pg_base, name)
