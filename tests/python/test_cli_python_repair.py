@@ -1,0 +1,201 @@
+"""`pginbox quarantine repair ID --python MODULE:FUNCTION` and `pginbox quarantine redeem`: a
+quarantined message whose handler is Python, repaired with the consumer's own login (click's
+CliRunner, real database; the entries of test_cli.py's fixture). The operator's --dsn is the
+superuser; the consumer's login is the service role bound to `billing` that owns its tables.
+
+What is checked: the handler runs as the consumer's login (session_user, its enqueue is the
+consumer's), its writes, the claim and the decision commit together, a failing handler leaves
+everything as it was but the audit, a grant runs once, and every refusal comes from the database
+(an operator's or a stranger's login, another handler, a consumer nobody is bound to, a conflict
+entry) before anything is written."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+from test_cli import Entries, _apply, cli, fails
+from test_cli import entries as entries  # the fixture
+
+HANDLER = "_repair_handlers:credit"
+
+
+@pytest.fixture
+def service(entries: Entries, conn: psycopg.Connection[Any]) -> str:
+    """The consumer's login: the role test_cli's fixture made the billing service (bound, owner of
+    acct). Its repair_log records who ran the handler; billing may send to crm."""
+    row = conn.execute(
+        "SELECT r.rolname FROM inbox.consumer_binding b JOIN pg_roles r ON r.oid = b.role WHERE b.consumer = 'billing'"
+    ).fetchone()
+    assert row is not None
+    role = str(row[0])
+    conn.execute("CREATE TABLE repair_log (message_id text NOT NULL, login text NOT NULL)")
+    conn.execute(f'ALTER TABLE repair_log OWNER TO "{role}"')
+    conn.execute("SELECT inbox.bind_destination('crm', 'billing', 'receipts')")
+    params = {k: v for k, v in conninfo_to_dict(entries.dsn).items() if v is not None}
+    params["user"] = role
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+def state(conn: psycopg.Connection[Any], quarantine_id: int) -> tuple[Any, ...]:
+    row = conn.execute(
+        "SELECT q.status, (SELECT count(*) FROM repair_log), (SELECT balance FROM acct WHERE id = 2),"
+        " (SELECT count(*) FROM inbox.outbox) FROM inbox.quarantine q WHERE q.quarantine_id = %s",
+        (quarantine_id,),
+    ).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def test_repair_with_a_python_handler_runs_as_the_consumers_login(
+    entries: Entries, service: str, conn: psycopg.Connection[Any]
+) -> None:
+    entry = entries.missing_2
+    conn.execute("INSERT INTO acct (id) VALUES (2)")
+    result = cli(
+        "quarantine",
+        "repair",
+        str(entry),
+        "--note",
+        "account 2 exists now",
+        "--python",
+        HANDLER,
+        "--consumer-dsn",
+        service,
+        "--handler-version",
+        "py-v2",
+        dsn=entries.dsn,
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"entry {entry}: recovered (the stored payload was applied by {HANDLER}")
+    role = conninfo_to_dict(service)["user"]
+    assert conn.execute("SELECT message_id, login FROM repair_log").fetchall() == [("m-2", role)]
+    assert conn.execute("SELECT balance FROM acct WHERE id = 2").fetchone() == (7,)
+    assert conn.execute("SELECT effect_id, consumer FROM inbox.outbox").fetchall() == [("m-2:receipt", "billing")]
+    assert _apply(conn, "m-2", {"account": 2, "amount": 7})[0] == "duplicate"
+
+    details = json.loads(cli("quarantine", "show", str(entry), "--json", dsn=entries.dsn).stdout)
+    assert details["entry"]["status"] == "recovered" and details["message"]["handler_version"] == "py-v2"
+    [decision] = details["decisions"]
+    assert (decision["decision"], decision["result"], decision["decided_by"]) == ("repair", "recovered", "postgres")
+    assert decision["note"].startswith(f"account 2 exists now [python handler {HANDLER}, run by {role}, grant ")
+
+
+def test_grant_then_redeem_on_the_consumers_side_a_failure_is_audited(
+    entries: Entries, service: str, conn: psycopg.Connection[Any]
+) -> None:
+    entry = entries.missing_2
+    issued = cli(
+        "quarantine",
+        "repair",
+        str(entry),
+        "--note",
+        "try the Python handler",
+        "--python",
+        HANDLER,
+        "--json",
+        dsn=entries.dsn,
+    )
+    assert issued.exit_code == 0, issued.output
+    grant = json.loads(issued.stdout)
+    assert grant["consumer"] == "billing" and grant["handler"] == HANDLER and grant["quarantine_id"] == entry
+    before = state(conn, entry)
+
+    failed = cli("quarantine", "redeem", str(grant["grant_id"]), "--python", HANDLER, "--json", dsn=service)
+    assert failed.exit_code == 1, failed.output
+    assert json.loads(failed.stdout) | {"grant_id": 0} == {
+        "grant_id": 0,
+        "quarantine_id": entry,
+        "result": "repair_failed",
+        "handler": HANDLER,
+        "handler_version": HANDLER,
+        "reason_code": "LookupError",
+        "error_message": "no account 2",
+    }
+    assert state(conn, entry) == before  # the handler's writes, the claim and its enqueue rolled back
+    fails(
+        cli("quarantine", "redeem", str(grant["grant_id"]), "--python", HANDLER, dsn=service),
+        "already used",
+        "SQLSTATE 55000",
+    )
+    details = json.loads(cli("quarantine", "show", str(entry), "--json", dsn=entries.dsn).stdout)
+    assert [(d["result"], d["reason_code"]) for d in details["decisions"]] == [("repair_failed", "LookupError")]
+    assert details["entry"]["status"] == "open" and details["message"]["status"] == "quarantined"
+
+    conn.execute("INSERT INTO acct (id) VALUES (2)")
+    again = json.loads(
+        cli(
+            "quarantine",
+            "repair",
+            str(entry),
+            "--note",
+            "account 2 exists now",
+            "--python",
+            HANDLER,
+            "--json",
+            dsn=entries.dsn,
+        ).stdout
+    )
+    done = cli("quarantine", "redeem", str(again["grant_id"]), "--python", HANDLER, dsn=service)
+    assert done.exit_code == 0, done.output
+    assert state(conn, entry)[:3] == ("recovered", 1, 7)
+
+
+def test_only_the_consumers_own_login_runs_the_handler(
+    entries: Entries, service: str, conn: psycopg.Connection[Any], login_role: Callable[..., str]
+) -> None:
+    entry = entries.missing_2
+    conn.execute("INSERT INTO acct (id) VALUES (2)")
+    grant = json.loads(
+        cli("quarantine", "repair", str(entry), "--note", "n", "--python", HANDLER, "--json", dsn=entries.dsn).stdout
+    )["grant_id"]
+    before = state(conn, entry)
+    # the operator's own login (here a superuser): no superuser exception
+    fails(
+        cli("quarantine", "redeem", str(grant), "--python", HANDLER, dsn=entries.dsn),
+        f"cannot run repair grant {grant}",
+        "only a login of a role bound to consumer 'billing'",
+        "SQLSTATE 42501",
+    )
+    # another service's login
+    stranger = login_role("inbox_consumer")
+    fails(cli("quarantine", "redeem", str(grant), "--python", HANDLER, dsn=stranger), "SQLSTATE 42501")
+    # an operator without consumer rights
+    operator = login_role("inbox_operator")
+    fails(cli("quarantine", "redeem", str(grant), "--python", HANDLER, dsn=operator), "SQLSTATE 42501")
+    # the consumer's login, but another handler than the operator chose
+    refused = cli("quarantine", "redeem", str(grant), "--python", "_repair_handlers:credit_async", dsn=service)
+    assert refused.exit_code == 2 and "is an async handler" in refused.stderr, refused.output
+    fails(
+        cli("quarantine", "redeem", str(grant), "--python", "json:dumps", dsn=service),
+        f"is for handler '{HANDLER}'",
+        "SQLSTATE 42501",
+    )
+    assert state(conn, entry) == before
+    assert cli("quarantine", "redeem", str(grant), "--python", HANDLER, dsn=service).exit_code == 0
+
+
+def test_grants_the_database_refuses(entries: Entries, service: str, conn: psycopg.Connection[Any]) -> None:
+    fails(
+        cli("quarantine", "repair", str(entries.conflict), "--note", "n", "--python", HANDLER, dsn=entries.dsn),
+        f"cannot grant a repair of entry {entries.conflict}",
+        "identity conflict",
+        "SQLSTATE 55000",
+    )
+    fails(
+        cli("quarantine", "repair", str(entries.missing_2), "--note", "n", "--python", "not-a-spec", dsn=entries.dsn),
+        "module:function",
+        "SQLSTATE 22023",
+    )
+    role = conninfo_to_dict(service)["user"]
+    conn.execute("SELECT inbox.unbind_consumer('billing', %s::regrole)", (role,))
+    fails(
+        cli("quarantine", "repair", str(entries.missing_2), "--note", "n", "--python", HANDLER, dsn=entries.dsn),
+        "no live role is bound to consumer 'billing'",
+        "SQLSTATE 42501",
+    )
+    assert conn.execute("SELECT count(*) FROM inbox.repair_grant").fetchone() == (0,)
