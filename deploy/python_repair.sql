@@ -1,6 +1,6 @@
 -- Deploy pginbox:python_repair. Generated from sql/121_python_repair.sql by python/tools/sync_deploy.py: edit that file.
--- pginbox: repairing a quarantined message with a Python handler (docs/operations.md, "Repairing
--- with a Python handler"). The tables: 120_python_repair_tables.sql.
+-- pginbox: repairing a quarantined message with a Python handler (docs/security.md, "Python
+-- handlers: repair grants"). The tables: 120_python_repair_tables.sql.
 --   inbox.grant_repair            operator: a one-time grant to repair entry N with handler
 --                                 module:function, valid for a while (15 minutes by default)
 --   inbox.begin_granted_repair    a login of the consumer's own role, in its transaction: redeems

@@ -1,5 +1,5 @@
--- pginbox: repair grants, for quarantined messages whose handler is Python (docs/operations.md,
--- "Repairing with a Python handler"). An operator cannot run a Python handler inside the database,
+-- pginbox: repair grants, for quarantined messages whose handler is Python (docs/security.md,
+-- "Python handlers: repair grants"). An operator cannot run a Python handler inside the database,
 -- and must not run it with the operator's own login: the handler acts as the consumer. So the
 -- operator grants (inbox.grant_repair), and a login of the consumer's own role redeems the grant in
 -- its transaction: the claim, the handler and the entry's decision commit together

@@ -11,17 +11,25 @@ entry) before anything is written."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+import os
+import re
+import shlex
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
+from click.testing import CliRunner
+from conftest import REPO_ROOT
 from psycopg.conninfo import conninfo_to_dict
 from test_cli import Entries, _apply, cli, fails
 from test_cli import entries as entries  # the fixture
 
-HANDLER = "_repair_handlers:credit"
+from pginbox.cli import main
+
+HANDLER = "billing_handlers:credit"
 
 
 @pytest.fixture
@@ -168,7 +176,7 @@ def test_only_the_consumers_own_login_runs_the_handler(
     operator = login_role("inbox_operator")
     fails(cli("quarantine", "redeem", str(grant), "--python", HANDLER, dsn=operator), "SQLSTATE 42501")
     # the consumer's login, but another handler than the operator chose
-    refused = cli("quarantine", "redeem", str(grant), "--python", "_repair_handlers:credit_async", dsn=service)
+    refused = cli("quarantine", "redeem", str(grant), "--python", "billing_handlers:credit_async", dsn=service)
     assert refused.exit_code == 2 and "is an async handler" in refused.stderr, refused.output
     fails(
         cli("quarantine", "redeem", str(grant), "--python", "json:dumps", dsn=service),
@@ -199,3 +207,49 @@ def test_grants_the_database_refuses(entries: Entries, service: str, conn: psyco
         "SQLSTATE 42501",
     )
     assert conn.execute("SELECT count(*) FROM inbox.repair_grant").fetchone() == (0,)
+
+
+def test_the_documented_commands(
+    entries: Entries, service: str, conn: psycopg.Connection[Any], login_role: Callable[..., str]
+) -> None:
+    """docs/security.md, "Python handlers: repair grants": the ```sh block run as written, by an
+    operator login (inbox_operator, not a superuser) and the billing service's login. The doc's
+    entries 2 and 3 and grant 1 are this database's."""
+    page = (REPO_ROOT / "docs" / "security.md").read_text()
+    section = page[page.index("### Python handlers: repair grants") :]
+    block = re.findall(r"```sh\n(.*?)```", section, re.S)[0]
+    commands = [shlex.split(line) for line in block.splitlines() if line.startswith("pginbox ")]
+    assert len(commands) == 3
+    conn.execute("INSERT INTO acct (id) VALUES (2), (3)")
+    env = {"OPERATOR_DSN": login_role("inbox_operator"), "BILLING_DSN": service}
+    ids = {"2": str(entries.missing_2), "3": str(entries.missing_3)}
+    for command in commands:
+        with _environment(env):
+            argv = [ids.get(a, a) if i == 2 else os.path.expandvars(a) for i, a in enumerate(command[1:])]
+            result = CliRunner().invoke(main, argv, catch_exceptions=True)
+        assert result.exit_code == 0, (argv, result.output)
+        issued = re.search(r"repair grant (\d+) issued", result.stdout)
+        if issued:
+            ids["1"] = issued.group(1)
+    assert state(conn, entries.missing_2)[0] == "recovered"
+    assert conn.execute(
+        "SELECT status FROM inbox.quarantine WHERE quarantine_id = %s", (entries.missing_3,)
+    ).fetchone() == ("recovered",)
+    assert conn.execute("SELECT count(*) FROM repair_log").fetchone() == (2,)
+    assert conn.execute("SELECT DISTINCT granted_by FROM inbox.repair_grant").fetchall() == [
+        (conninfo_to_dict(env["OPERATOR_DSN"])["user"],)
+    ]
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
