@@ -17,6 +17,7 @@ import os
 import re
 import shlex
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -253,3 +254,44 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def test_the_handler_pginbox_consume_is_configured_with(
+    entries: Entries, service: str, conn: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    """--consume-config: the [consume] handler and handler_version of the consumer's own file."""
+    config = tmp_path / "consume.toml"
+    config.write_text(
+        f'[consume]\nurl = "amqp://localhost"\nconsumer = "billing"\nqueue = "billing"\n'
+        f'handler = "{HANDLER}"\nhandler_version = "2026.12"\n'
+    )
+    conn.execute("INSERT INTO acct (id) VALUES (2)")
+    result = cli(
+        "quarantine",
+        "repair",
+        str(entries.missing_2),
+        "--note",
+        "n",
+        "--consume-config",
+        str(config),
+        "--consumer-dsn",
+        service,
+        dsn=entries.dsn,
+    )
+    assert result.exit_code == 0, result.output
+    assert conn.execute(
+        "SELECT handler, handler_version, result FROM inbox.repair_grant WHERE quarantine_id = %s", (entries.missing_2,)
+    ).fetchall() == [(HANDLER, "2026.12", "recovered")]
+    sql_config = tmp_path / "sql.toml"
+    sql_config.write_text('[consume]\nhandler = "sql"\n')
+    refused = cli(
+        "quarantine",
+        "repair",
+        str(entries.missing_3),
+        "--note",
+        "n",
+        "--consume-config",
+        str(sql_config),
+        dsn=entries.dsn,
+    )
+    assert refused.exit_code == 2 and "names no Python handler" in refused.stderr, refused.output

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import tomllib
+from pathlib import Path
 from typing import cast
 
 import click
@@ -280,6 +282,24 @@ def _load_python_handler(spec: str) -> granted.Handler:
     return cast(granted.Handler, handler)
 
 
+def _consume_handler(path: Path) -> tuple[str, str | None]:
+    """The Python handler (and its version) the [consume] table of `pginbox consume`'s file names."""
+    try:
+        with path.open("rb") as fh:
+            table = tomllib.load(fh).get("consume", {})
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise click.BadParameter(f"{path}: {exc}", param_hint="--consume-config") from None
+    handler = table.get("handler") if isinstance(table, dict) else None
+    if not isinstance(handler, str) or handler in ("", "sql"):
+        raise click.BadParameter(
+            f"{path}: [consume] names no Python handler (handler = {handler!r}): its messages are repaired by the "
+            "registered SQL handler (omit --consume-config)",
+            param_hint="--consume-config",
+        )
+    version = table.get("handler_version")
+    return handler, str(version) if version is not None else None
+
+
 @quarantine_group.command(name="repair")
 @click.argument("quarantine_id", type=int, metavar="ID")
 @click.option("--note", required=True, help="Why: goes into the audit trail.")
@@ -298,6 +318,13 @@ def _load_python_handler(spec: str) -> granted.Handler:
     envvar="PGINBOX_CONSUMER_DSN",
     help="With --python: the consumer service's own login, which runs the handler now. Without it the grant "
     "is printed for the consumer's side to run (pginbox quarantine redeem).",
+)
+@click.option(
+    "--consume-config",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="The TOML file `pginbox consume` runs with: its [consume] handler (and handler_version) is the "
+    "default of --python (and --handler-version).",
 )
 @click.option("--handler-version", default=None, help="With --python: recorded as the message's handler version.")
 @click.option(
@@ -318,6 +345,7 @@ def quarantine_repair(
     consumer_dsn: str | None,
     handler_version: str | None,
     valid_for: float,
+    consume_config: Path | None,
     command_dsn: str | None,
     as_json: bool,
 ) -> None:
@@ -328,6 +356,10 @@ def quarantine_repair(
     the consumer's own login (--consumer-dsn) runs the handler in the transaction that claims the
     message; the database refuses the grant when no role bound to the consumer could run it, and the
     run when the login is not the consumer's."""
+    if consume_config is not None:
+        configured, configured_version = _consume_handler(consume_config)
+        python_handler = python_handler or configured
+        handler_version = handler_version or configured_version
     if python_handler is None:
         if consumer_dsn or handler_version:
             raise click.UsageError("--consumer-dsn and --handler-version go with --python")
