@@ -30,7 +30,10 @@ def _database(port: str) -> dict[str, Any]:
         "USER": os.environ.get("PGINBOX_DJANGO_USER", "postgres"),
         # a worker keeps its connection (0, Django's default, closes it at every close_old_connections)
         "CONN_MAX_AGE": None,
-        "CONN_HEALTH_CHECKS": True,
+        # Django checks the connection (SELECT 1) at its first use after each close_old_connections,
+        # which DjangoInbox.handle calls per message: one more round trip each (bench_django.py turns
+        # it off; a dead connection is a transient error DjangoInbox retries on a new one anyway).
+        "CONN_HEALTH_CHECKS": os.environ.get("PGINBOX_DJANGO_HEALTH_CHECKS", "1") == "1",
         # every view in a transaction: what DjangoInbox.handle must refuse to run inside
         "ATOMIC_REQUESTS": True,
         "OPTIONS": {"options": "-c statement_timeout=60000"},
