@@ -23,5 +23,10 @@ def credit(cur: psycopg.Cursor[Any], message: Message) -> None:
     )
 
 
-async def credit_async(cur: Any, message: Message) -> None:
-    raise NotImplementedError
+async def credit_async(cur: psycopg.AsyncCursor[Any], message: Message) -> None:
+    """`credit` as an `async def` handler (what `pginbox consume` runs on its asyncio connection)."""
+    account, amount = message.payload["account"], message.payload["amount"]
+    await cur.execute("UPDATE acct SET balance = balance + %s WHERE id = %s", (amount, account))
+    if cur.rowcount == 0:
+        raise LookupError(f"no account {account}")
+    await cur.execute("INSERT INTO repair_log (message_id, login) VALUES (%s, session_user)", (message.message_id,))

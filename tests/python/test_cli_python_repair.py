@@ -177,8 +177,11 @@ def test_only_the_consumers_own_login_runs_the_handler(
     operator = login_role("inbox_operator")
     fails(cli("quarantine", "redeem", str(grant), "--python", HANDLER, dsn=operator), "SQLSTATE 42501")
     # the consumer's login, but another handler than the operator chose
-    refused = cli("quarantine", "redeem", str(grant), "--python", "billing_handlers:credit_async", dsn=service)
-    assert refused.exit_code == 2 and "is an async handler" in refused.stderr, refused.output
+    fails(
+        cli("quarantine", "redeem", str(grant), "--python", "billing_handlers:credit_async", dsn=service),
+        f"is for handler '{HANDLER}'",
+        "SQLSTATE 42501",
+    )
     fails(
         cli("quarantine", "redeem", str(grant), "--python", "json:dumps", dsn=service),
         f"is for handler '{HANDLER}'",
@@ -295,3 +298,44 @@ def test_the_handler_pginbox_consume_is_configured_with(
         dsn=entries.dsn,
     )
     assert refused.exit_code == 2 and "names no Python handler" in refused.stderr, refused.output
+
+
+def test_an_async_handler_runs_on_an_asyncio_connection(
+    entries: Entries, service: str, conn: psycopg.Connection[Any]
+) -> None:
+    """`async def` handlers (what `pginbox consume` runs on its asyncio connection) get an
+    AsyncCursor, with the consumer's login; their failure is audited as a sync one's."""
+    spec = "billing_handlers:credit_async"
+    failed = cli(
+        "quarantine",
+        "repair",
+        str(entries.missing_2),
+        "--note",
+        "n",
+        "--python",
+        spec,
+        "--consumer-dsn",
+        service,
+        "--json",
+        dsn=entries.dsn,
+    )
+    assert failed.exit_code == 1, failed.output
+    assert json.loads(failed.stdout)["reason_code"] == "LookupError"
+    assert state(conn, entries.missing_2)[:2] == ("open", 0)
+    conn.execute("INSERT INTO acct (id) VALUES (2)")
+    done = cli(
+        "quarantine",
+        "repair",
+        str(entries.missing_2),
+        "--note",
+        "n",
+        "--python",
+        spec,
+        "--consumer-dsn",
+        service,
+        dsn=entries.dsn,
+    )
+    assert done.exit_code == 0, done.output
+    role = conninfo_to_dict(service)["user"]
+    assert conn.execute("SELECT message_id, login FROM repair_log").fetchall() == [("m-2", role)]
+    assert state(conn, entries.missing_2)[:3] == ("recovered", 1, 7)

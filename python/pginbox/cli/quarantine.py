@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import tomllib
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import cast
 
 import click
 
-from pginbox.cli.context import connect, dsn_option
+from pginbox.cli.context import connect, database, dsn_option
 from pginbox.cli.output import echo_json, fmt, format_age, indent, table
 from pginbox.consumer.core import is_async_handler
 from pginbox.ops import granted_repair as granted
@@ -268,18 +269,25 @@ def _echo_redemption(ctx: click.Context, done: granted.Redemption, as_json: bool
         ctx.exit(1)
 
 
-def _load_python_handler(spec: str) -> granted.Handler:
+def _load_python_handler(spec: str) -> granted.Handler | granted.AsyncHandler:
     try:
-        handler = load_object(spec, "--python")
+        return cast(granted.Handler, load_object(spec, "--python"))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--python") from None
+
+
+def _redeem(
+    ctx: click.Context, dsn: str | None, grant_id: int, spec: str, handler: granted.Handler | granted.AsyncHandler
+) -> granted.Redemption:
+    """A sync handler on a psycopg Connection; an `async def` one on an AsyncConnection (AsyncCursor),
+    as `pginbox consume` runs them."""
     if is_async_handler(handler):
-        raise click.BadParameter(
-            f"{spec} is an async handler: repairs run sync handlers, handler(cursor, message) on a psycopg "
-            "Cursor (write a sync twin, or wrap it with asyncio.run on a connection of its own)",
-            param_hint="--python",
+        return asyncio.run(
+            granted.redeem_async(database(ctx, dsn), grant_id, spec, cast(granted.AsyncHandler, handler))
         )
-    return cast(granted.Handler, handler)
+    with connect(ctx, dsn) as conn:
+        check_schema(conn)
+        return granted.redeem(conn, grant_id, spec, cast(granted.Handler, handler))
 
 
 def _consume_handler(path: Path) -> tuple[str, str | None]:
@@ -386,9 +394,7 @@ def quarantine_repair(
             )
         return
     assert consumer_dsn is not None
-    with connect(ctx, consumer_dsn) as consumer_conn:
-        done = granted.redeem(consumer_conn, issued.grant_id, python_handler, handler)
-    _echo_redemption(ctx, done, as_json)
+    _echo_redemption(ctx, _redeem(ctx, consumer_dsn, issued.grant_id, python_handler, handler), as_json)
 
 
 @quarantine_group.command(name="redeem")
@@ -411,7 +417,4 @@ def quarantine_redeem(
     closes as recovered when it commits. Exit status 1 when the handler fails: the failure is
     audited, the entry stays open, the grant is used."""
     handler = _load_python_handler(python_handler)
-    with connect(ctx, command_dsn) as conn:
-        check_schema(conn)
-        done = granted.redeem(conn, grant_id, python_handler, handler)
-    _echo_redemption(ctx, done, as_json)
+    _echo_redemption(ctx, _redeem(ctx, command_dsn, grant_id, python_handler, handler), as_json)

@@ -17,11 +17,12 @@ OperatorError with the server's reason.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import inspect
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -35,7 +36,7 @@ from pginbox.client.retry import RetryPolicy, classify
 from pginbox.errors import HandlerProtocolError, OperatorError, RetriesExhausted, server_message
 from pginbox.ops.json_values import jsonable
 
-__all__ = ["Grant", "Redemption", "grant", "redeem"]
+__all__ = ["Grant", "Redemption", "grant", "redeem", "redeem_async"]
 
 #: handler(cursor, message): runs in the transaction that redeems the grant (pginbox.Inbox's shape).
 Handler = Callable[[psycopg.Cursor[Any], Message], object]
@@ -222,3 +223,86 @@ def redeem(
         frow["error_message"],
         error,
     )
+
+
+#: async handler(cursor, message), as `pginbox consume` runs an `async def` handler.
+AsyncHandler = Callable[[psycopg.AsyncCursor[Any], Message], Awaitable[object]]
+
+
+async def _attempt_async(
+    conn: psycopg.AsyncConnection[Any], grant_id: int, spec: str, handler: AsyncHandler
+) -> dict[str, Any]:
+    async with conn.transaction():
+        async with conn.cursor(row_factory=dict_row) as cur:
+            row = await (await cur.execute(BEGIN_SQL, {"grant": grant_id, "handler": spec})).fetchone()
+        assert row is not None
+        message = Message(row["producer"], row["message_id"], row["message_type"], row["payload"], tenant=row["tenant"])
+        async with conn.cursor() as hcur:
+            try:
+                await handler(hcur, message)
+            except Exception as exc:
+                if classify(exc) is not None or _core.connection_lost(exc, conn):
+                    raise
+                raise _HandlerFailed(exc) from exc
+        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+            raise _HandlerFailed(
+                HandlerProtocolError(
+                    "the handler returned, but a database error it caught left its transaction failed: rolled back",
+                    reason_code="25P02",
+                    sqlstate="25P02",
+                )
+            )
+    return row
+
+
+async def redeem_async(
+    dsn: str, grant_id: int, spec: str, handler: AsyncHandler, *, retry: RetryPolicy | None = None
+) -> Redemption:
+    """`redeem` for an `async def` handler, on an asyncio connection of its own to `dsn` (the
+    consumer's login)."""
+    policy = retry or RetryPolicy()
+    rng = random.Random()
+    number = 0
+    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=None)
+    try:
+        while True:
+            number += 1
+            try:
+                if conn.closed:
+                    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=None)
+                row = await _attempt_async(conn, grant_id, spec, handler)
+                return Redemption(grant_id, row["quarantine_id"], "recovered", spec, row["handler_version"])
+            except _HandlerFailed as failed:
+                error = failed.error
+                break
+            except psycopg.Error as exc:
+                if classify(exc) is None and not _core.connection_lost(exc, conn):
+                    raise _refused(f"cannot run repair grant {grant_id}", exc) from exc
+                if number >= policy.max_attempts:
+                    raise RetriesExhausted(
+                        f"repair grant {grant_id}: gave up after {number} attempts: {exc}",
+                        attempts=number,
+                        sqlstate=exc.sqlstate,
+                    ) from exc
+                await asyncio.sleep(policy.backoff(number, rng))
+        reason, text = _core.failure_reason(error)
+        try:
+            async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+                frow = await (
+                    await cur.execute(FAILED_SQL, {"grant": grant_id, "handler": spec, "reason": reason, "text": text})
+                ).fetchone()
+        except psycopg.Error as exc:
+            raise _refused(f"cannot record the failure of repair grant {grant_id}", exc) from exc
+        assert frow is not None
+        return Redemption(
+            grant_id,
+            frow["quarantine_id"],
+            "repair_failed",
+            spec,
+            frow["handler_version"],
+            frow["reason_code"],
+            frow["error_message"],
+            error,
+        )
+    finally:
+        await conn.close()
