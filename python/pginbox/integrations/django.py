@@ -106,10 +106,10 @@ def _fetch(conn: BaseDatabaseWrapper, query: str, params: Sequence[Any] | None =
 
 def _claim(raw: psycopg.Connection[Any], params: Sequence[Any]) -> tuple[Any, ...]:
     """inbox.claim on the psycopg connection under Django's, inside the atomic() block Django just
-    opened: in pipeline mode psycopg's BEGIN and the claim travel in one round trip, and the claim
-    is a prepared statement (Django's own cursor binds parameters client-side and prepares nothing,
-    which cost a round trip and a plan per message)."""
-    with raw.cursor() as cur:
+    opened: in pipeline mode psycopg's BEGIN and the claim travel in one round trip, with the
+    parameters bound server-side (Django's cursor class binds them into the query text). Prepared
+    only if the DATABASES OPTIONS enable prepare_threshold (Django disables it, for poolers)."""
+    with psycopg.Cursor(raw) as cur:
         if _PIPELINE:
             with raw.pipeline():
                 cur.execute(queries.CLAIM, params, prepare=True)
