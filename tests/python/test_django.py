@@ -447,3 +447,32 @@ def test_doc_release_step_deploys_a_fresh_database(djdb: DjangoDb, pg_base: str)
             assert owners == [(t, djdb.role) for t in ("ledger_account", "ledger_entry", "ledger_order")]
     finally:
         drop_database(pg_base, name)
+
+
+def test_the_trap_pginbox_inbox_on_djangos_connection_fails_nested_atomic(
+    djdb: DjangoDb, admin: psycopg.Connection[Any]
+) -> None:
+    """Why the integration exists (issue 25): pginbox.Inbox handed Django's psycopg connection
+    switches its autocommit around BEGIN, and the handler's atomic() (get_or_create opens one)
+    fails with "can't change 'autocommit' now": the message is recorded as failed, nothing applied.
+    DjangoInbox applies the same handler."""
+    from django.db import connection, transaction
+    from ledger.models import Account, Entry
+
+    from pginbox import Inbox
+    from pginbox.integrations.django import DjangoInbox
+
+    def handler(msg: Message) -> None:
+        account, _ = Account.objects.get_or_create(id=1)  # exists: no atomic() ...
+        with transaction.atomic():  # ... but this (and get_or_create of a new row) opens one
+            Entry.objects.create(account=account, message_id=msg.message_id, amount=1)
+
+    connection.ensure_connection()
+    trapped = message(uid())
+    result = Inbox(connection.connection, consumer="billing").handle(trapped, lambda cur, msg: handler(msg))
+    assert result.outcome is Outcome.FAILED
+    assert "autocommit" in str(result.exception)
+    assert entries(admin, trapped.message_id) == 0
+    m = message(uid())
+    assert DjangoInbox(consumer="billing").handle(m, handler).outcome is Outcome.APPLIED
+    assert entries(admin, m.message_id) == 1
