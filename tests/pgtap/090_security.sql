@@ -24,7 +24,8 @@ SELECT set_eq($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc
                     'create_replay_plan', 'add_replay_items', 'accept_replay_version', 'cancel_replay_plan',
                     'run_replay_plan',
                     'bind_consumer', 'unbind_consumer', 'configure_security',
-                    'bind_destination', 'unbind_destination', '_generate_dispatcher', '_begin_apply_batch', '_unclaim'],
+                    'bind_destination', 'unbind_destination', '_generate_dispatcher', '_begin_apply_batch', '_unclaim',
+                    'grant_repair', 'begin_granted_repair', 'granted_repair_failed'],
               'exactly the expected functions in schema inbox are SECURITY DEFINER');
 SELECT is_empty($$SELECT p.oid::regprocedure::text, p.proconfig::text FROM pg_catalog.pg_proc p
                    WHERE p.pronamespace = 'inbox'::regnamespace AND p.prosecdef
@@ -130,7 +131,7 @@ SELECT set_eq(format($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.
                                  'effect_id',
                                  '_check_text', 'versioned_consumer', '_is_transient',
                                  '_run_handler', '_run_handler_batch', '_blank', '_begin_apply_batch', '_unclaim',
-                                 'idempotency_key', '_has_control'], 1),
+                                 'idempotency_key', '_has_control', 'begin_granted_repair', 'granted_repair_failed'], 1),
         ('inbox_operator', ARRAY['register_handler', 'configure_consumer', 'repair', 'discard', 'release',
                                  '_reason_code', 'payload_hash', 'idempotency_key', '_has_control', 'correct_watermark',
                                  'schema_version', 'schema_release', 'configure_destination', 'redrive_effect',
@@ -143,7 +144,7 @@ SELECT set_eq(format($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.
                                  'versioned_consumer', 'replay_operation_id', '_is_transient', '_run_handler', '_blank',
                                  '_check_purge_call', '_announced', '_announced_detail', 'bind_consumer',
                                  'unbind_consumer', 'configure_security', 'bind_destination',
-                                 'unbind_destination'], 2),
+                                 'unbind_destination', 'grant_repair'], 2),
         ('inbox_reader', ARRAY['schema_version', 'schema_release', 'retention_window', '_retention_window',
                                '_active_cutoff', 'metrics', 'versioned_consumer', 'replay_operation_id',
                                'idempotency_key'], 3),

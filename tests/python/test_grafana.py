@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
-import yaml  # type: ignore[import-untyped]  # no stubs in the dev extras; the test reads plain data
+import yaml  # typed by types-PyYAML (dev extras, through django-stubs)
 from helpers_brokers import ConsumerThread, Out, channel, wait_for
 from helpers_inbox import setup_domain
 from prometheus_client import CollectorRegistry, generate_latest

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-import yaml  # type: ignore[import-untyped]  # no stubs in the dev extras; the test reads plain data
+import yaml  # typed by types-PyYAML (dev extras, through django-stubs)
 from helpers_inbox import SAFE_OPTIONS, setup_domain
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families

@@ -364,3 +364,28 @@ def test_a_crash_loop_of_redeliveries_ends_in_quarantine(engine: Engine, domain:
     assert calls == 3
     assert below.outcome is Outcome.APPLIED
     assert entries(engine) == {fresh.message_id: 1, "": 2}
+
+
+def test_an_autocommit_engine_is_refused_before_anything_commits(engine: Engine, domain: Conn) -> None:
+    """isolation_level="AUTOCOMMIT": SQLAlchemy's begin() sends no BEGIN, so the claim and the
+    handler's first write would each commit on their own, and a handler that then raised would
+    leave its half-applied write committed (its redelivery answered "duplicate"). Refused instead,
+    with nothing written."""
+    auto = engine.execution_options(isolation_level="AUTOCOMMIT")
+    inbox = SQLAlchemyInbox(consumer="billing", handler_version="v1")
+    m = message(uid(), 10)
+
+    def half_then_raise(session: Session, msg: Message) -> None:
+        session.execute(insert(Entry).values(wallet_id=1, message_id=msg.message_id, amount=1))
+        raise RuntimeError("after the first write")
+
+    with Session(auto) as s, pytest.raises(PginboxError, match="AUTOCOMMIT"):
+        inbox.handle(s, m, half_then_raise)
+    with auto.connect() as c, pytest.raises(PginboxError, match="AUTOCOMMIT"):
+        inbox.claim(c, m)
+    assert inbox_rows(domain, m.message_id) == []
+    assert m.message_id not in entries(engine)
+    # The engine without the AUTOCOMMIT option works.
+    with Session(engine) as s:
+        assert inbox.handle(s, m, credit).outcome is Outcome.APPLIED
+    assert entries(engine)[m.message_id] == 1

@@ -349,3 +349,24 @@ async def test_a_crash_loop_of_redeliveries_ends_in_quarantine(engine: AsyncEngi
         held = await inbox.handle(s, replace(m, redelivered=True), crashes)
     assert held.outcome is Outcome.QUARANTINED and held.reason_code == "crash_loop"
     assert calls == 3
+
+
+async def test_an_autocommit_engine_is_refused_before_anything_commits(engine: AsyncEngine, domain: Conn) -> None:
+    """As test_sqlalchemy.py's test: on an AUTOCOMMIT engine the claim would commit apart from the
+    handler's writes; refused, with nothing written."""
+    auto = engine.execution_options(isolation_level="AUTOCOMMIT")
+    inbox = AsyncSQLAlchemyInbox(consumer="billing", handler_version="v1")
+    m = message(uid(), 10)
+
+    async def half_then_raise(session: AsyncSession, msg: Message) -> None:
+        await session.execute(insert(Entry).values(wallet_id=1, message_id=msg.message_id, amount=1))
+        raise RuntimeError("after the first write")
+
+    async with AsyncSession(auto) as s:
+        with pytest.raises(PginboxError, match="AUTOCOMMIT"):
+            await inbox.handle(s, m, half_then_raise)
+    async with auto.connect() as c:
+        with pytest.raises(PginboxError, match="AUTOCOMMIT"):
+            await inbox.claim(c, m)
+    assert inbox_rows(domain, m.message_id) == []
+    assert m.message_id not in await entries(engine)

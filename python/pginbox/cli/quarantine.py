@@ -1,15 +1,22 @@
-"""`pginbox quarantine list | show | repair | discard | release`."""
+"""`pginbox quarantine list | show | repair | discard | release | redeem`."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import tomllib
+from pathlib import Path
+from typing import cast
 
 import click
 
-from pginbox.cli.context import connect, dsn_option
+from pginbox.cli.context import connect, database, dsn_option
 from pginbox.cli.output import echo_json, fmt, format_age, indent, table
+from pginbox.consumer.core import is_async_handler
+from pginbox.ops import granted_repair as granted
 from pginbox.ops import quarantine as ops
 from pginbox.ops.status import check_schema
+from pginbox.runtime.loading import load_object
 
 __all__ = ["quarantine_group"]
 
@@ -69,18 +76,47 @@ def quarantine_list(
         ]
         for e in listing.entries
     ]
-    headers = ["id", "consumer", "producer", "message_id", "kind", "reason_code", "attempts", "deliveries",
-               "status", "age"]
+    headers = [
+        "id",
+        "consumer",
+        "producer",
+        "message_id",
+        "kind",
+        "reason_code",
+        "attempts",
+        "deliveries",
+        "status",
+        "age",
+    ]
     click.echo(table(headers, rows))
     more = f" (showing {len(listing.entries)}; --limit shows more)" if listing.total > len(listing.entries) else ""
     click.echo(f"{listing.total} {what}{where}{more}")
 
 
 _ENTRY_FIELDS = (
-    "quarantine_id", "status", "kind", "consumer", "tenant", "producer", "message_id", "message_type",
-    "reason_code", "error_message", "attempts", "crashes", "deliveries", "handler_version", "payload_sha256",
-    "stored_sha256", "payload_ref", "first_failure_at", "last_failure_at", "created_at", "last_seen_at",
-    "decided_at", "decided_by",
+    "quarantine_id",
+    "status",
+    "kind",
+    "consumer",
+    "tenant",
+    "producer",
+    "message_id",
+    "message_type",
+    "reason_code",
+    "error_message",
+    "attempts",
+    "crashes",
+    "deliveries",
+    "handler_version",
+    "payload_sha256",
+    "stored_sha256",
+    "payload_ref",
+    "first_failure_at",
+    "last_failure_at",
+    "created_at",
+    "last_seen_at",
+    "decided_at",
+    "decided_by",
 )
 
 
@@ -112,8 +148,7 @@ def quarantine_show(
     for d in details.decisions:
         reason = f"; reason {d['reason_code']}: {d['error_message']}" if d["reason_code"] else ""
         click.echo(
-            f"  {fmt(d['decided_at'])}  {d['decided_by']}  {d['decision']} -> {d['result']}"
-            f"  note: {d['note']}{reason}"
+            f"  {fmt(d['decided_at'])}  {d['decided_by']}  {d['decision']} -> {d['result']}  note: {d['note']}{reason}"
         )
 
     click.echo("attempt record (inbox.attempt):")
@@ -122,8 +157,15 @@ def quarantine_show(
     else:
         a = details.attempt
         click.echo(f"  started {a['started']} (announced redeliveries), failed {a['failed']}")
-        for name in ("reason_code", "error_message", "handler_version", "message_type", "first_failure_at",
-                     "last_failure_at", "last_started_at"):
+        for name in (
+            "reason_code",
+            "error_message",
+            "handler_version",
+            "message_type",
+            "first_failure_at",
+            "last_failure_at",
+            "last_started_at",
+        ):
             click.echo(f"  {name:<16}  {fmt(a[name])}")
 
     click.echo("inbox row (inbox.message):")
@@ -190,4 +232,189 @@ def _decision_command(action: ops.Action) -> None:
 
 
 for _action in ops.ACTIONS:
-    _decision_command(_action)
+    if _action != "repair":
+        _decision_command(_action)
+
+
+def _echo_decision(ctx: click.Context, quarantine_id: int, decision: ops.Decision, as_json: bool) -> None:
+    if as_json:
+        echo_json(decision.as_json())
+    elif decision.ok:
+        version = f" by handler version {decision.handler_version}" if decision.handler_version else ""
+        says = _DECISION_SAYS[decision.result].format(version=version)
+        click.echo(f"entry {quarantine_id}: {decision.result} ({says})")
+    else:
+        click.echo(
+            f"entry {quarantine_id}: repair failed, the entry stays open "
+            f"(reason {decision.reason_code}: {decision.error_message})"
+        )
+    if not decision.ok:
+        ctx.exit(1)
+
+
+def _echo_redemption(ctx: click.Context, done: granted.Redemption, as_json: bool) -> None:
+    if as_json:
+        echo_json(done.as_json())
+    elif done.ok:
+        click.echo(
+            f"entry {done.quarantine_id}: recovered (the stored payload was applied by {done.handler}, handler "
+            f"version {done.handler_version}, under grant {done.grant_id}; redeliveries are duplicates now)"
+        )
+    else:
+        click.echo(
+            f"entry {done.quarantine_id}: repair failed, the entry stays open "
+            f"(reason {done.reason_code}: {done.error_message}; grant {done.grant_id} is used)"
+        )
+    if not done.ok:
+        ctx.exit(1)
+
+
+def _load_python_handler(spec: str) -> granted.Handler | granted.AsyncHandler:
+    try:
+        return cast(granted.Handler, load_object(spec, "--python"))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--python") from None
+
+
+def _redeem(
+    ctx: click.Context, dsn: str | None, grant_id: int, spec: str, handler: granted.Handler | granted.AsyncHandler
+) -> granted.Redemption:
+    """A sync handler on a psycopg Connection; an `async def` one on an AsyncConnection (AsyncCursor),
+    as `pginbox consume` runs them."""
+    if is_async_handler(handler):
+        return asyncio.run(
+            granted.redeem_async(database(ctx, dsn), grant_id, spec, cast(granted.AsyncHandler, handler))
+        )
+    with connect(ctx, dsn) as conn:
+        check_schema(conn)
+        return granted.redeem(conn, grant_id, spec, cast(granted.Handler, handler))
+
+
+def _consume_handler(path: Path) -> tuple[str, str | None]:
+    """The Python handler (and its version) the [consume] table of `pginbox consume`'s file names."""
+    try:
+        with path.open("rb") as fh:
+            table = tomllib.load(fh).get("consume", {})
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise click.BadParameter(f"{path}: {exc}", param_hint="--consume-config") from None
+    handler = table.get("handler") if isinstance(table, dict) else None
+    if not isinstance(handler, str) or handler in ("", "sql"):
+        raise click.BadParameter(
+            f"{path}: [consume] names no Python handler (handler = {handler!r}): its messages are repaired by the "
+            "registered SQL handler (omit --consume-config)",
+            param_hint="--consume-config",
+        )
+    version = table.get("handler_version")
+    return handler, str(version) if version is not None else None
+
+
+@quarantine_group.command(name="repair")
+@click.argument("quarantine_id", type=int, metavar="ID")
+@click.option("--note", required=True, help="Why: goes into the audit trail.")
+@click.option(
+    "--python",
+    "python_handler",
+    metavar="MODULE:FUNCTION",
+    default=None,
+    help="Repair with this Python handler, handler(cursor, message), instead of the registered SQL handler: "
+    "grants a one-time repair (inbox.grant_repair) that the consumer's own login runs.",
+)
+@click.option(
+    "--consumer-dsn",
+    metavar="DSN",
+    default=None,
+    envvar="PGINBOX_CONSUMER_DSN",
+    help="With --python: the consumer service's own login, which runs the handler now. Without it the grant "
+    "is printed for the consumer's side to run (pginbox quarantine redeem).",
+)
+@click.option(
+    "--consume-config",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="The TOML file `pginbox consume` runs with: its [consume] handler (and handler_version) is the "
+    "default of --python (and --handler-version).",
+)
+@click.option("--handler-version", default=None, help="With --python: recorded as the message's handler version.")
+@click.option(
+    "--valid-for",
+    type=click.FloatRange(1, 86400),
+    default=900.0,
+    show_default=True,
+    help="With --python: seconds the grant may be redeemed in.",
+)
+@dsn_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.pass_context
+def quarantine_repair(
+    ctx: click.Context,
+    quarantine_id: int,
+    note: str,
+    python_handler: str | None,
+    consumer_dsn: str | None,
+    handler_version: str | None,
+    valid_for: float,
+    consume_config: Path | None,
+    command_dsn: str | None,
+    as_json: bool,
+) -> None:
+    """Run the stored payload through the current handler now (failure entries). Exit status 1 when
+    the handler fails again: the entry stays open and the failure is audited.
+
+    With --python MODULE:FUNCTION the handler is Python: the operator (--dsn) grants one repair, and
+    the consumer's own login (--consumer-dsn) runs the handler in the transaction that claims the
+    message; the database refuses the grant when no role bound to the consumer could run it, and the
+    run when the login is not the consumer's."""
+    if consume_config is not None:
+        configured, configured_version = _consume_handler(consume_config)
+        python_handler = python_handler or configured
+        handler_version = handler_version or configured_version
+    if python_handler is None:
+        if consumer_dsn or handler_version:
+            raise click.UsageError("--consumer-dsn and --handler-version go with --python")
+        with connect(ctx, command_dsn) as conn:
+            check_schema(conn)
+            decision = ops.decide(conn, "repair", quarantine_id, note)
+        _echo_decision(ctx, quarantine_id, decision, as_json)
+        return
+    handler = _load_python_handler(python_handler) if consumer_dsn else None
+    with connect(ctx, command_dsn) as conn:
+        check_schema(conn)
+        issued = granted.grant(
+            conn, quarantine_id, python_handler, note, handler_version=handler_version, valid_for=valid_for
+        )
+    if handler is None:
+        if as_json:
+            echo_json(issued.as_json())
+        else:
+            click.echo(
+                f"entry {quarantine_id}: repair grant {issued.grant_id} issued for {python_handler} "
+                f"(consumer {issued.consumer}), valid until {issued.expires_at:%Y-%m-%d %H:%M:%S%z}. "
+                f"The consumer's own login runs it: pginbox quarantine redeem {issued.grant_id} "
+                f"--python {python_handler} --dsn <the consumer's DSN>"
+            )
+        return
+    assert consumer_dsn is not None
+    _echo_redemption(ctx, _redeem(ctx, consumer_dsn, issued.grant_id, python_handler, handler), as_json)
+
+
+@quarantine_group.command(name="redeem")
+@click.argument("grant_id", type=int, metavar="GRANT")
+@click.option(
+    "--python",
+    "python_handler",
+    metavar="MODULE:FUNCTION",
+    required=True,
+    help="The Python handler the grant names, handler(cursor, message).",
+)
+@dsn_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.pass_context
+def quarantine_redeem(
+    ctx: click.Context, grant_id: int, python_handler: str, command_dsn: str | None, as_json: bool
+) -> None:
+    """Run repair grant GRANT (pginbox quarantine repair ID --python ...) with the consumer's own
+    login (--dsn): the handler runs in the transaction that claims the message, and the entry
+    closes as recovered when it commits. Exit status 1 when the handler fails: the failure is
+    audited, the entry stays open, the grant is used."""
+    handler = _load_python_handler(python_handler)
+    _echo_redemption(ctx, _redeem(ctx, command_dsn, grant_id, python_handler, handler), as_json)

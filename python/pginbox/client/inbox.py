@@ -20,9 +20,10 @@ import inspect
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import replace
+from datetime import datetime
 from functools import partial
 from typing import Any, TypeVar, cast
 
@@ -31,6 +32,7 @@ from psycopg import errors as pg_errors
 from psycopg import pq
 from psycopg.conninfo import make_conninfo
 from psycopg.rows import TupleRow, tuple_row
+from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTimeout
 
 from pginbox import pooler
@@ -305,6 +307,43 @@ class Inbox:
                     out[i] = r if exc is None else replace(r, exception=exc)
             results.extend(self._stats.stamp(cast(list[Result], out), cost))
         return results
+
+    def enqueue(
+        self,
+        target: psycopg.Connection[Any] | psycopg.Cursor[Any],
+        effect_id: str,
+        destination: str,
+        payload: Any,
+        *,
+        headers: Mapping[str, Any] | None = None,
+        ordering_key: str | None = None,
+        available_at: datetime | None = None,
+        tenant: str | None = None,
+    ) -> bool:
+        """inbox.enqueue_effect for this consumer, in the caller's transaction on `target` (a
+        connection, or the cursor a handler was given): the effect is sent by the dispatcher once
+        that transaction commits, and never if it rolls back. True: enqueued; False: already enqueued
+        (same effect_id, destination and payload: a retried request is a no-op).
+
+        For a service that only produces (an HTTP endpoint writing an order and its effect): call it
+        in the transaction of the domain write. The service's role must be bound to this consumer
+        (inbox.bind_consumer) and the consumer to `destination` (inbox.bind_destination): see
+        docs/outbox.md, "Producer-only services". Refuses an autocommit connection outside a
+        transaction (the effect would commit apart from the write it belongs to)."""
+        conn = target.connection if isinstance(target, psycopg.Cursor) else target
+        if conn.autocommit and conn.pgconn.transaction_status == _IDLE:
+            raise PginboxError(
+                "Inbox.enqueue writes in the caller's transaction, and this autocommit connection has none: "
+                "the effect would commit apart from the write it belongs to (open one with conn.transaction())"
+            )
+        params = (
+            effect_id, destination, Jsonb(payload), None if headers is None else Jsonb(dict(headers)),
+            ordering_key, available_at, self.consumer, tenant,
+        )
+        cur = conn.execute(queries.ENQUEUE, params)
+        row = cur.fetchone()
+        assert row is not None
+        return bool(row[0])
 
     # ------------------------------------------------------------------------- attempts
 

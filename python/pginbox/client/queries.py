@@ -126,3 +126,14 @@ SELECT pg_catalog.pg_terminate_backend(a.pid)
   FROM pg_catalog.pg_stat_activity a
  WHERE a.pid = %s AND a.backend_xid = pg_catalog.xid(%s::xid8)
 """
+
+# An effect of the consumer in the caller's transaction (producer-only services, and handlers that
+# enqueue): true = enqueued, false = already enqueued with the same destination and payload.
+# params: effect_id, destination, payload (Jsonb), headers (Jsonb or None), ordering_key,
+# available_at (or None: now), consumer, tenant (or None: the claimed one, else '')
+ENQUEUE: Final = """
+SELECT inbox.enqueue_effect(effect_id => %s, destination => %s, payload => %s::jsonb,
+                            headers => coalesce(%s::jsonb, '{}'::jsonb), ordering_key => %s,
+                            available_at => coalesce(%s::timestamptz, pg_catalog.now()),
+                            consumer => %s, tenant => %s)
+"""

@@ -13,6 +13,7 @@ In the caller's transaction (the AsyncSession or AsyncConnection given; nothing 
     apply(target, message)            inbox.claim_and_apply        -> Result
     apply_batch(target, messages)     inbox.claim_and_apply_batch  -> list[Result], input order
     record_failure(target, message, error)  inbox.record_failure   -> Result (FAILED / QUARANTINED)
+    enqueue(target, effect_id, destination, payload)  inbox.enqueue_effect -> bool (producer-only services too)
 
 In transactions of its own, like `pginbox.AsyncInbox.handle`:
 
@@ -33,6 +34,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import suppress
 from dataclasses import replace
+from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
@@ -99,12 +101,20 @@ SELECT {_RESULT}
   FROM inbox.record_start(consumer => :consumer, producer => :producer, message_id => :message_id,
                           tenant => :tenant, message_type => :message_type, payload => :payload,
                           handler_version => :handler_version) AS r""")
+ENQUEUE: TextClause = text("""
+SELECT inbox.enqueue_effect(effect_id => :effect_id, destination => :destination, payload => :payload,
+                            headers => coalesce(:headers, CAST('{}' AS jsonb)), ordering_key => :ordering_key,
+                            available_at => coalesce(CAST(:available_at AS timestamptz), pg_catalog.now()),
+                            consumer => :consumer, tenant => :tenant)""").bindparams(
+    bindparam("payload", type_=JSONB), bindparam("headers", type_=JSONB(none_as_null=True))
+)
 SCHEMA_CHECK: TextClause = text(
     "SELECT r.version, r.release, r.breaking_since, pg_catalog.pg_backend_pid() FROM inbox.schema_release() r"
 )
 XACT_STATUS: TextClause = text("SELECT pg_catalog.pg_xact_status(CAST(:xid AS xid8))")
 
 _INERROR = psycopg.pq.TransactionStatus.INERROR
+_IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
 def _database_error(exc: BaseException) -> BaseException:
@@ -223,6 +233,21 @@ class AsyncSQLAlchemyInbox:
         params = self._failure_params(message, reason_code or code, error_message or text_)
         return _core.result_from_row(await self._one(target, RECORD_FAILURE, params))
 
+    async def enqueue(
+        self, target: Target, effect_id: str, destination: str, payload: Any, *,
+        headers: Mapping[str, Any] | None = None, ordering_key: str | None = None,
+        available_at: datetime | None = None, tenant: str | None = None,
+    ) -> bool:
+        """inbox.enqueue_effect for this consumer in the caller's transaction (the write it belongs
+        to commits with it): True enqueued, False already enqueued (same id, destination and
+        payload). For producer-only services and handlers alike; the role must be bound to the
+        consumer and the consumer to `destination` (docs/outbox.md, "Producer-only services")."""
+        await self._prepare(target)
+        params = {"effect_id": effect_id, "destination": destination, "payload": payload,
+                  "headers": None if headers is None else dict(headers), "ordering_key": ordering_key,
+                  "available_at": available_at, "consumer": self.consumer, "tenant": tenant}
+        return bool((await target.execute(ENQUEUE, params)).scalar())
+
     # ------------------------------------------------------------------ transactions of its own
 
     async def handle(
@@ -270,6 +295,16 @@ class AsyncSQLAlchemyInbox:
         """First use: the schema check (and pooler detection); behind a pooler, no prepared
         statements on the psycopg connection in use."""
         raw = await _dbapi(target)
+        if raw.autocommit and raw.info.transaction_status == _IDLE:
+            # isolation_level="AUTOCOMMIT": SQLAlchemy's begin() sends no BEGIN, so the claim would
+            # commit on its own, before the handler's writes (and a failing handler would leave them
+            # half applied, its redelivery answered "duplicate").
+            raise PginboxError(
+                "AsyncSQLAlchemyInbox was given an AUTOCOMMIT connection (isolation_level=\"AUTOCOMMIT\"): "
+                "the claim would commit on its own, apart from the handler's writes; give it a session or "
+                "connection of an engine created without isolation_level=\"AUTOCOMMIT\" (or with "
+                "create_engine(..., isolation_level=\"READ COMMITTED\"))"
+            )
         if self._schema_version is None:
             row = (await target.execute(SCHEMA_CHECK)).one()
             version = _core.check_schema_version(tuple(row)[:3], _core.describe(raw.info))

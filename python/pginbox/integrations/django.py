@@ -1,0 +1,459 @@
+"""`DjangoInbox`: schema `inbox` on Django's own database connection (Django >= 4.2 with the psycopg 3
+driver). Install with the extra: `pip install pginbox[django]`. Guide: docs/django.md.
+
+In transactions of its own, like `pginbox.Inbox.handle`:
+
+    handle(message, handler)   transaction.atomic(): inbox.claim, handler(message) (its ORM code,
+                               nested atomic() included, on the same connection), COMMIT
+
+In the caller's `transaction.atomic()` block (nothing is committed here):
+
+    claim(message)                                   inbox.claim           -> Result
+    enqueue(effect_id, destination, payload, ...)    inbox.enqueue_effect  -> bool
+    pginbox.integrations.django.enqueue(..., consumer=...)   the same, without a DjangoInbox
+
+Why not `pginbox.Inbox` on Django's psycopg connection: Inbox switches the connection's autocommit
+around its own BEGIN, and Django forbids that inside atomic(), which `get_or_create`,
+`update_or_create` and multi-table saves open: every such handler failed with "can't change
+'autocommit' now". Here the transaction is Django's atomic() block, so the handler's nested
+atomic() blocks are savepoints in it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, TypeVar
+
+import psycopg
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import Error as DjangoError
+from django.db.backends.base.base import BaseDatabaseWrapper
+from psycopg import errors as pg_errors
+from psycopg.types.json import Jsonb
+
+from pginbox.client import queries
+from pginbox.client import shared as _core
+from pginbox.client.outcomes import Message, Outcome, Result
+from pginbox.client.retry import RetryPolicy, TransientKind, classify
+from pginbox.client.shared import Transient
+from pginbox.errors import CommitOutcomeUnknown, HandlerProtocolError, PginboxError, RetriesExhausted
+
+__all__ = ["DjangoHandler", "DjangoInbox", "enqueue"]
+
+T = TypeVar("T")
+
+#: handler(message): runs inside the atomic() block that holds the claim, on the connection of the
+#: DjangoInbox's database alias (the ORM's, by default). Raising rolls back the claim and its writes.
+DjangoHandler = Callable[[Message], object]
+
+_INERROR = psycopg.pq.TransactionStatus.INERROR
+_PIPELINE = psycopg.Pipeline.is_supported()
+
+
+def _psycopg_error(exc: BaseException) -> BaseException:
+    """The psycopg error behind a Django database error (Django raises its own classes `from` the
+    driver's): what reason codes and SQLSTATEs come from."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, psycopg.Error):
+            return current
+        seen.add(id(current))
+        current = current.__cause__
+    return exc
+
+
+def _lost(exc: BaseException, conn: BaseDatabaseWrapper) -> bool:
+    """The connection went away: no answer from the server."""
+    raw = conn.connection
+    if raw is None or getattr(raw, "closed", False) or getattr(raw, "broken", False):
+        return True
+    inner = _psycopg_error(exc)
+    return isinstance(inner, psycopg.OperationalError) and inner.sqlstate is None
+
+
+def _connection(using: str, caller: str) -> BaseDatabaseWrapper:
+    conn = connections[using]
+    if conn.vendor != "postgresql":
+        raise PginboxError(f"{caller} needs a PostgreSQL database; database {using!r} is {conn.vendor}")
+    return conn
+
+
+def _raw(conn: BaseDatabaseWrapper) -> psycopg.Connection[Any]:
+    conn.ensure_connection()
+    raw: object = conn.connection
+    if not isinstance(raw, psycopg.Connection):
+        raise PginboxError(
+            "pginbox.integrations.django needs Django's PostgreSQL backend on psycopg 3 "
+            f"(pip install 'psycopg[binary]'); database {conn.alias!r} uses {type(raw).__module__}"
+        )
+    return raw
+
+
+def _fetch(conn: BaseDatabaseWrapper, query: str, params: Sequence[Any] | None = None) -> tuple[Any, ...]:
+    with conn.cursor() as cur:
+        cur.execute(query, params)
+        row = cur.fetchone()
+    assert row is not None, "the statement returns one row"
+    return tuple(row)
+
+
+def _claim(raw: psycopg.Connection[Any], params: Sequence[Any]) -> tuple[Any, ...]:
+    """inbox.claim on the psycopg connection under Django's, inside the atomic() block Django just
+    opened: in pipeline mode psycopg's BEGIN and the claim travel in one round trip, with the
+    parameters bound server-side (Django's cursor class binds them into the query text). Prepared
+    only if the DATABASES OPTIONS enable prepare_threshold (Django disables it, for poolers)."""
+    with psycopg.Cursor(raw) as cur:
+        if _PIPELINE:
+            with raw.pipeline():
+                cur.execute(queries.CLAIM, params, prepare=True)
+        else:
+            cur.execute(queries.CLAIM, params, prepare=True)
+        row = cur.fetchone()
+    assert row is not None, "inbox.claim returns one row"
+    return tuple(row)
+
+
+def _in_atomic(conn: BaseDatabaseWrapper, what: str) -> None:
+    if not conn.in_atomic_block:
+        raise PginboxError(
+            f"{what} writes in the caller's transaction, and there is none: call it inside "
+            "`with transaction.atomic():` (with the writes it belongs to)"
+        )
+
+
+def _enqueue(
+    conn: BaseDatabaseWrapper,
+    consumer: str,
+    effect_id: str,
+    destination: str,
+    payload: Any,
+    headers: Mapping[str, Any] | None,
+    ordering_key: str | None,
+    available_at: datetime | None,
+    tenant: str | None,
+) -> bool:
+    _in_atomic(conn, "enqueue")
+    _raw(conn)
+    params = (
+        effect_id,
+        destination,
+        Jsonb(payload),
+        None if headers is None else Jsonb(dict(headers)),
+        ordering_key,
+        available_at,
+        consumer,
+        tenant,
+    )
+    return bool(_fetch(conn, queries.ENQUEUE, params)[0])
+
+
+def enqueue(
+    effect_id: str,
+    destination: str,
+    payload: Any,
+    *,
+    consumer: str,
+    headers: Mapping[str, Any] | None = None,
+    ordering_key: str | None = None,
+    available_at: datetime | None = None,
+    tenant: str | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> bool:
+    """inbox.enqueue_effect for `consumer` inside the caller's `transaction.atomic()` block (the
+    effect commits with the writes it belongs to, and never if they roll back): True enqueued,
+    False already enqueued (same id, destination and payload). For producer-only services (a view
+    that writes an order and its effect): the database role must be bound to `consumer`
+    (inbox.bind_consumer) and `consumer` to `destination` (inbox.bind_destination)."""
+    conn = _connection(using, "enqueue")
+    return _enqueue(conn, consumer, effect_id, destination, payload, headers, ordering_key, available_at, tenant)
+
+
+class _HandlerError(Exception):
+    """internal: the handler raised; the atomic() block it ran in rolled back."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Failed(Exception):
+    """internal: a permanent handler error, its transaction rolled back; to be recorded."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class DjangoInbox:
+    """Delivers messages for one consumer through schema `inbox` on Django's connection `using`
+    (the calling thread's, as the ORM's). Holds no connection of its own; safe to share between
+    threads.
+
+    consumer, handler_version, retry, raise_on_failure: as for pginbox.Inbox.
+    using   the Django database alias (DATABASES key) whose connection runs the claim and the handler.
+    """
+
+    def __init__(
+        self,
+        *,
+        consumer: str,
+        handler_version: str = "unversioned",
+        retry: RetryPolicy | None = None,
+        raise_on_failure: bool = False,
+        using: str = DEFAULT_DB_ALIAS,
+    ) -> None:
+        _core.check_names(consumer, handler_version)
+        self.consumer = consumer
+        self.handler_version = handler_version
+        self.retry = retry if retry is not None else RetryPolicy()
+        self.raise_on_failure = raise_on_failure
+        self.using = using
+        self._schema_version: int | None = None
+        self._rng = random.Random()
+
+    # ------------------------------------------------------------------ in a transaction of its own
+
+    def handle(self, message: Message, handler: DjangoHandler, *, raise_on_failure: bool | None = None) -> Result:
+        """Claim `message` and run `handler(message)` in the atomic() block that holds the claim;
+        commit when it returns. As pginbox.Inbox.handle: APPLIED after the commit; DUPLICATE,
+        CONFLICT, QUARANTINED without running the handler; a permanent handler error rolls back,
+        is recorded in a new transaction (FAILED / QUARANTINED, or re-raised with raise_on_failure);
+        transient errors re-run the whole transaction; a COMMIT whose answer was lost is resolved
+        with pg_xact_status. Refused inside an atomic() block (ATOMIC_REQUESTS included): there the
+        "commit" would be a savepoint, and the broker's ack would come before the real commit."""
+        message = _core.check_message(message)
+        conn = _connection(self.using, "DjangoInbox.handle")
+        if conn.in_atomic_block:
+            raise PginboxError(
+                "DjangoInbox.handle was called inside transaction.atomic() (ATOMIC_REQUESTS=True wraps every view "
+                "in one): its commit would only release a savepoint, and the message would be acked before the "
+                "outer block commits. Call it outside any atomic block (mark the view "
+                "@transaction.non_atomic_requests), or use DjangoInbox.claim inside your own block."
+            )
+        if not conn.get_autocommit():
+            raise PginboxError(
+                "DjangoInbox.handle needs Django's autocommit mode (AUTOCOMMIT=False in DATABASES, or "
+                "transaction.set_autocommit(False)): atomic() would not commit"
+            )
+        # A long-running worker: a connection that broke, or outlived CONN_MAX_AGE, is replaced (what
+        # Django does around each request with close_old_connections).
+        conn.close_if_unusable_or_obsolete()
+        retries = 0
+        if message.redelivered:
+            start, retries = self._run(conn, lambda: self._record_start(conn, message), retries)
+            if start is not None:
+                return replace(start, retries=retries) if retries else start
+        try:
+            result, retries = self._run(conn, lambda: self._handle_attempt(conn, message, handler), retries)
+            return replace(result, retries=retries) if retries else result
+        except _Failed as failed:
+            error = failed.error
+        recorded, retries = self._run(conn, lambda: self._record_failure_tx(conn, message, error), retries)
+        recorded = replace(recorded, retries=retries, exception=error)
+        if self.raise_on_failure if raise_on_failure is None else raise_on_failure:
+            error.add_note(
+                f"pginbox: recorded as {recorded.outcome.value} (attempt {recorded.attempts}, "
+                f"reason {recorded.reason_code!r}) for message {message.message_id!r}"
+            )
+            raise error
+        return recorded
+
+    # ------------------------------------------------------------------ in the caller's atomic() block
+
+    def claim(self, message: Message) -> Result:
+        """inbox.claim inside the caller's `transaction.atomic()` block: CLAIMED (do the work; the
+        claim commits with the block), DUPLICATE, CONFLICT or QUARANTINED (do nothing)."""
+        message = _core.check_message(message)
+        conn = _connection(self.using, "DjangoInbox.claim")
+        _in_atomic(conn, "DjangoInbox.claim")
+        self._prepare(conn)
+        return _core.result_from_row(
+            _fetch(conn, queries.CLAIM, _core.claim_params(self.consumer, self.handler_version, message))
+        )
+
+    def enqueue(
+        self,
+        effect_id: str,
+        destination: str,
+        payload: Any,
+        *,
+        headers: Mapping[str, Any] | None = None,
+        ordering_key: str | None = None,
+        available_at: datetime | None = None,
+        tenant: str | None = None,
+    ) -> bool:
+        """inbox.enqueue_effect for this consumer inside the caller's atomic() block (a handler run
+        by `handle` is inside one): see `pginbox.integrations.django.enqueue`."""
+        conn = _connection(self.using, "DjangoInbox.enqueue")
+        return _enqueue(
+            conn, self.consumer, effect_id, destination, payload, headers, ordering_key, available_at, tenant
+        )
+
+    # ------------------------------------------------------------------ internals
+
+    def _prepare(self, conn: BaseDatabaseWrapper) -> psycopg.Connection[Any]:
+        """The psycopg connection; on first use, the schema check."""
+        raw = _raw(conn)
+        if self._schema_version is None:
+            try:
+                row = _fetch(conn, queries.SCHEMA_CHECK)
+            except DjangoError as exc:
+                inner = _psycopg_error(exc)
+                translated = (
+                    _core.schema_error(inner, _core.describe(raw.info)) if isinstance(inner, psycopg.Error) else None
+                )
+                if translated is not None:
+                    raise translated from exc
+                raise
+            self._schema_version = _core.check_schema_version(row[:3], _core.describe(raw.info))
+        return raw
+
+    def _record_start(self, conn: BaseDatabaseWrapper, message: Message) -> Result | None:
+        self._prepare(conn)
+        params = _core.record_starts_params(self.consumer, self.handler_version, [message])
+        with transaction.atomic(using=self.using):
+            row = _fetch(conn, queries.RECORD_STARTS, params)
+        return _core.start_results([row])[0]
+
+    def _record_failure_tx(self, conn: BaseDatabaseWrapper, message: Message, error: BaseException) -> Result:
+        self._prepare(conn)
+        reason, text = _core.failure_reason(_psycopg_error(error))
+        params = _core.record_failure_params(self.consumer, self.handler_version, message, reason, text)
+        with transaction.atomic(using=self.using):
+            row = _fetch(conn, queries.RECORD_FAILURE, params)
+        return _core.result_from_row(row)
+
+    def _handle_attempt(self, conn: BaseDatabaseWrapper, message: Message, handler: DjangoHandler) -> Result:
+        raw = self._prepare(conn)
+        xid: str | None = None
+        pid: int | None = None
+        committing = False
+        params = _core.claim_params(self.consumer, self.handler_version, message)
+        try:
+            with transaction.atomic(using=self.using):
+                row = _claim(raw, params)
+                xid, pid = row[9], raw.info.backend_pid
+                result = _core.result_from_row(row)
+                if result.outcome is Outcome.CLAIMED:
+                    self._call_handler(conn, raw, handler, message)
+                    result = Result(Outcome.APPLIED, row[1], None, row[3], row[4])
+                committing = True
+        except _HandlerError as failed:
+            exc = failed.error
+            kind = classify(exc) or (TransientKind.CONNECTION if _lost(exc, conn) else None)
+            if kind is not None:
+                raise Transient(kind, exc) from exc
+            raise _Failed(exc) from exc
+        except DjangoError as exc:
+            if not committing:
+                raise  # the claim statement failed: _run tells transient from permanent
+            if _lost(exc, conn):
+                if xid is None:
+                    return result  # the transaction wrote nothing
+                conn.close()
+                if self._resolve(conn, xid, pid):
+                    return result
+                raise Transient(TransientKind.CONNECTION, exc) from exc
+            if classify(exc) is not None:
+                raise
+            # The server answered COMMIT with an error (a deferred constraint): rolled back.
+            raise _Failed(exc) from exc
+        return result
+
+    def _call_handler(
+        self, conn: BaseDatabaseWrapper, raw: psycopg.Connection[Any], handler: DjangoHandler, message: Message
+    ) -> None:
+        """Runs the handler inside the atomic() block; raises _HandlerError (the block then rolls
+        back) when it raised or broke the protocol."""
+        try:
+            returned = handler(message)
+        except Exception as exc:
+            raise _HandlerError(exc) from exc
+        if inspect.isawaitable(returned):
+            _core.discard_awaitable(returned)
+            raise _HandlerError(
+                HandlerProtocolError(
+                    "the handler returned an awaitable it did not await (a coroutine): its statements never ran; "
+                    "DjangoInbox runs sync handlers (wrap async code with asgiref's async_to_sync)",
+                    reason_code="handler_returned_awaitable",
+                )
+            )
+        if conn.needs_rollback or raw.info.transaction_status == _INERROR:
+            # An error the handler caught (inside an inner atomic(savepoint=False), or a failed
+            # statement outside any savepoint): Django would roll back at the end of the block,
+            # silently. It is the handler's failure, recorded.
+            raise _HandlerError(
+                HandlerProtocolError(
+                    "the handler returned, but a database error it caught left its transaction marked for rollback: "
+                    "rolled back (let the error propagate, or catch it outside a nested transaction.atomic())",
+                    reason_code="25P02",
+                    sqlstate="25P02",
+                )
+            )
+
+    def _resolve(self, conn: BaseDatabaseWrapper, xid: str, pid: int | None) -> bool:
+        """Whether the transaction whose COMMIT answer was lost committed (pg_xact_status), on a new
+        connection of the same alias."""
+        policy = self.retry
+        first = time.monotonic()
+        deadline = first + policy.resolve_timeout
+        terminated = pid is None
+        polls = 0
+        status: str | None = "unreachable"
+        while True:
+            polls += 1
+            try:
+                status = _fetch(conn, queries.XACT_STATUS, (xid,))[0]
+                if status == "in progress" and not terminated and time.monotonic() - first >= policy.orphan_grace:
+                    terminated = True
+                    with suppress(DjangoError):
+                        _fetch(conn, queries.TERMINATE_ORPHAN, (pid, xid))
+            except DjangoError as exc:
+                if classify(exc) is None and not _lost(exc, conn):
+                    raise
+                conn.close()
+            if status == "committed":
+                return True
+            if status == "aborted":
+                return False
+            if status is None or time.monotonic() >= deadline:
+                raise CommitOutcomeUnknown(
+                    f"the connection was lost during COMMIT of transaction {xid} and its outcome could not be "
+                    f"established (last status: {status}): do not ack; a redelivery is safe",
+                    xid=xid,
+                )
+            time.sleep(min(policy.backoff(polls, self._rng) + 0.005, max(deadline - time.monotonic(), 0.0)))
+
+    def _run(self, conn: BaseDatabaseWrapper, attempt: Callable[[], T], retries: int) -> tuple[T, int]:
+        """`attempt` until it returns or raises a permanent error; (its value, retries so far)."""
+        policy = self.retry
+        number = 0
+        while True:
+            number += 1
+            try:
+                return attempt(), retries
+            except Transient as transient:
+                error, kind = transient.error, transient.kind
+            except (DjangoError, pg_errors.Error) as exc:
+                found = classify(exc) or (TransientKind.CONNECTION if _lost(exc, conn) else None)
+                if found is None:
+                    raise
+                error, kind = exc, found
+            if kind is TransientKind.CONNECTION and not conn.in_atomic_block:
+                conn.close()  # the next attempt connects again
+            if number >= policy.max_attempts:
+                inner = _psycopg_error(error)
+                raise RetriesExhausted(
+                    f"gave up after {number} attempts; the last failed with {_core.error_key(inner)}: {inner}",
+                    attempts=number,
+                    sqlstate=inner.sqlstate if isinstance(inner, psycopg.Error) else None,
+                ) from error
+            retries += 1
+            time.sleep(policy.backoff(number, self._rng))

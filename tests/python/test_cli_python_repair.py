@@ -1,0 +1,341 @@
+"""`pginbox quarantine repair ID --python MODULE:FUNCTION` and `pginbox quarantine redeem`: a
+quarantined message whose handler is Python, repaired with the consumer's own login (click's
+CliRunner, real database; the entries of test_cli.py's fixture). The operator's --dsn is the
+superuser; the consumer's login is the service role bound to `billing` that owns its tables.
+
+What is checked: the handler runs as the consumer's login (session_user, its enqueue is the
+consumer's), its writes, the claim and the decision commit together, a failing handler leaves
+everything as it was but the audit, a grant runs once, and every refusal comes from the database
+(an operator's or a stranger's login, another handler, a consumer nobody is bound to, a conflict
+entry) before anything is written."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shlex
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+from conftest import REPO_ROOT
+from psycopg.conninfo import conninfo_to_dict
+from test_cli import Entries, _apply, cli, fails
+from test_cli import entries as entries  # the fixture
+
+from pginbox.cli import main
+
+HANDLER = "billing_handlers:credit"
+
+
+@pytest.fixture
+def service(entries: Entries, conn: psycopg.Connection[Any]) -> str:
+    """The consumer's login: the role test_cli's fixture made the billing service (bound, owner of
+    acct). Its repair_log records who ran the handler; billing may send to crm."""
+    row = conn.execute(
+        "SELECT r.rolname FROM inbox.consumer_binding b JOIN pg_roles r ON r.oid = b.role WHERE b.consumer = 'billing'"
+    ).fetchone()
+    assert row is not None
+    role = str(row[0])
+    conn.execute("CREATE TABLE repair_log (message_id text NOT NULL, login text NOT NULL)")
+    conn.execute(f'ALTER TABLE repair_log OWNER TO "{role}"')
+    conn.execute("SELECT inbox.bind_destination('crm', 'billing', 'receipts')")
+    params = {k: v for k, v in conninfo_to_dict(entries.dsn).items() if v is not None}
+    params["user"] = role
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+def state(conn: psycopg.Connection[Any], quarantine_id: int) -> tuple[Any, ...]:
+    row = conn.execute(
+        "SELECT q.status, (SELECT count(*) FROM repair_log), (SELECT balance FROM acct WHERE id = 2),"
+        " (SELECT count(*) FROM inbox.outbox) FROM inbox.quarantine q WHERE q.quarantine_id = %s",
+        (quarantine_id,),
+    ).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def test_repair_with_a_python_handler_runs_as_the_consumers_login(
+    entries: Entries, service: str, conn: psycopg.Connection[Any]
+) -> None:
+    entry = entries.missing_2
+    conn.execute("INSERT INTO acct (id) VALUES (2)")
+    result = cli(
+        "quarantine",
+        "repair",
+        str(entry),
+        "--note",
+        "account 2 exists now",
+        "--python",
+        HANDLER,
+        "--consumer-dsn",
+        service,
+        "--handler-version",
+        "py-v2",
+        dsn=entries.dsn,
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"entry {entry}: recovered (the stored payload was applied by {HANDLER}")
+    role = conninfo_to_dict(service)["user"]
+    assert conn.execute("SELECT message_id, login FROM repair_log").fetchall() == [("m-2", role)]
+    assert conn.execute("SELECT balance FROM acct WHERE id = 2").fetchone() == (7,)
+    assert conn.execute("SELECT effect_id, consumer FROM inbox.outbox").fetchall() == [("m-2:receipt", "billing")]
+    assert _apply(conn, "m-2", {"account": 2, "amount": 7})[0] == "duplicate"
+
+    details = json.loads(cli("quarantine", "show", str(entry), "--json", dsn=entries.dsn).stdout)
+    assert details["entry"]["status"] == "recovered" and details["message"]["handler_version"] == "py-v2"
+    [decision] = details["decisions"]
+    assert (decision["decision"], decision["result"], decision["decided_by"]) == ("repair", "recovered", "postgres")
+    assert decision["note"].startswith(f"account 2 exists now [python handler {HANDLER}, run by {role}, grant ")
+
+
+def test_grant_then_redeem_on_the_consumers_side_a_failure_is_audited(
+    entries: Entries, service: str, conn: psycopg.Connection[Any]
+) -> None:
+    entry = entries.missing_2
+    issued = cli(
+        "quarantine",
+        "repair",
+        str(entry),
+        "--note",
+        "try the Python handler",
+        "--python",
+        HANDLER,
+        "--json",
+        dsn=entries.dsn,
+    )
+    assert issued.exit_code == 0, issued.output
+    grant = json.loads(issued.stdout)
+    assert grant["consumer"] == "billing" and grant["handler"] == HANDLER and grant["quarantine_id"] == entry
+    before = state(conn, entry)
+
+    failed = cli("quarantine", "redeem", str(grant["grant_id"]), "--python", HANDLER, "--json", dsn=service)
+    assert failed.exit_code == 1, failed.output
+    assert json.loads(failed.stdout) | {"grant_id": 0} == {
+        "grant_id": 0,
+        "quarantine_id": entry,
+        "result": "repair_failed",
+        "handler": HANDLER,
+        "handler_version": HANDLER,
+        "reason_code": "LookupError",
+        "error_message": "no account 2",
+    }
+    assert state(conn, entry) == before  # the handler's writes, the claim and its enqueue rolled back
+    fails(
+        cli("quarantine", "redeem", str(grant["grant_id"]), "--python", HANDLER, dsn=service),
+        "already used",
+        "SQLSTATE 55000",
+    )
+    details = json.loads(cli("quarantine", "show", str(entry), "--json", dsn=entries.dsn).stdout)
+    assert [(d["result"], d["reason_code"]) for d in details["decisions"]] == [("repair_failed", "LookupError")]
+    assert details["entry"]["status"] == "open" and details["message"]["status"] == "quarantined"
+
+    conn.execute("INSERT INTO acct (id) VALUES (2)")
+    again = json.loads(
+        cli(
+            "quarantine",
+            "repair",
+            str(entry),
+            "--note",
+            "account 2 exists now",
+            "--python",
+            HANDLER,
+            "--json",
+            dsn=entries.dsn,
+        ).stdout
+    )
+    done = cli("quarantine", "redeem", str(again["grant_id"]), "--python", HANDLER, dsn=service)
+    assert done.exit_code == 0, done.output
+    assert state(conn, entry)[:3] == ("recovered", 1, 7)
+
+
+def test_only_the_consumers_own_login_runs_the_handler(
+    entries: Entries, service: str, conn: psycopg.Connection[Any], login_role: Callable[..., str]
+) -> None:
+    entry = entries.missing_2
+    conn.execute("INSERT INTO acct (id) VALUES (2)")
+    grant = json.loads(
+        cli("quarantine", "repair", str(entry), "--note", "n", "--python", HANDLER, "--json", dsn=entries.dsn).stdout
+    )["grant_id"]
+    before = state(conn, entry)
+    # the operator's own login (here a superuser): no superuser exception
+    fails(
+        cli("quarantine", "redeem", str(grant), "--python", HANDLER, dsn=entries.dsn),
+        f"cannot run repair grant {grant}",
+        "only a login of a role bound to consumer 'billing'",
+        "SQLSTATE 42501",
+    )
+    # another service's login
+    stranger = login_role("inbox_consumer")
+    fails(cli("quarantine", "redeem", str(grant), "--python", HANDLER, dsn=stranger), "SQLSTATE 42501")
+    # an operator without consumer rights
+    operator = login_role("inbox_operator")
+    fails(cli("quarantine", "redeem", str(grant), "--python", HANDLER, dsn=operator), "SQLSTATE 42501")
+    # the consumer's login, but another handler than the operator chose
+    fails(
+        cli("quarantine", "redeem", str(grant), "--python", "billing_handlers:credit_async", dsn=service),
+        f"is for handler '{HANDLER}'",
+        "SQLSTATE 42501",
+    )
+    fails(
+        cli("quarantine", "redeem", str(grant), "--python", "json:dumps", dsn=service),
+        f"is for handler '{HANDLER}'",
+        "SQLSTATE 42501",
+    )
+    assert state(conn, entry) == before
+    assert cli("quarantine", "redeem", str(grant), "--python", HANDLER, dsn=service).exit_code == 0
+
+
+def test_grants_the_database_refuses(entries: Entries, service: str, conn: psycopg.Connection[Any]) -> None:
+    fails(
+        cli("quarantine", "repair", str(entries.conflict), "--note", "n", "--python", HANDLER, dsn=entries.dsn),
+        f"cannot grant a repair of entry {entries.conflict}",
+        "identity conflict",
+        "SQLSTATE 55000",
+    )
+    fails(
+        cli("quarantine", "repair", str(entries.missing_2), "--note", "n", "--python", "not-a-spec", dsn=entries.dsn),
+        "module:function",
+        "SQLSTATE 22023",
+    )
+    role = conninfo_to_dict(service)["user"]
+    conn.execute("SELECT inbox.unbind_consumer('billing', %s::regrole)", (role,))
+    fails(
+        cli("quarantine", "repair", str(entries.missing_2), "--note", "n", "--python", HANDLER, dsn=entries.dsn),
+        "no live role is bound to consumer 'billing'",
+        "SQLSTATE 42501",
+    )
+    assert conn.execute("SELECT count(*) FROM inbox.repair_grant").fetchone() == (0,)
+
+
+def test_the_documented_commands(
+    entries: Entries, service: str, conn: psycopg.Connection[Any], login_role: Callable[..., str]
+) -> None:
+    """docs/security.md, "Python handlers: repair grants": the ```sh block run as written, by an
+    operator login (inbox_operator, not a superuser) and the billing service's login. The doc's
+    entries 2 and 3 and grant 1 are this database's."""
+    page = (REPO_ROOT / "docs" / "security.md").read_text()
+    section = page[page.index("### Python handlers: repair grants") :]
+    block = re.findall(r"```sh\n(.*?)```", section, re.S)[0]
+    commands = [shlex.split(line) for line in block.splitlines() if line.startswith("pginbox ")]
+    assert len(commands) == 3
+    conn.execute("INSERT INTO acct (id) VALUES (2), (3)")
+    env = {"OPERATOR_DSN": login_role("inbox_operator"), "BILLING_DSN": service}
+    ids = {"2": str(entries.missing_2), "3": str(entries.missing_3)}
+    for command in commands:
+        with _environment(env):
+            argv = [ids.get(a, a) if i == 2 else os.path.expandvars(a) for i, a in enumerate(command[1:])]
+            result = CliRunner().invoke(main, argv, catch_exceptions=True)
+        assert result.exit_code == 0, (argv, result.output)
+        issued = re.search(r"repair grant (\d+) issued", result.stdout)
+        if issued:
+            ids["1"] = issued.group(1)
+    assert state(conn, entries.missing_2)[0] == "recovered"
+    assert conn.execute(
+        "SELECT status FROM inbox.quarantine WHERE quarantine_id = %s", (entries.missing_3,)
+    ).fetchone() == ("recovered",)
+    assert conn.execute("SELECT count(*) FROM repair_log").fetchone() == (2,)
+    assert conn.execute("SELECT DISTINCT granted_by FROM inbox.repair_grant").fetchall() == [
+        (conninfo_to_dict(env["OPERATOR_DSN"])["user"],)
+    ]
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def test_the_handler_pginbox_consume_is_configured_with(
+    entries: Entries, service: str, conn: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    """--consume-config: the [consume] handler and handler_version of the consumer's own file."""
+    config = tmp_path / "consume.toml"
+    config.write_text(
+        f'[consume]\nurl = "amqp://localhost"\nconsumer = "billing"\nqueue = "billing"\n'
+        f'handler = "{HANDLER}"\nhandler_version = "2026.12"\n'
+    )
+    conn.execute("INSERT INTO acct (id) VALUES (2)")
+    result = cli(
+        "quarantine",
+        "repair",
+        str(entries.missing_2),
+        "--note",
+        "n",
+        "--consume-config",
+        str(config),
+        "--consumer-dsn",
+        service,
+        dsn=entries.dsn,
+    )
+    assert result.exit_code == 0, result.output
+    assert conn.execute(
+        "SELECT handler, handler_version, result FROM inbox.repair_grant WHERE quarantine_id = %s", (entries.missing_2,)
+    ).fetchall() == [(HANDLER, "2026.12", "recovered")]
+    sql_config = tmp_path / "sql.toml"
+    sql_config.write_text('[consume]\nhandler = "sql"\n')
+    refused = cli(
+        "quarantine",
+        "repair",
+        str(entries.missing_3),
+        "--note",
+        "n",
+        "--consume-config",
+        str(sql_config),
+        dsn=entries.dsn,
+    )
+    assert refused.exit_code == 2 and "names no Python handler" in refused.stderr, refused.output
+
+
+def test_an_async_handler_runs_on_an_asyncio_connection(
+    entries: Entries, service: str, conn: psycopg.Connection[Any]
+) -> None:
+    """`async def` handlers (what `pginbox consume` runs on its asyncio connection) get an
+    AsyncCursor, with the consumer's login; their failure is audited as a sync one's."""
+    spec = "billing_handlers:credit_async"
+    failed = cli(
+        "quarantine",
+        "repair",
+        str(entries.missing_2),
+        "--note",
+        "n",
+        "--python",
+        spec,
+        "--consumer-dsn",
+        service,
+        "--json",
+        dsn=entries.dsn,
+    )
+    assert failed.exit_code == 1, failed.output
+    assert json.loads(failed.stdout)["reason_code"] == "LookupError"
+    assert state(conn, entries.missing_2)[:2] == ("open", 0)
+    conn.execute("INSERT INTO acct (id) VALUES (2)")
+    done = cli(
+        "quarantine",
+        "repair",
+        str(entries.missing_2),
+        "--note",
+        "n",
+        "--python",
+        spec,
+        "--consumer-dsn",
+        service,
+        dsn=entries.dsn,
+    )
+    assert done.exit_code == 0, done.output
+    role = conninfo_to_dict(service)["user"]
+    assert conn.execute("SELECT message_id, login FROM repair_log").fetchall() == [("m-2", role)]
+    assert state(conn, entries.missing_2)[:3] == ("recovered", 1, 7)
