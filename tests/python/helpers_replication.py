@@ -68,14 +68,25 @@ class Golden:
 
 
 class ReplicatedPair:
-    """A primary copied from `golden` and a streaming standby of it (application_name standby1)."""
+    """A primary copied from `golden` and a streaming standby of it (application_name `name`)."""
 
-    def __init__(self, golden: Golden) -> None:
+    def __init__(self, golden: Golden, name: str = STANDBY_NAME) -> None:
+        self.name = name
         self.home = _home()
+        self.walreceiver_stopped: int | None = None
+        self._clusters: list[Cluster] = []
+        try:
+            self._start(golden)
+        except BaseException:
+            self.destroy()
+            raise
+
+    def _start(self, golden: Golden) -> None:
         subprocess.run(["cp", "-a", str(golden.cluster.datadir), str(self.home / "primary")], check=True)
         (self.home / "primary" / "postmaster.pid").unlink(missing_ok=True)
         self.primary = Cluster(self.home / "primary")
         self.primary._port = None  # the golden's port is not ours: pick a free one
+        self._clusters.append(self.primary)
         self.primary.start()
         standby_dir = self.home / "standby"
         standby_dir.mkdir(mode=0o700)
@@ -106,16 +117,16 @@ class ReplicatedPair:
         (standby_dir / "postmaster.pid").unlink(missing_ok=True)
         auto = standby_dir / "postgresql.auto.conf"
         conninfo = make_conninfo(
-            host="127.0.0.1", port=str(self.primary.port), user="postgres", application_name=STANDBY_NAME
+            host="127.0.0.1", port=str(self.primary.port), user="postgres", application_name=self.name
         )
         with auto.open("a") as fh:
             fh.write(f"primary_conninfo = '{conninfo}'\nwal_receiver_status_interval = 1\n")
         self.standby = Cluster(standby_dir)
         self.standby._port = None
         (standby_dir / "pginbox.conf").unlink(missing_ok=True)
+        self._clusters.append(self.standby)
         self.standby.start()
         wait_for(self._streaming, "the standby to stream from the primary", timeout=30)
-        self.walreceiver_stopped: int | None = None
 
     # ------------------------------------------------------------------ connection strings
 
@@ -136,7 +147,7 @@ class ReplicatedPair:
         with psycopg.connect(self.primary.dsn(), autocommit=True) as conn:
             row = conn.execute(
                 "SELECT count(*) FROM pg_stat_replication WHERE application_name = %s AND state = 'streaming'",
-                (STANDBY_NAME,),
+                (self.name,),
             ).fetchone()
         return row is not None and row[0] == 1
 
@@ -149,6 +160,13 @@ class ReplicatedPair:
         assert row is not None, "the standby has no walreceiver"
         self.walreceiver_stopped = int(row[0])
         os.kill(self.walreceiver_stopped, signal.SIGSTOP)
+
+    def resume_wal(self) -> None:
+        """SIGCONT the stopped walreceiver: the standby catches up."""
+        if self.walreceiver_stopped is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.walreceiver_stopped, signal.SIGCONT)
+            self.walreceiver_stopped = None
 
     def crash_primary(self) -> None:
         """SIGKILL of the postmaster and of every process of the primary, at once (its machine died)."""
@@ -197,7 +215,7 @@ class ReplicatedPair:
         if self.walreceiver_stopped is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.walreceiver_stopped, signal.SIGCONT)
-        for cluster in (self.standby, self.primary):
+        for cluster in reversed(self._clusters):
             with contextlib.suppress(Exception):  # a crashed primary may leave nothing to stop
                 cluster.stop("immediate")
         shutil.rmtree(self.home, ignore_errors=True)
