@@ -32,6 +32,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aio_pika
@@ -101,10 +102,10 @@ async def _drain(queue: str) -> list[str]:
         await conn.close()
 
 
-def run_failover(golden: Golden, durability: str) -> dict[str, Any]:
+def run_failover(golden: Golden, durability: str, tmp_path: Path) -> dict[str, Any]:
     pair = ReplicatedPair(golden)
     ch = Channel("rabbitmq")
-    proc: subprocess.Popen[str] | None = None
+    proc: subprocess.Popen[bytes] | None = None
     try:
         ids = [f"m{i:05d}-{uuid.uuid4().hex[:6]}" for i in range(MESSAGES)]
         ch.publish([Out(message_id=i, payload={"id": i}) for i in ids])
@@ -123,12 +124,12 @@ def run_failover(golden: Golden, durability: str) -> dict[str, Any]:
             "PGINBOX_DSN": pair.dsn(),
             **{f"PGINBOX_CONSUME_{k.upper()}": str(v) for k, v in settings.items()},
         }
+        log = (tmp_path / "consume.log").open("w")  # a file: a full pipe would block its logging
         proc = subprocess.Popen(
             [sys.executable, "-m", "pginbox", "consume", "--health-port", str(health)],
             env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
         )
         primary = pair.primary_dsn()
         wait_for(lambda: count(primary) >= 500, "the consumer to apply 500 messages", timeout=60)
@@ -162,7 +163,9 @@ def run_failover(golden: Golden, durability: str) -> dict[str, Any]:
             wait_for(lambda: count(promoted) >= after + 200, "the consumer to apply on the new primary", timeout=60)
         final = metrics(health)
         proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=60)
+        proc.wait(60)
+        log.close()
+        stderr = (tmp_path / "consume.log").read_text()
         assert proc.returncode == 0, stderr[-3000:]
         remaining = set(asyncio.run(_drain(ch.name)))
         with psycopg.connect(promoted, autocommit=True) as conn:
@@ -188,10 +191,10 @@ def run_failover(golden: Golden, durability: str) -> dict[str, Any]:
         pair.destroy()
 
 
-def test_ack_after_commit_loses_acked_messages_in_a_failover(golden: Golden) -> None:
+def test_ack_after_commit_loses_acked_messages_in_a_failover(golden: Golden, tmp_path: Path) -> None:
     """The control run: durability `commit` acks what the standby never got; the count shows it."""
     started = time.monotonic()
-    r = run_failover(golden, "commit")
+    r = run_failover(golden, "commit", tmp_path)
     print(
         f"commit: acked={len(r['acked'])} lost={len(r['lost'])} effects={len(r['effects'])} "
         f"in {time.monotonic() - started:.1f} s"
@@ -205,9 +208,9 @@ def test_ack_after_commit_loses_acked_messages_in_a_failover(golden: Golden) -> 
 
 
 @pytest.mark.parametrize("run", [1, 2])
-def test_ack_after_standby_loses_nothing_in_a_failover(golden: Golden, run: int) -> None:
+def test_ack_after_standby_loses_nothing_in_a_failover(golden: Golden, run: int, tmp_path: Path) -> None:
     started = time.monotonic()
-    r = run_failover(golden, "standby")
+    r = run_failover(golden, "standby", tmp_path)
     m = r["metrics"]
     print(
         f"standby run {run}: acked={len(r['acked'])} lost={len(r['lost'])} effects={len(r['effects'])} "
@@ -221,3 +224,111 @@ def test_ack_after_standby_loses_nothing_in_a_failover(golden: Golden, run: int)
     assert m.get("pginbox_consumer_not_durable_total", 0) >= 1
     assert m.get("pginbox_consumer_failovers_total") == 1
     assert "commit_not_durable" in r["stderr"] and "failover_detected" in r["stderr"]
+
+
+async def _drain_ids(queue: str) -> list[str]:
+    conn = await aio_pika.connect(RABBIT_URL)
+    try:
+        ch = await conn.channel()
+        q = await ch.declare_queue(queue, durable=True)
+        ids: list[str] = []
+        while (m := await q.get(no_ack=True, fail=False)) is not None:
+            ids.append(str(m.message_id))
+        await q.delete(if_unused=False, if_empty=False)
+        return ids
+    finally:
+        await conn.close()
+
+
+def test_dispatcher_delivers_again_what_the_failover_took_back(golden: Golden, tmp_path: Path) -> None:
+    """The outbox side: effects committed (and on the standby) before the standby lagged; the
+    dispatcher delivers them to RabbitMQ and reports complete_effect on the primary only; the
+    primary dies, the standby is promoted, the dispatcher reconnects by itself: every effect on
+    the surviving database is delivered, at least once, with its one key; the completions the
+    failover took back show up as deliveries again (the dispatcher's at-least-once at work)."""
+    effects = 1500
+    pair = ReplicatedPair(golden)
+    queue = f"t_{uuid.uuid4().hex[:10]}"
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        with psycopg.connect(pair.primary_dsn(), autocommit=True) as conn:
+            conn.execute("SELECT inbox.configure_destination('failover', 1000, '50 milliseconds', '500 milliseconds')")
+            with conn.transaction():
+                conn.execute(
+                    "SELECT inbox.enqueue_effect('fx-' || i, 'failover', jsonb_build_object('i', i)) "
+                    "FROM generate_series(1, %s) i",
+                    (effects,),
+                )
+            row = conn.execute("SELECT inbox.wait_durable(timeout => '10 seconds')").fetchone()
+            assert row is not None and row[0] is True, "the standby did not get the effects"
+        dest = tmp_path / "dest.toml"
+        dest.write_text(
+            f'[destinations.failover]\nurl = "{RABBIT_URL}"\nrouting_key = "{queue}"\nproducer = "svc"\ntimeout = 3.0\n'
+        )
+        asyncio.run(_declare(queue))
+        pair.stop_wal()  # from now on the standby misses every complete_effect
+        health = free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PGINBOX_")}
+        log = (tmp_path / "dispatch.log").open("w")  # a file: a full pipe would block its logging
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pginbox",
+                "dispatch",
+                "--dsn",
+                pair.dsn(),
+                "--config",
+                str(dest),
+                "--name",
+                "failover",
+                "--lease",
+                "3",
+                "--poll-interval",
+                "0.2",
+                "--health-port",
+                str(health),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+        primary = pair.primary_dsn()
+        delivered = "SELECT count(*) FROM inbox.outbox WHERE status = 'delivered'"
+        wait_for(lambda: count(primary, delivered) >= 300, "300 deliveries reported on the primary", timeout=60)
+        pair.crash_primary()
+        pair.promote()
+        promoted = pair.standby_dsn()
+        wait_for(lambda: count(promoted, delivered) == effects, "every effect delivered on the new primary", timeout=60)
+        final = metrics(health)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        log.close()
+        stderr = (tmp_path / "dispatch.log").read_text()
+        received = asyncio.run(_drain_ids(queue))
+        with psycopg.connect(promoted, autocommit=True) as conn:
+            query = "SELECT inbox.idempotency_key(consumer, tenant, effect_id) FROM inbox.outbox"
+            keys = {r[0] for r in conn.execute(query).fetchall()}
+        assert len(keys) == effects
+        missing = keys - set(received)
+        again = len(received) - len(set(received))
+        print(f"dispatcher: effects={effects} received={len(received)} delivered again={again}")
+        assert not missing, f"{len(missing)} effects of the surviving database were never delivered"
+        assert set(received) <= keys
+        assert again > 0, "no completion was taken back by the failover: the run proves nothing"
+        assert final.get("pginbox_dispatcher_failovers_total") == 1, stderr[-2000:]
+        assert "failover_detected" in stderr
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        pair.destroy()
+
+
+async def _declare(queue: str) -> None:
+    conn = await aio_pika.connect(RABBIT_URL)
+    try:
+        ch = await conn.channel()
+        await ch.declare_queue(queue, durable=True)
+    finally:
+        await conn.close()
