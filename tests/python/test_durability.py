@@ -48,7 +48,8 @@ def test_standby_mode_without_a_standby_raises_not_durable_with_the_results(
         # committed on the primary: the redelivery is a duplicate, and waits again
         with pytest.raises(NotDurable) as again:
             inbox.handle(msg("s-1"), lambda cur, m: None)
-        assert again.value.results.outcome is Outcome.DUPLICATE
+        duplicate: Any = again.value.results
+        assert duplicate.outcome is Outcome.DUPLICATE
     row = domain.execute("SELECT count(*) FROM inbox.message WHERE message_id IN ('s-1', 's-2')").fetchone()
     assert row is not None and row[0] == 2
 
