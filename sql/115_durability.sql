@@ -20,27 +20,34 @@
 -- lsn must be read the same way after COMMIT; an lsn read before COMMIT is before the commit
 -- record and proves nothing.
 --
--- The function owner (inbox_owner) reads the standbys' positions: it needs pg_read_all_stats,
--- granted below when the deploying role may grant it (else a NOTICE, and the functions answer
--- 42501 with the GRANT to run). Logical replication senders do not count.
+-- Reading the standbys' positions takes pg_read_all_stats, which also shows every session's query
+-- text: the schema owner does not get it. The two functions are owned by inbox_monitor, a NOLOGIN
+-- role (cluster-wide, created when missing, nobody is made a member of it) that holds
+-- pg_read_all_stats (granted below when the deploying role may grant it; else a NOTICE, and the
+-- functions answer 42501 with the GRANT to run), USAGE on schema inbox and EXECUTE on the two
+-- internal helpers, nothing else. Logical replication senders do not count.
 -- New in 0.3.0.
 BEGIN;
 
 SET LOCAL search_path = pg_catalog, pg_temp;
 
-DO $grant$
+DO $role$
 BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'inbox_monitor') THEN
+        CREATE ROLE inbox_monitor NOLOGIN;
+    END IF;
     IF (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user)
        OR pg_catalog.pg_has_role(current_user, 'pg_read_all_stats', 'MEMBER WITH ADMIN OPTION') THEN
-        GRANT pg_read_all_stats TO inbox_owner;
+        GRANT pg_read_all_stats TO inbox_monitor;
     ELSE
         RAISE NOTICE 'pginbox: % may not grant pg_read_all_stats: inbox.commit_durable and inbox.wait_durable '
                      'answer 42501 until it is granted', current_user
             USING HINT = 'As a superuser (or a role holding pg_read_all_stats WITH ADMIN OPTION): '
-                         'GRANT pg_read_all_stats TO inbox_owner;';
+                         'GRANT pg_read_all_stats TO inbox_monitor;';
     END IF;
 END
-$grant$;
+$role$;
+GRANT USAGE ON SCHEMA inbox TO inbox_monitor;
 
 SET LOCAL ROLE inbox_owner;
 
@@ -81,7 +88,7 @@ BEGIN
     END IF;
     IF NOT pg_catalog.pg_has_role(current_user, 'pg_read_all_stats', 'USAGE') THEN
         RAISE EXCEPTION 'pginbox: % cannot read the standbys'' positions (pg_stat_replication)', current_user
-            USING ERRCODE = '42501', HINT = 'As a superuser: GRANT pg_read_all_stats TO inbox_owner;';
+            USING ERRCODE = '42501', HINT = 'As a superuser: GRANT pg_read_all_stats TO inbox_monitor;';
     END IF;
     IF lsn IS NOT NULL THEN
         RETURN lsn;
@@ -119,6 +126,19 @@ BEGIN ATOMIC
 END;
 COMMENT ON FUNCTION inbox._durable_count(pg_lsn, text, text[]) IS
     'Internal: the physical standbys whose reported flush (or replay) position is at or past target';
+
+RESET ROLE;
+DO $own$
+BEGIN
+    IF pg_catalog.to_regprocedure('inbox.commit_durable(pg_lsn, integer, text, text[])') IS NOT NULL THEN
+        ALTER FUNCTION inbox.commit_durable(pg_lsn, integer, text, text[]) OWNER TO inbox_owner;
+    END IF;
+    IF pg_catalog.to_regprocedure('inbox.wait_durable(pg_lsn, integer, text, text[], interval)') IS NOT NULL THEN
+        ALTER FUNCTION inbox.wait_durable(pg_lsn, integer, text, text[], interval) OWNER TO inbox_owner;
+    END IF;
+END
+$own$;
+SET LOCAL ROLE inbox_owner;
 
 CREATE OR REPLACE FUNCTION inbox.commit_durable(lsn pg_lsn DEFAULT NULL, min_standbys integer DEFAULT 1,
                                                 mode text DEFAULT 'flush', standby_names text[] DEFAULT NULL)
@@ -178,5 +198,13 @@ REVOKE ALL ON FUNCTION inbox._durable_target(pg_lsn, integer, text, text[]),
 GRANT EXECUTE ON FUNCTION inbox.commit_durable(pg_lsn, integer, text, text[]),
                           inbox.wait_durable(pg_lsn, integer, text, text[], interval)
     TO inbox_consumer, inbox_operator, inbox_dispatcher;
+GRANT EXECUTE ON FUNCTION inbox._durable_target(pg_lsn, integer, text, text[]),
+                          inbox._durable_count(pg_lsn, text, text[])
+    TO inbox_monitor;
+
+-- Owned by inbox_monitor (above): to replace them, the deployer takes them back first.
+RESET ROLE;
+ALTER FUNCTION inbox.commit_durable(pg_lsn, integer, text, text[]) OWNER TO inbox_monitor;
+ALTER FUNCTION inbox.wait_durable(pg_lsn, integer, text, text[], interval) OWNER TO inbox_monitor;
 
 COMMIT;

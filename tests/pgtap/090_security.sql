@@ -8,7 +8,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(322);
+SELECT plan(324);
 
 -- ================================================================== catalog meta-tests
 SELECT set_eq($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc p
@@ -53,8 +53,18 @@ SELECT is_empty($$SELECT c.oid::regclass::text, c.relkind FROM pg_catalog.pg_cla
                 'every relation (tables, indexes, sequences) in schema inbox is owned by inbox_owner');
 SELECT is_empty($$SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc p
                    WHERE p.pronamespace = 'inbox'::regnamespace AND p.proowner <> 'inbox_owner'::regrole
-                     AND p.oid <> 'inbox._run_confined(regprocedure, boolean, jsonb, inbox.message_context)'::regprocedure$$,
-                'every function in schema inbox is owned by inbox_owner, but the confined runner of operator decisions');
+                     AND p.oid <> 'inbox._run_confined(regprocedure, boolean, jsonb, inbox.message_context)'::regprocedure
+                     AND p.oid <> 'inbox.commit_durable(pg_lsn, integer, text, text[])'::regprocedure
+                     AND p.oid <> 'inbox.wait_durable(pg_lsn, integer, text, text[], interval)'::regprocedure$$,
+                'every function in schema inbox is owned by inbox_owner, but the confined runner of operator decisions '
+                'and the two that read the standbys'' positions');
+SELECT set_eq($$SELECT p.oid::regprocedure::text COLLATE "default" FROM pg_catalog.pg_proc p
+                 WHERE p.pronamespace = 'inbox'::regnamespace AND p.proowner = 'inbox_monitor'::regrole$$,
+              ARRAY['inbox.commit_durable(pg_lsn,integer,text,text[])',
+                    'inbox.wait_durable(pg_lsn,integer,text,text[],interval)'],
+              'inbox_monitor (pg_read_all_stats) owns exactly inbox.commit_durable and inbox.wait_durable');
+SELECT ok(NOT pg_catalog.pg_has_role('inbox_owner', 'pg_read_all_stats', 'USAGE'),
+          'inbox_owner cannot read other sessions'' statistics (pg_read_all_stats is inbox_monitor''s alone)');
 SELECT is((SELECT (p.proowner::regrole::text, p.prosecdef)::text FROM pg_catalog.pg_proc p
             WHERE p.oid = 'inbox._run_confined(regprocedure, boolean, jsonb, inbox.message_context)'::regprocedure),
           '(inbox_runner,t)', 'inbox._run_confined is SECURITY DEFINER owned by inbox_runner (no rights)');

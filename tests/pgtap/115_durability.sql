@@ -18,8 +18,8 @@ SELECT has_function('inbox', 'wait_durable', ARRAY['pg_lsn', 'integer', 'text', 
                     'inbox.wait_durable exists');
 SELECT function_returns('inbox', 'wait_durable', ARRAY['pg_lsn', 'integer', 'text', 'text[]', 'interval'], 'boolean',
                         'inbox.wait_durable returns boolean');
-SELECT ok(pg_catalog.pg_has_role('inbox_owner', 'pg_read_all_stats', 'USAGE'),
-          'inbox_owner reads the standbys'' positions (pg_read_all_stats, granted by a superuser deploy)');
+SELECT ok(pg_catalog.pg_has_role('inbox_monitor', 'pg_read_all_stats', 'USAGE'),
+          'inbox_monitor reads the standbys'' positions (pg_read_all_stats, granted by a superuser deploy)');
 
 -- No standby: never durable, whatever the position.
 SELECT is(inbox.commit_durable(), false, 'no standby: commit_durable() is false');

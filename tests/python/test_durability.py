@@ -67,17 +67,17 @@ def test_async_client_waits_too(db_dsn: str, domain: psycopg.Connection[Any]) ->
 
 
 def test_a_permanent_error_of_the_wait_is_raised_as_it_is(db_dsn: str, domain: psycopg.Connection[Any]) -> None:
-    """The schema owner may not read the standbys' positions: 42501 with the GRANT to run (the
+    """The functions' owner (inbox_monitor) may not read the standbys' positions: 42501 with the GRANT to run (the
     consumer halts on it with that fix), not a NotDurable retried forever."""
-    domain.execute("REVOKE pg_read_all_stats FROM inbox_owner")
+    domain.execute("REVOKE pg_read_all_stats FROM inbox_monitor")
     try:
         with psycopg.connect(db_dsn) as c:
             inbox = Inbox(c, consumer="billing", durability=Durability.standby(timeout=0.05))
             with pytest.raises(psycopg.errors.InsufficientPrivilege) as err:
                 inbox.apply(msg("p-1"))
-            assert "GRANT pg_read_all_stats TO inbox_owner" in (err.value.diag.message_hint or "")
+            assert "GRANT pg_read_all_stats TO inbox_monitor" in (err.value.diag.message_hint or "")
     finally:
-        domain.execute("GRANT pg_read_all_stats TO inbox_owner")
+        domain.execute("GRANT pg_read_all_stats TO inbox_monitor")
 
 
 def test_durability_checks_its_values() -> None:

@@ -9,7 +9,7 @@ docs/failover.md).
                        wait="apply", timeout=5.0)  flushed (or replayed) up to the commit
 
 The wait is inbox.wait_durable (sql/115_durability.sql), one statement after the last COMMIT of a
-call: once per batch, not per message. It reads the standbys' positions as the schema owner, so the
+call: once per batch, not per message. It reads the standbys' positions as inbox_monitor (SECURITY DEFINER), so the
 consumer's role needs no monitoring rights. A wait that times out (or loses the database) raises
 NotDurable: the caller must not ack, and the redelivery is a duplicate once the commit is there.
 """
