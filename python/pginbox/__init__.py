@@ -5,12 +5,14 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from pginbox.client.async_inbox import AsyncHandler, AsyncInbox
+from pginbox.client.durability import Durability
 from pginbox.client.inbox import Handler, Inbox
 from pginbox.client.outcomes import InboxStats, Message, Outcome, Result
 from pginbox.client.retry import RetryPolicy, TransientKind, is_transient
 from pginbox.errors import (
     CommitOutcomeUnknown,
     HandlerProtocolError,
+    NotDurable,
     PginboxError,
     PoolerError,
     RetriesExhausted,
@@ -27,11 +29,13 @@ __all__ = [
     "AsyncHandler",
     "AsyncInbox",
     "CommitOutcomeUnknown",
+    "Durability",
     "Handler",
     "HandlerProtocolError",
     "Inbox",
     "InboxStats",
     "Message",
+    "NotDurable",
     "Outcome",
     "PginboxError",
     "PoolerError",

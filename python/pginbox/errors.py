@@ -6,6 +6,7 @@ its subclasses, pass through unchanged where the docs say so).
       SchemaAccessError         the role may not use schema inbox
       RetriesExhausted          every attempt of a RetryPolicy ended in a transient error
       CommitOutcomeUnknown      the connection was lost during COMMIT and the outcome stayed unknown
+      NotDurable                the commit was not confirmed on the standbys in time (durability)
       HandlerProtocolError      the handler broke the rules of Inbox.handle
       OperatorError             an operator command was refused (quarantine, status, ...)
         AmbiguousEffect         an effect id (or prefix) names several effects: pass --consumer or more of it
@@ -51,6 +52,7 @@ __all__ = [
     "DestinationRefused",
     "HandlerProtocolError",
     "InvariantBroken",
+    "NotDurable",
     "OperatorError",
     "OutboxDemoRefused",
     "PginboxError",
@@ -164,6 +166,18 @@ class CommitOutcomeUnknown(PginboxError):
     def __init__(self, message: str, *, xid: str) -> None:
         super().__init__(message)
         self.xid = xid
+
+
+class NotDurable(PginboxError):
+    """Durability `standby`: the transactions committed on the primary, but the standbys did not
+    confirm them (inbox.wait_durable) within the timeout, or the database went away while waiting.
+    Do not ack: a failover could still lose them. Nack; the redelivery is safe (a committed claim
+    makes it a duplicate, acked once its commit is on the standbys). `results`: what the call
+    would have returned; the database error behind it, if any, is `__cause__`."""
+
+    def __init__(self, message: str, *, results: object = None, sqlstate: str | None = None) -> None:
+        super().__init__(message, sqlstate=sqlstate)
+        self.results = results
 
 
 class HandlerProtocolError(PginboxError):

@@ -45,7 +45,12 @@ SELECT is_empty($$SELECT fn, call, setting FROM setting_use
                        ('_count_duplicate', 'current_setting', '''transaction_isolation'''),
                        ('_metrics_rollup', 'current_setting', '''transaction_isolation'''),
                        ('metrics_rollup', 'current_setting', '''transaction_isolation'''),
-                       ('metrics', 'current_setting', '''transaction_read_only''')
+                       ('metrics', 'current_setting', '''transaction_read_only'''),
+                       -- which WAL position a commit reached: a caller who changes these fools only its
+                       -- own durability wait (inbox.wait_durable), and authorizes nothing
+                       ('_durable_target', 'current_setting', '''synchronous_commit'''),
+                       ('_durable_target', 'current_setting', '''wal_block_size'''),
+                       ('_durable_target', 'current_setting', '''wal_segment_size''')
                    ) AS allowed(fn, call, setting)$$,
                 'no function of schema inbox reads or writes a session setting outside the reviewed list');
 SELECT is_empty($$SELECT fn FROM setting_use WHERE setting ILIKE '%operator_run%'$$,

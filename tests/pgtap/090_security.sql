@@ -8,7 +8,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(314);
+SELECT plan(324);
 
 -- ================================================================== catalog meta-tests
 SELECT set_eq($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc p
@@ -25,7 +25,7 @@ SELECT set_eq($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc
                     'run_replay_plan',
                     'bind_consumer', 'unbind_consumer', 'configure_security',
                     'bind_destination', 'unbind_destination', '_generate_dispatcher', '_begin_apply_batch', '_unclaim',
-                    'grant_repair', 'begin_granted_repair', 'granted_repair_failed'],
+                    'grant_repair', 'begin_granted_repair', 'granted_repair_failed', 'commit_durable', 'wait_durable'],
               'exactly the expected functions in schema inbox are SECURITY DEFINER');
 SELECT is_empty($$SELECT p.oid::regprocedure::text, p.proconfig::text FROM pg_catalog.pg_proc p
                    WHERE p.pronamespace = 'inbox'::regnamespace AND p.prosecdef
@@ -53,8 +53,18 @@ SELECT is_empty($$SELECT c.oid::regclass::text, c.relkind FROM pg_catalog.pg_cla
                 'every relation (tables, indexes, sequences) in schema inbox is owned by inbox_owner');
 SELECT is_empty($$SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc p
                    WHERE p.pronamespace = 'inbox'::regnamespace AND p.proowner <> 'inbox_owner'::regrole
-                     AND p.oid <> 'inbox._run_confined(regprocedure, boolean, jsonb, inbox.message_context)'::regprocedure$$,
-                'every function in schema inbox is owned by inbox_owner, but the confined runner of operator decisions');
+                     AND p.oid <> 'inbox._run_confined(regprocedure, boolean, jsonb, inbox.message_context)'::regprocedure
+                     AND p.oid <> 'inbox.commit_durable(pg_lsn, integer, text, text[])'::regprocedure
+                     AND p.oid <> 'inbox.wait_durable(pg_lsn, integer, text, text[], interval)'::regprocedure$$,
+                'every function in schema inbox is owned by inbox_owner, but the confined runner of operator decisions '
+                'and the two that read the standbys'' positions');
+SELECT set_eq($$SELECT p.oid::regprocedure::text COLLATE "default" FROM pg_catalog.pg_proc p
+                 WHERE p.pronamespace = 'inbox'::regnamespace AND p.proowner = 'inbox_monitor'::regrole$$,
+              ARRAY['inbox.commit_durable(pg_lsn,integer,text,text[])',
+                    'inbox.wait_durable(pg_lsn,integer,text,text[],interval)'],
+              'inbox_monitor (pg_read_all_stats) owns exactly inbox.commit_durable and inbox.wait_durable');
+SELECT ok(NOT pg_catalog.pg_has_role('inbox_owner', 'pg_read_all_stats', 'USAGE'),
+          'inbox_owner cannot read other sessions'' statistics (pg_read_all_stats is inbox_monitor''s alone)');
 SELECT is((SELECT (p.proowner::regrole::text, p.prosecdef)::text FROM pg_catalog.pg_proc p
             WHERE p.oid = 'inbox._run_confined(regprocedure, boolean, jsonb, inbox.message_context)'::regprocedure),
           '(inbox_runner,t)', 'inbox._run_confined is SECURITY DEFINER owned by inbox_runner (no rights)');
@@ -114,7 +124,11 @@ SELECT function_privs_are('inbox', f.name, f.args, r.role,
         ('correct_watermark', ARRAY['text', 'text', 'timestamptz', 'text'], ARRAY['inbox_operator'], 30),
         ('_run_for_operator', ARRAY['text', 'text', 'text', 'oid', 'regprocedure', 'boolean', 'jsonb', 'inbox.message_context'],
          ARRAY[]::text[], 31),
-        ('_run_confined', ARRAY['regprocedure', 'boolean', 'jsonb', 'inbox.message_context'], ARRAY[]::text[], 32)
+        ('_run_confined', ARRAY['regprocedure', 'boolean', 'jsonb', 'inbox.message_context'], ARRAY[]::text[], 32),
+        ('commit_durable', ARRAY['pg_lsn', 'integer', 'text', 'text[]'],
+         ARRAY['inbox_consumer', 'inbox_operator', 'inbox_dispatcher'], 33),
+        ('wait_durable', ARRAY['pg_lsn', 'integer', 'text', 'text[]', 'interval'],
+         ARRAY['inbox_consumer', 'inbox_operator', 'inbox_dispatcher'], 34)
        ) AS f(name, args, roles, ord)
  CROSS JOIN (VALUES ('inbox_consumer', 1), ('inbox_operator', 2), ('inbox_reader', 3), ('inbox_dispatcher', 4)) AS r(role, ord)
  ORDER BY f.ord, r.ord;
@@ -131,7 +145,7 @@ SELECT set_eq(format($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.
                                  'effect_id',
                                  '_check_text', 'versioned_consumer', '_is_transient',
                                  '_run_handler', '_run_handler_batch', '_blank', '_begin_apply_batch', '_unclaim',
-                                 'idempotency_key', '_has_control', 'begin_granted_repair', 'granted_repair_failed'], 1),
+                                 'idempotency_key', '_has_control', 'begin_granted_repair', 'granted_repair_failed', 'commit_durable', 'wait_durable'], 1),
         ('inbox_operator', ARRAY['register_handler', 'configure_consumer', 'repair', 'discard', 'release',
                                  '_reason_code', 'payload_hash', 'idempotency_key', '_has_control', 'correct_watermark',
                                  'schema_version', 'schema_release', 'configure_destination', 'redrive_effect',
@@ -144,13 +158,13 @@ SELECT set_eq(format($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.
                                  'versioned_consumer', 'replay_operation_id', '_is_transient', '_run_handler', '_blank',
                                  '_check_purge_call', '_announced', '_announced_detail', 'bind_consumer',
                                  'unbind_consumer', 'configure_security', 'bind_destination',
-                                 'unbind_destination', 'grant_repair'], 2),
+                                 'unbind_destination', 'grant_repair', 'commit_durable', 'wait_durable'], 2),
         ('inbox_reader', ARRAY['schema_version', 'schema_release', 'retention_window', '_retention_window',
                                '_active_cutoff', 'metrics', 'versioned_consumer', 'replay_operation_id',
                                'idempotency_key'], 3),
         ('inbox_dispatcher', ARRAY['claim_effects', 'complete_effect', 'fail_effect', 'extend_lease', 'dispatcher_idle',
                                    'complete_effects', 'fail_effects', 'purge_delivered_effects', 'schema_version',
-                                   'schema_release', 'idempotency_key'], 4)
+                                   'schema_release', 'idempotency_key', 'commit_durable', 'wait_durable'], 4)
        ) AS r(role, expected, ord)
  ORDER BY r.ord;
 

@@ -48,6 +48,18 @@ __all__ = ["consume"]
 @click.option("--message-type", default=None, help="Where the message type is read.")
 @click.option("--produced-at", default=None, help="Where produced_at is read.")
 @click.option("--tenant", default=None, help="Where the tenant is read.")
+@click.option("--durability", type=click.Choice(["commit", "standby"]), default=None,
+              help="When a batch is acked: after COMMIT (commit, the default), or once the standbys have it "
+                   "(standby; docs/failover.md).")
+@click.option("--min-standbys", type=click.IntRange(1, 64), default=None,
+              help="durability standby: how many standbys must have the commit [default: 1].")
+@click.option("--standby-names", default=None,
+              help="durability standby: the standbys that count, application names separated by commas "
+                   "[default: any].")
+@click.option("--standby-wait", type=click.Choice(["flush", "apply"]), default=None,
+              help="durability standby: the standbys flushed (flush, the default) or also replayed (apply) the WAL.")
+@click.option("--durability-timeout", type=click.FloatRange(0, 3600), default=None,
+              help="durability standby: seconds to wait before the batch is handed back unacked [default: 10].")
 @click.option("--health-port", type=click.IntRange(0, 65535), default=None,
               help="Serve GET /healthz and GET /metrics on this port (0: any free port, logged).")
 @click.option("--health-host", default=None, help="Address the health endpoint binds to [default: 127.0.0.1].")

@@ -38,10 +38,11 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTi
 from pginbox import pooler
 from pginbox.client import queries
 from pginbox.client import shared as _core
+from pginbox.client.durability import WAIT_DURABLE, Durability
 from pginbox.client.outcomes import InboxStats, Message, Outcome, Result
 from pginbox.client.retry import RetryPolicy, TransientKind, classify
 from pginbox.client.shared import CallCost, CommitUnknown, Failure, Transient
-from pginbox.errors import CommitOutcomeUnknown, HandlerProtocolError, PginboxError, RetriesExhausted
+from pginbox.errors import CommitOutcomeUnknown, HandlerProtocolError, NotDurable, PginboxError, RetriesExhausted
 from pginbox.sql_limits import MAX_BATCH
 
 __all__ = ["Handler", "Inbox"]
@@ -137,6 +138,11 @@ class Inbox:
     raise_on_failure  default of `handle(..., raise_on_failure=)`: False returns a FAILED or
                       QUARANTINED Result; True re-raises the handler's exception after recording it.
     batch_size        chunk size of apply_batch / handle_batch (at most 64).
+    durability        when a call reports success (pginbox.client.durability.Durability): the
+                      default `commit` returns after COMMIT on the primary; `Durability.standby()`
+                      returns only once the standbys report the call's commits (inbox.wait_durable,
+                      one statement per call, after its last COMMIT) and raises NotDurable when
+                      they do not within its timeout: then do not ack (docs/failover.md).
 
     Behind a transaction pooler (PgBouncer), detected on first use (see `behind_pooler`), every
     connection Inbox uses is switched to `prepare_threshold = None`: no prepared statements, the
@@ -153,8 +159,10 @@ class Inbox:
         raise_on_failure: bool = False,
         batch_size: int = MAX_BATCH,
         pipeline: bool = True,
+        durability: Durability | None = None,
     ) -> None:
         _core.check_names(consumer, handler_version)
+        self.durability = durability if durability is not None else Durability()
         self.consumer = consumer
         self.handler_version = handler_version
         self.retry = retry if retry is not None else RetryPolicy()
@@ -238,12 +246,12 @@ class Inbox:
         if message.redelivered:
             start = self._record_starts([message], cost)[0]
             if start is not None:
-                return self._stats.stamp([start], cost)[0]
+                return self._durable(self._stats.stamp([start], cost)[0])
         attempt = self._run(lambda conn: self._handle_attempt(conn, message, handler), cost)
         if isinstance(attempt, Result):
-            return self._stats.stamp([attempt], cost)[0]
+            return self._durable(self._stats.stamp([attempt], cost)[0])
         recorded = self._record_failure(message, attempt.error, cost)
-        result = self._stats.stamp([recorded], cost, attempt.error)[0]
+        result = self._durable(self._stats.stamp([recorded], cost, attempt.error)[0])
         if self.raise_on_failure if raise_on_failure is None else raise_on_failure:
             attempt.error.add_note(
                 f"pginbox: recorded as {result.outcome.value} (attempt {result.attempts}, "
@@ -260,12 +268,12 @@ class Inbox:
         if message.redelivered:
             start = self._record_starts([message], cost)[0]
             if start is not None:
-                return self._stats.stamp([start], cost)[0]
+                return self._durable(self._stats.stamp([start], cost)[0])
         params = _core.apply_params(self.consumer, message)
         result = self._run(
             lambda conn: self._statement_tx(conn, queries.CLAIM_AND_APPLY, params, _core.first_result), cost
         )
-        return self._stats.stamp([result], cost)[0]
+        return self._durable(self._stats.stamp([result], cost)[0])
 
     def apply_batch(self, messages: Iterable[Message]) -> list[Result]:
         """inbox.claim_and_apply_batch over chunks of `batch_size` messages, one transaction per
@@ -287,7 +295,7 @@ class Inbox:
                 for i, r in zip(pending, applied, strict=True):
                     out[i] = r
             results.extend(self._stats.stamp(cast(list[Result], out), cost))
-        return results
+        return self._durable(results)
 
     def handle_batch(self, messages: Iterable[Message], handler: Handler) -> list[Result]:
         """`handle` for many messages: one transaction per chunk of `batch_size`, every identity of
@@ -306,6 +314,45 @@ class Inbox:
                 for i, (r, exc) in zip(pending, done, strict=True):
                     out[i] = r if exc is None else replace(r, exception=exc)
             results.extend(self._stats.stamp(cast(list[Result], out), cost))
+        return self._durable(results)
+
+    # ------------------------------------------------------------------------- durability
+
+    def _durable(self, results: T) -> T:
+        """`results` once the call's commits are durable by `self.durability`: at once for `commit`;
+        for `standby`, after inbox.wait_durable said the standbys have every commit that returned
+        before it (the primary's WAL position read after the last COMMIT, so one wait covers the
+        whole call). NotDurable when they do not within the timeout, or the database went away
+        while waiting (the commits may be on the old primary only). A permanent database error
+        (the schema is older, the owner may not read pg_stat_replication: 42501) is raised as it is."""
+        durability = self.durability
+        if not durability.waits:
+            return results
+        try:
+            with self._connection() as conn, _autocommit(conn):
+                cur = conn.execute(WAIT_DURABLE, durability.params())
+                row = cur.fetchone()
+        except (PoolTimeout, PoolClosed) as exc:
+            raise NotDurable(
+                f"committed on the primary, but the standbys' positions could not be read ({exc}): do not ack; "
+                "a redelivery is safe",
+                results=results,
+            ) from exc
+        except psycopg.Error as exc:
+            if classify(exc) is None:  # permanent: the deployment is wrong, not the moment
+                raise
+            raise NotDurable(
+                f"committed on the primary, but the wait for the standbys failed ({_core.error_key(exc)}: {exc}): "
+                "do not ack; a redelivery is safe",
+                results=results,
+                sqlstate=exc.sqlstate,
+            ) from exc
+        if row is None or row[0] is not True:
+            raise NotDurable(
+                f"committed on the primary, but the standbys did not confirm it within {durability.timeout:g} s "
+                f"({durability.describe()}): do not ack; a redelivery is safe",
+                results=results,
+            )
         return results
 
     def enqueue(

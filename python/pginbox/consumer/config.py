@@ -28,6 +28,13 @@ table of the TOML file (--config) > the defaults below. Every key of the table i
     message_type = "type"
     produced_at = "timestamp"
     tenant = "header:Pginbox-Tenant"
+    # When a batch is acked (docs/failover.md): "commit" (after COMMIT on the primary, the default)
+    # or "standby" (once min_standbys of standby_names [default: any] flushed -- or applied -- it)
+    durability = "standby"
+    min_standbys = 1
+    standby_names = ["pg2"]              # a TOML list, or names separated by commas
+    standby_wait = "flush"               # or "apply"
+    durability_timeout = 10.0            # seconds; then the batch is handed back, never acked
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ from pginbox.brokers.wire import (
     REDIS,
     IdentitySource,
 )
+from pginbox.client.durability import Durability
 from pginbox.errors import ConsumerConfigError
 from pginbox.runtime.log import safe_url
 from pginbox.sql_limits import MAX_BATCH
@@ -92,6 +100,7 @@ class ConsumeConfig:
     consumer_name: str | None = None
     health_port: int | None = None
     health_host: str = "127.0.0.1"
+    durability: Durability = field(default_factory=Durability)
 
     @property
     def source_name(self) -> str:
@@ -118,7 +127,46 @@ class ConsumeConfig:
                             claim_idle=self.claim_idle, options=options)
 
 
-_KEYS = frozenset({f.name for f in fields(ConsumeConfig)} - {"sources", "broker"}) | set(IDENTITY_FIELDS) | {"broker"}
+_DURABILITY_KEYS = frozenset({"min_standbys", "standby_names", "standby_wait", "durability_timeout"})
+_KEYS = (
+    frozenset({f.name for f in fields(ConsumeConfig)} - {"sources", "broker"})
+    | set(IDENTITY_FIELDS)
+    | {"broker"}
+    | _DURABILITY_KEYS
+)
+
+
+def _durability(table: Mapping[str, Any]) -> Durability:
+    mode = str(table.get("durability", "commit"))
+    if mode not in ("commit", "standby"):
+        raise ConsumerConfigError(f"consume setting durability={mode!r}: expected 'commit' or 'standby'")
+    if mode == "commit":
+        given = sorted(k for k in _DURABILITY_KEYS if table.get(k) is not None)
+        if given:
+            raise ConsumerConfigError(
+                f"consume settings {given} apply to durability 'standby' only: set durability = \"standby\" "
+                "or remove them"
+            )
+        return Durability()
+    raw_names = table.get("standby_names")
+    names: tuple[str, ...] | None = None
+    if raw_names is not None:
+        items = raw_names.split(",") if isinstance(raw_names, str) else raw_names
+        if not isinstance(items, list | tuple) or not all(isinstance(n, str) and n.strip() for n in items) or not items:
+            raise ConsumerConfigError(
+                f"consume setting standby_names={raw_names!r}: expected standby application names "
+                "(a list, or separated by commas)"
+            )
+        names = tuple(n.strip() for n in items)
+    wait = str(table.get("standby_wait", "flush"))
+    if wait not in ("flush", "apply"):
+        raise ConsumerConfigError(f"consume setting standby_wait={wait!r}: expected 'flush' or 'apply'")
+    return Durability.standby(
+        _number(table.get("min_standbys", 1), "min_standbys", int, 1, 64),
+        names=names,
+        wait="apply" if wait == "apply" else "flush",
+        timeout=_number(table.get("durability_timeout", 10.0), "durability_timeout", float, 0, 3600),
+    )
 
 
 def _number(value: Any, setting: str, kind: type[int] | type[float], low: float, high: float | None = None) -> Any:
@@ -198,4 +246,5 @@ def load_consume_config(
         consumer_name=table.get("consumer_name") and str(table["consumer_name"]),
         health_port=None if health_port is None else _number(health_port, "health_port", int, 0, 65535),
         health_host=str(table.get("health_host", "127.0.0.1")),
+        durability=_durability(table),
     )

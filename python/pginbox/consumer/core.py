@@ -60,8 +60,9 @@ from pginbox.client.inbox import Inbox
 from pginbox.client.outcomes import Message, Outcome, Result
 from pginbox.client.retry import RetryPolicy
 from pginbox.consumer.config import ConsumeConfig
-from pginbox.errors import BrokerError, CommitOutcomeUnknown, ConsumerConfigError, RetriesExhausted
+from pginbox.errors import BrokerError, CommitOutcomeUnknown, ConsumerConfigError, NotDurable, RetriesExhausted
 from pginbox.runtime.backoff import doubling, jittered
+from pginbox.runtime.failover import TimelineWatch
 from pginbox.runtime.loading import load_object
 from pginbox.runtime.log import kv
 from pginbox.runtime.metrics import Metrics
@@ -111,6 +112,8 @@ class ConsumerStats:
     broker_reconnects: int = 0
     database_outages: int = 0
     halts: int = 0
+    not_durable: int = 0
+    failovers: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
     last_lag_seconds: float | None = None
 
@@ -126,6 +129,8 @@ class ConsumerStats:
             "broker_reconnects": self.broker_reconnects,
             "database_outages": self.database_outages,
             "halts": self.halts,
+            "not_durable": self.not_durable,
+            "failovers": self.failovers,
             "outcomes": dict(sorted(self.outcomes.items())),
             "last_lag_seconds": self.last_lag_seconds,
         }
@@ -144,6 +149,10 @@ class _Metrics:
         self.halted = m.gauge("halted", "1 while the consumer is halted by a configuration or rights error")
         self.batch_size = m.histogram("batch_size", "Messages per batch", (1, 2, 5, 10, 20, 50, 64))
         self.lag = m.gauge("lag_seconds", "Age of the last message at its commit (produced_at)")
+        self.not_durable = m.counter(
+            "not_durable", "Batches handed back because the standbys did not confirm their commit in time"
+        )
+        self.failovers = m.counter("failovers", "Database failovers noticed (a new connection on a new WAL timeline)")
 
 
 # What became of one delivery of a batch.
@@ -167,7 +176,7 @@ _Verdict = Result | _DeadLetter | _Unavailable | _Halt
 
 
 def _action(exc: BaseException) -> Action:
-    if isinstance(exc, PoolTimeout | PoolClosed | RetriesExhausted | CommitOutcomeUnknown):
+    if isinstance(exc, PoolTimeout | PoolClosed | RetriesExhausted | CommitOutcomeUnknown | NotDurable):
         return Action.RETRY
     if isinstance(exc, psycopg.Error):
         return action_for(exc)
@@ -212,15 +221,21 @@ class _AsyncRunner:
             timeout=c.database_timeout,
             kwargs={"application_name": f"pginbox-consume:{c.config.consumer}"},
             name=f"pginbox-consume-{c.config.consumer}",
+            configure=self._configure,
         )
+        self.consumer = c
         self.inbox = AsyncInbox(
             self.pool,
             consumer=c.config.consumer,
             handler_version=c.config.handler_version,
             retry=c.retry,
             batch_size=c.config.prefetch,
+            durability=c.config.durability,
         )
         self.handler = handler
+
+    async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        await self.consumer.timeline.aread(conn, durability=self.consumer.config.durability.mode)
 
     async def open(self) -> None:
         await self.pool.open(wait=False)
@@ -251,15 +266,21 @@ class _ThreadRunner:
             timeout=c.database_timeout,
             kwargs={"application_name": f"pginbox-consume:{c.config.consumer}"},
             name=f"pginbox-consume-{c.config.consumer}",
+            configure=self._configure,
         )
+        self.consumer = c
         self.inbox = Inbox(
             self.pool,
             consumer=c.config.consumer,
             handler_version=c.config.handler_version,
             retry=c.retry,
             batch_size=c.config.prefetch,
+            durability=c.config.durability,
         )
         self.handler = handler
+
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        self.consumer.timeline.read(conn, durability=self.consumer.config.durability.mode)
 
     async def open(self) -> None:
         self.pool.open(wait=False)
@@ -311,6 +332,7 @@ class Consumer:
         self.stats = ConsumerStats()
         self.registry = CollectorRegistry(auto_describe=True)
         self.metrics = _Metrics(self.registry)
+        self.timeline = TimelineWatch(log, self._failover, consumer=config.consumer)
         self._stop = asyncio.Event()
         self._stop_requested = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -363,6 +385,10 @@ class Consumer:
             "last_loop_age_seconds": None if age is None else round(age, 3),
             "counters": self.stats.as_dict(),
         }
+
+    def _failover(self) -> None:
+        self.stats.failovers += 1
+        self.metrics.failovers.inc()
 
     def _backoff(self, failures: int, base: float = 0.1) -> float:
         return jittered(failures, base, self.max_pause, self._rng)
@@ -537,6 +563,7 @@ class Consumer:
         if decided:
             self._db_failures = 0
             self._db_ok = True
+            self.timeline.ok()
         await self.broker.ack_many(acks)
         if unavailable:  # a halt found before the database went away is handed back with the rest
             await self._database_unavailable(unavailable + [(d, _Unavailable(h.error)) for d, h in halts])
@@ -634,9 +661,13 @@ class Consumer:
         if self._db_failures == 1:
             self.stats.database_outages += 1
         pause = self._backoff(self._db_failures, base=0.2)
+        not_durable = isinstance(batch[0][1].error, NotDurable)
+        if not_durable:
+            self.stats.not_durable += 1
+            self.metrics.not_durable.inc()
         log.warning(
             kv(
-                "database_unavailable",
+                "commit_not_durable" if not_durable else "database_unavailable",
                 consumer=self.config.consumer,
                 attempt=self._db_failures,
                 handed_back=len(batch),

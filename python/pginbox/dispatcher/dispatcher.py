@@ -29,6 +29,7 @@ from pginbox.dispatcher.reporter import Report, Reporter
 from pginbox.dispatcher.stats import DispatcherMetrics, DispatcherStats
 from pginbox.errors import ClaimError
 from pginbox.runtime.backoff import jittered
+from pginbox.runtime.failover import TimelineWatch
 from pginbox.sql_limits import CLAIM_LIMIT, LEASE_MAX_SECONDS, REPORT_LIMIT
 from pginbox.transports.effect import Effect
 from pginbox.transports.protocol import BatchTransport, DeliveryReport, Transport, TransportResolver
@@ -136,6 +137,7 @@ class Dispatcher:
         self.stats = DispatcherStats()
         self.registry = CollectorRegistry(auto_describe=True)
         self.metrics = DispatcherMetrics(self.registry, lambda: float(self.in_flight))
+        self.timeline = TimelineWatch(log, self.metrics.failovers.inc, dispatcher=self.name)
         for collector in extra_collectors:
             self.registry.register(collector)
         self._init_bookkeeping()
@@ -180,7 +182,9 @@ class Dispatcher:
                                   interval=self.report_interval, on_flushed=self._reports_flushed).start()
 
     def _configure_connection(self, conn: psycopg.Connection[Any]) -> None:
-        """Every new pool connection: behind a pooler, no prepared statements (pginbox.pooler)."""
+        """Every new pool connection: behind a pooler, no prepared statements (pginbox.pooler);
+        its WAL timeline (a new one: a failover, counted and logged; pginbox.runtime.failover)."""
+        self.timeline.read(conn)
         if pooler.behind_pooler(conn):
             if not self._behind_pooler:
                 log.info(kv("behind_pooler", dispatcher=self.name,
@@ -373,6 +377,7 @@ class Dispatcher:
                             error=self._last_claim_error))
             return _CLAIM_FAILED
         self._claim_failures = 0
+        self.timeline.ok()
         if not rows:
             return _NOTHING_DUE
         self.stats.add(claimed=len(rows))

@@ -86,6 +86,7 @@ class DispatcherMetrics:
             self.fenced_out.labels(report)
         self.report_errors = counter("report_errors", "Reports that failed with a database error (the lease expires)")
         self.reconnects = counter("listen_reconnects", "Reconnections of the LISTEN session")
+        self.failovers = counter("failovers", "Database failovers noticed (a new connection on a new WAL timeline)")
         self.lag = metrics.histogram("lag_seconds", "Effect created_at (its transaction's start) to delivery recorded, "
                                      "seconds", LAG_BUCKETS)
         self.in_flight = metrics.gauge("in_flight", "Deliveries in flight")
