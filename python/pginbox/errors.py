@@ -64,6 +64,7 @@ __all__ = [
     "SimulationError",
     "SqitchError",
     "SqitchScriptError",
+    "missing_grant",
     "server_message",
     "with_sqlstate",
 ]
@@ -113,6 +114,13 @@ def server_message(exc: psycopg.Error) -> str:
     if diag.message_hint:
         text = f"{text.rstrip('.')}. {diag.message_hint.rstrip('.')}."
     return text
+
+
+def missing_grant(exc: psycopg.Error) -> bool:
+    """A 42501 that is a grant the role lacks ('permission denied for function repair'), not the
+    package's own refusal with its reasons (a binding, a handler's rights)."""
+    primary = (exc.diag.message_primary or "") if exc.diag else ""
+    return exc.sqlstate == "42501" and primary.startswith("permission denied for ")
 
 
 class PginboxError(Exception):

@@ -18,7 +18,6 @@ import click
 import psycopg
 
 from pginbox.cli.context import State, database, dsn_option
-from pginbox.errors import ClaimError
 from pginbox.ops.retention import PeriodicPurger
 from pginbox.sql_limits import CLAIM_LIMIT, LEASE_MAX_SECONDS
 
@@ -103,10 +102,9 @@ def _died_during_run(before: set[tuple[str, str, int]] | None, after: set[tuple[
 def _run(dispatcher: Dispatcher, purger: PeriodicPurger | None, *, once: bool) -> None:
     """--once: drain what is due (then purge once); else the daemon loop, the purger beside it."""
     if once:
-        try:
-            dispatcher.run_once()
-        except ClaimError as exc:  # claims kept failing: --once did not drain
-            raise click.ClickException(str(exc)) from None
+        # A ClaimError (claims kept failing: --once did not drain) goes to the CLI's error handler,
+        # which adds what the database said and, for a missing grant, the group role needed.
+        dispatcher.run_once()
         if purger is not None:
             purger.run_once()
         return

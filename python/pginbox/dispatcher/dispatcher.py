@@ -156,6 +156,7 @@ class Dispatcher:
         self._claim_sql: str | None = None  # CLAIM, or CLAIM_V2 against a 0.2.0 schema (first claim decides)
         self._last_claim_error = ""
         self._last_claim_sqlstate: str | None = None
+        self._last_claim_exc: psycopg.Error | None = None
         self._registered = False
         self._closed = False
         self._behind_pooler = False
@@ -264,7 +265,8 @@ class Dispatcher:
                 if self._claim_failures >= self.claim_retries:
                     self._wait_in_flight()
                     raise ClaimError(f"dispatcher {self.name}: {self._claim_failures} claims in a row failed, "
-                                     f"the last with: {self._last_claim_error}", sqlstate=self._last_claim_sqlstate)
+                                     f"the last with: {self._last_claim_error}",
+                                     sqlstate=self._last_claim_sqlstate) from self._last_claim_exc
                 self._stop.wait(self._claim_backoff())
                 continue
             if not self._wait_in_flight():
@@ -365,6 +367,7 @@ class Dispatcher:
                 rows = cur.execute(self._claim_sql, (self.name, limit, lease)).fetchall()
         except psycopg.Error as exc:
             self._claim_failures += 1
+            self._last_claim_exc = exc
             self._last_claim_sqlstate = exc.sqlstate
             message = (exc.diag.message_primary or str(exc)).strip().splitlines()
             self._last_claim_error = (f"{message[0] if message else type(exc).__name__}"
