@@ -30,7 +30,8 @@ def cli(*args: str, dsn: str, env: dict[str, str] | None = None) -> Result:
 def fails(result: Result, *fragments: str) -> str:
     assert result.exit_code == 1, result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
+    # One 'Error:' line, then what the database added (indented: DETAIL, HINT, SQLSTATE, needs).
+    assert lines[0].startswith("Error: ") and all(line.startswith("  ") for line in lines[1:]), result.stderr
     assert "Traceback" not in result.output
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
@@ -70,7 +71,8 @@ def test_list_prints_whole_ids_and_their_consumer(effects: Effects) -> None:
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0].split()[:3] == ["effect_id", "consumer", "destination"]
-    rows = sorted(tuple(line.split()[:4]) for line in lines[2:])
+    assert lines[-1] == "3 of 3 shown (newest first)"
+    rows = sorted(tuple(line.split()[:4]) for line in lines[2:-1])
     assert rows == [(LONG_ID, "a", "mail", "dead"), (LONG_ID, "b", "mail", "dead"),
                     ("refund-7", "a", "mail", "pending")]
     assert f"permanent_failure: {ERROR_TEXT}" in result.stdout
@@ -84,7 +86,7 @@ def test_list_prints_whole_ids_and_their_consumer(effects: Effects) -> None:
 def test_every_listed_id_can_be_shown(effects: Effects) -> None:
     """What list prints, show finds: the id as listed, with the listed consumer."""
     listing = cli("outbox", "list", dsn=effects.dsn)
-    for line in listing.stdout.splitlines()[2:]:
+    for line in listing.stdout.splitlines()[2:-1]:
         effect_id, consumer = line.split()[:2]
         shown = cli("outbox", "show", effect_id, "--consumer", consumer, "--json", dsn=effects.dsn)
         assert shown.exit_code == 0, shown.output
@@ -142,3 +144,22 @@ def test_a_reader_lists_and_shows_without_error_texts(effects: Effects, login_ro
     shown = cli("outbox", "show", LONG_ID, "--consumer", "a", dsn=reader)
     assert shown.exit_code == 0, shown.output
     assert "dead_reason: permanent_failure" in shown.stdout and "smtp" not in shown.stdout
+
+
+def test_list_is_newest_first_and_says_how_many_it_shows(effects: Effects) -> None:
+    conn = effects.conn
+    for n in range(5):
+        conn.execute("SELECT inbox.enqueue_effect(%s, 'mail', '{}'::jsonb, consumer => 'a')", (f"late-{n}",))
+        conn.execute("UPDATE inbox.outbox SET created_at = now() + make_interval(mins => %s) "
+                     "WHERE effect_id = %s", (n + 1, f"late-{n}"))
+    limited = cli("outbox", "list", "--limit", "2", dsn=effects.dsn)
+    assert limited.exit_code == 0, limited.output
+    lines = limited.stdout.splitlines()
+    assert [line.split()[0] for line in lines[2:-1]] == ["late-4", "late-3"]
+    assert lines[-1] == "2 of 8 shown (newest first; --limit 8 or filters for the rest)"
+    as_json = json.loads(cli("outbox", "list", "--limit", "2", "--json", dsn=effects.dsn).stdout)
+    assert (as_json["shown"], as_json["total"]) == (2, 8)
+    dead = cli("outbox", "list", "--status", "dead", "--destination", "mail", dsn=effects.dsn)
+    assert dead.stdout.splitlines()[-1] == "2 of 2 shown (newest first)"
+    nowhere = cli("outbox", "list", "--destination", "sms", dsn=effects.dsn)
+    assert nowhere.stdout.strip() == "no effects to destination 'sms'"

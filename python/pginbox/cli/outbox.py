@@ -27,20 +27,27 @@ def outbox_group() -> None:
 @click.option("--status", "effect_status", type=click.Choice([*outbox.OUTBOX_STATUSES, "all"]), default="all",
               show_default=True)
 @click.option("--consumer", default=None, help="Only this consumer's effects ('' for anonymous ones).")
-@click.option("--limit", type=click.IntRange(1, 100000), default=50, show_default=True)
+@click.option("--destination", default=None, help="Only effects to this destination.")
+@click.option("--limit", type=click.IntRange(1, 100000), default=50, show_default=True,
+              help="Show at most this many (the newest); the last line says how many match.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @click.pass_context
-def outbox_list(ctx: click.Context, command_dsn: str | None, effect_status: str, consumer: str | None, limit: int,
-                as_json: bool) -> None:
-    """Effects, oldest first, with their whole ids and their consumer (effect ids are unique per
-    consumer). A role without access to error texts (inbox_reader) sees the dead reason only."""
+def outbox_list(ctx: click.Context, command_dsn: str | None, effect_status: str, consumer: str | None,
+                destination: str | None, limit: int, as_json: bool) -> None:
+    """Effects, newest first, with their whole ids and their consumer (effect ids are unique per
+    consumer); the last line says how many of how many are shown. A role without access to error
+    texts (inbox_reader) sees the dead reason only."""
+    wanted = None if effect_status == "all" else effect_status
     with connect(ctx, command_dsn) as conn:
-        rows = outbox.list_effects(conn, None if effect_status == "all" else effect_status, limit, consumer)
+        rows = outbox.list_effects(conn, wanted, limit, consumer, destination)
+        total = len(rows) if len(rows) < limit else outbox.count_effects(conn, wanted, consumer, destination)
     if as_json:
-        echo_json({"status": effect_status, "consumer": consumer, "effects": [jsonable(r) for r in rows]})
+        echo_json({"status": effect_status, "consumer": consumer, "destination": destination, "shown": len(rows),
+                   "total": total, "effects": [jsonable(r) for r in rows]})
         return
     if not rows:
         whose = "" if consumer is None else f" of consumer {consumer!r}"
+        whose += "" if destination is None else f" to destination {destination!r}"
         click.echo(("no effects" if effect_status == "all" else f"no {effect_status} effects") + whose)
         return
     lines = [
@@ -50,6 +57,8 @@ def outbox_list(ctx: click.Context, command_dsn: str | None, effect_status: str,
     ]
     click.echo(table(["effect_id", "consumer", "destination", "status", "attempts", "ordering_key", "created",
                       "problem"], lines))
+    more = f" (newest first; --limit {total} or filters for the rest)" if total > len(rows) else " (newest first)"
+    click.echo(f"{len(rows)} of {total} shown{more}")
 
 
 def _problem(row: dict[str, object]) -> str | None:

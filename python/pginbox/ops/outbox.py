@@ -15,7 +15,7 @@ from psycopg.rows import dict_row
 
 from pginbox.errors import AmbiguousEffect
 
-__all__ = ["OUTBOX_STATUSES", "AmbiguousEffect", "EffectDetails", "discard_effect", "find_effect", "list_effects",
+__all__ = ["OUTBOX_STATUSES", "AmbiguousEffect", "EffectDetails", "count_effects", "discard_effect", "find_effect", "list_effects",
            "redrive_effect", "show_effect"]
 
 Row = dict[str, Any]
@@ -27,15 +27,20 @@ OUTBOX_STATUSES: Final = ("pending", "leased", "delivered", "dead", "discarded")
 # The queries name it through {last_error}: the column, or NULL for a role without the grant.
 LAST_ERROR_READABLE: Final = "SELECT pg_catalog.has_column_privilege('inbox.outbox', 'last_error', 'SELECT')"
 
+_OUTBOX_FILTER: Final = """
+ WHERE (%(status)s::text IS NULL OR status::text = %(status)s::text)
+   AND (%(consumer)s::text IS NULL OR consumer = %(consumer)s::text)
+   AND (%(destination)s::text IS NULL OR destination = %(destination)s::text)
+"""
+# Newest first: what an operator looks for is what just went wrong, not the oldest delivered effect.
 OUTBOX_LIST: Final = """
 SELECT effect_id, consumer, destination, status::text AS status, attempts, ordering_key, created_at, available_at,
        leased_by, last_status_code, dead_reason::text AS dead_reason, {last_error} AS last_error
-  FROM inbox.outbox
- WHERE (%(status)s::text IS NULL OR status::text = %(status)s::text)
-   AND (%(consumer)s::text IS NULL OR consumer = %(consumer)s::text)
- ORDER BY created_at, order_seq NULLS LAST, effect_id, consumer
+  FROM inbox.outbox""" + _OUTBOX_FILTER + """
+ ORDER BY created_at DESC, order_seq DESC NULLS LAST, effect_id, consumer
  LIMIT %(limit)s
 """
+OUTBOX_COUNT: Final = "SELECT count(*) FROM inbox.outbox" + _OUTBOX_FILTER
 # The effects an id names: itself, or (when no effect has that id) the ids it begins. At most 11
 # (the CLI lists up to 10 candidates of an ambiguous prefix).
 OUTBOX_MATCHES: Final = """
@@ -104,12 +109,21 @@ class EffectDetails:
 
 
 def list_effects(conn: psycopg.Connection[Any], status: str | None, limit: int,
-                 consumer: str | None = None) -> list[Row]:
-    """Effects in `status` (None: every status) of `consumer` (None: every consumer), oldest first.
-    last_error is None for a role that may not read it (inbox_reader)."""
+                 consumer: str | None = None, destination: str | None = None) -> list[Row]:
+    """Effects in `status` (None: every status) of `consumer` (None: every consumer) to
+    `destination` (None: every one), newest first. last_error is None for a role that may not read
+    it (inbox_reader)."""
     query = OUTBOX_LIST.format(last_error=_last_error(conn))
+    params = {"status": status, "consumer": consumer, "destination": destination, "limit": limit}
     with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(query, {"status": status, "consumer": consumer, "limit": limit}).fetchall()
+        return cur.execute(query, params).fetchall()
+
+
+def count_effects(conn: psycopg.Connection[Any], status: str | None, consumer: str | None = None,
+                  destination: str | None = None) -> int:
+    """How many effects list_effects would list without its limit."""
+    row = conn.execute(OUTBOX_COUNT, {"status": status, "consumer": consumer, "destination": destination}).fetchone()
+    return int(row[0]) if row else 0
 
 
 def find_effect(conn: psycopg.Connection[Any], effect_id: str, consumer: str | None = None) -> tuple[str, str] | None:
