@@ -163,3 +163,48 @@ def test_list_is_newest_first_and_says_how_many_it_shows(effects: Effects) -> No
     assert dead.stdout.splitlines()[-1] == "2 of 2 shown (newest first)"
     nowhere = cli("outbox", "list", "--destination", "sms", dsn=effects.dsn)
     assert nowhere.stdout.strip() == "no effects to destination 'sms'"
+
+
+def test_bulk_redrive_by_destination_consumer_reason_and_time(effects: Effects) -> None:
+    """Recovery in one command (issue 26): every dead effect matching the filters is redriven, each
+    audited like a single redrive; --dry-run changes nothing; no filter at all is refused."""
+    conn = effects.conn
+    conn.execute("SELECT inbox.bind_destination('sms', 'a', 'test')")
+    conn.execute("SELECT inbox.enqueue_effect('text-1', 'sms', '{}'::jsonb, consumer => 'a')")
+    conn.execute("UPDATE inbox.outbox SET status = 'dead', dead_reason = 'max_attempts', attempts = 8, "
+                 "created_at = now() - interval '2 hours' WHERE effect_id = 'text-1'")
+    refused = cli("outbox", "redrive", "--note", "x", dsn=effects.dsn)
+    assert refused.exit_code == 2 and "pass an effect ID, or filters" in refused.output, refused.output
+
+    dry = cli("outbox", "redrive", "--destination", "mail", "--note", "smtp back", "--dry-run", dsn=effects.dsn)
+    assert dry.exit_code == 0, dry.output
+    assert dry.stdout.splitlines()[-1] == "2 dead effects would be redriven (--dry-run: nothing changed)"
+    assert (status(conn, LONG_ID, "a"), status(conn, LONG_ID, "b")) == ("dead", "dead")
+
+    old = cli("outbox", "redrive", "--until", "now() - interval '1 hour'", "--note", "x", dsn=effects.dsn)
+    assert old.exit_code == 1, "--until takes a timestamp, not an expression"
+    cutoff = conn.execute("SELECT (now() - interval '1 hour')::text").fetchone()
+    assert cutoff is not None
+    by_time = cli("outbox", "redrive", "--until", cutoff[0], "--dead-reason", "max_attempts", "--note",
+                  "sms gateway fixed", "--json", dsn=effects.dsn)
+    assert by_time.exit_code == 0, by_time.output
+    done = json.loads(by_time.stdout)
+    assert (done["selected"], done["redriven"], done["skipped"]) == (1, 1, 0)
+    assert [(e["effect_id"], e["status"], e["attempts"]) for e in done["effects"]] == [("text-1", "pending", 0)]
+
+    one = cli("outbox", "redrive", "--destination", "mail", "--consumer", "a", "--note", "smtp back", dsn=effects.dsn)
+    assert one.exit_code == 0, one.output
+    assert one.stdout.strip() == "redrove 1 of 1 dead effects; each is audited in inbox.outbox_redrive"
+    assert (status(conn, LONG_ID, "a"), status(conn, LONG_ID, "b")) == ("pending", "dead")
+    rest = cli("outbox", "redrive", "--all", "--note", "the rest", "--progress", dsn=effects.dsn)
+    assert rest.exit_code == 0, rest.output
+    assert "redrove 1 of 1 dead effects" in rest.stdout and "redriven 1 of 1 (0 skipped)" in rest.stderr
+    audit = conn.execute("SELECT effect_id, consumer, note, attempts, dead_reason FROM inbox.outbox_redrive "
+                         "ORDER BY redrive_id").fetchall()
+    assert audit == [("text-1", "a", "sms gateway fixed", 8, "max_attempts"),
+                     (LONG_ID, "a", "smtp back", 1, "permanent_failure"),
+                     (LONG_ID, "b", "the rest", 1, "permanent_failure")]
+    nothing = cli("outbox", "redrive", "--all", "--note", "again", dsn=effects.dsn)
+    assert nothing.stdout.strip() == "redrove 0 of 0 dead effects; each is audited in inbox.outbox_redrive"
+    mixed = cli("outbox", "redrive", LONG_ID, "--destination", "mail", "--note", "x", dsn=effects.dsn)
+    assert mixed.exit_code == 2 and "only --consumer narrows it" in mixed.output
