@@ -50,6 +50,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("metrics", "rollup"): ("inbox_operator",),
     ("purge", "--consumer", "billing"): ("inbox_operator",),
     ("quarantine", "discard", "QID", "--note", "roles test"): ("inbox_operator",),
+    ("outbox", "redrive", "--destination", "nowhere", "--note", "roles test"): ("inbox_operator",),
+    ("doctor",): ("inbox_operator", "inbox_reader"),
 }
 
 
