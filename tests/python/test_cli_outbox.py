@@ -144,6 +144,11 @@ def test_a_reader_lists_and_shows_without_error_texts(effects: Effects, login_ro
     shown = cli("outbox", "show", LONG_ID, "--consumer", "a", dsn=reader)
     assert shown.exit_code == 0, shown.output
     assert "dead_reason: permanent_failure" in shown.stdout and "smtp" not in shown.stdout
+    # A reader may see what a bulk redrive would take, not take it.
+    dry = cli("outbox", "redrive", "--all", "--dry-run", "--note", "x", dsn=reader)
+    assert dry.exit_code == 0 and "2 dead effects would be redriven" in dry.stdout, dry.output
+    refused = cli("outbox", "redrive", "--all", "--note", "x", dsn=reader)
+    assert refused.exit_code == 1 and "GRANT inbox_operator TO" in refused.stderr, refused.output
 
 
 def test_list_is_newest_first_and_says_how_many_it_shows(effects: Effects) -> None:

@@ -199,7 +199,7 @@ def redrive_effect(conn: psycopg.Connection[Any], effect_id: str, note: str, con
 
 # Dead effects a bulk redrive selects: filters all optional, oldest first (the order they went in).
 DEAD_SELECTION: Final = """
-SELECT effect_id, consumer, tenant
+SELECT effect_id, consumer, {tenant} AS tenant
   FROM inbox.outbox
  WHERE status = 'dead'
    AND (%(destination)s::text IS NULL OR destination = %(destination)s::text)
@@ -242,11 +242,14 @@ def check_may_redrive(conn: psycopg.Connection[Any]) -> None:
 def select_dead(conn: psycopg.Connection[Any], *, destination: str | None = None, consumer: str | None = None,
                 dead_reason: str | None = None, since: str | None = None, until: str | None = None,
                 limit: int = 10000) -> list[Row]:
-    """The dead effects matching every filter given (created_at in [since, until)), oldest first."""
+    """The dead effects matching every filter given (created_at in [since, until)), oldest first;
+    tenant None for a role that may not read it (a reader's --dry-run)."""
     params = {"destination": destination, "consumer": consumer, "dead_reason": dead_reason, "since": since,
               "until": until, "limit": limit}
+    readable = conn.execute("SELECT pg_catalog.has_column_privilege('inbox.outbox', 'tenant', 'SELECT')").fetchone()
+    query = DEAD_SELECTION.format(tenant="tenant" if readable and readable[0] else "NULL::text")
     with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(DEAD_SELECTION, params).fetchall()
+        return cur.execute(query, params).fetchall()
 
 
 def redrive_many(conn: psycopg.Connection[Any], effects: list[Row], note: str,
