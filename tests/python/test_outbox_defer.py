@@ -187,3 +187,13 @@ def test_sighup_reloads_destinations_without_dropping_leases(conn: Conn, db_dsn:
     assert "report_fenced" not in text, "the lease of the delivery in flight was kept"
     assert row(conn, "a-1")[:2] == ("delivered", 1) and row(conn, "b-1")[:4] == ("delivered", 1, "no_transport", 1)
     assert _lines(sink).count("a-1") == 1
+
+
+def test_dispatch_once_says_which_destinations_are_not_ready(conn: Conn, db_dsn: str) -> None:
+    enqueue(conn, "w-1", "sms")
+    result = CliRunner().invoke(main, ["--dsn", db_dsn, "dispatch", "--once", "--callable", "sink=json:dumps"])
+    assert result.exit_code == 0, result.output
+    assert "deferred=1" in result.stdout and "dead=0" in result.stdout
+    assert ("pginbox dispatch: effects wait, no attempt spent, for destinations not ready: sms (no_transport)"
+            in result.stderr), result.stderr
+    assert row(conn, "w-1")[:3] == ("pending", 0, "no_transport")

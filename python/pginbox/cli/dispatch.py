@@ -249,6 +249,11 @@ def dispatch(
             destinations.close()
     stats = dispatcher.stats.as_dict()
     click.echo(" ".join(f"{k}={'-' if v is None else v}" for k, v in stats.items()))
+    deferring = dispatcher.stats.deferring_now()
+    if once and deferring:
+        waiting = ", ".join(f"{destination} ({reason})" for destination, reason in deferring.items())
+        click.echo(f"pginbox dispatch: effects wait, no attempt spent, for destinations not ready: {waiting}; "
+                   "see `pginbox doctor` (a transport to configure, a queue or stream to provision)", err=True)
     if once:
         died = _died_during_run(dead_before, _dead_effects(dsn) if dead_before is not None else None,
                                 dispatcher.stats.dead)
