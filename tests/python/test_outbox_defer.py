@@ -194,6 +194,8 @@ def test_dispatch_once_says_which_destinations_are_not_ready(conn: Conn, db_dsn:
     result = CliRunner().invoke(main, ["--dsn", db_dsn, "dispatch", "--once", "--callable", "sink=json:dumps"])
     assert result.exit_code == 0, result.output
     assert "deferred=1" in result.stdout and "dead=0" in result.stdout
-    assert ("pginbox dispatch: effects wait, no attempt spent, for destinations not ready: sms (no_transport)"
-            in result.stderr), result.stderr
+    assert (
+        "pginbox dispatch: effects wait, no attempt spent, for destinations not ready: sms (no_transport)"
+        in result.stderr
+    ), result.stderr
     assert row(conn, "w-1")[:3] == ("pending", 0, "no_transport")
