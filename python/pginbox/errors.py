@@ -75,6 +75,7 @@ SQLSTATE_NAMES: Final[Mapping[str, str]] = {
     "22001": "string_data_right_truncation",
     "22004": "null_value_not_allowed",
     "22023": "invalid_parameter_value",
+    "22P02": "invalid_text_representation",
     "3F000": "invalid_schema_name",
     "40001": "serialization_failure",
     "40P01": "deadlock_detected",

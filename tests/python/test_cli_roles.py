@@ -52,6 +52,9 @@ COMMANDS: dict[tuple[str, ...], tuple[str, ...]] = {
     ("quarantine", "discard", "QID", "--note", "roles test"): ("inbox_operator",),
     ("outbox", "redrive", "--destination", "nowhere", "--note", "roles test"): ("inbox_operator",),
     ("doctor",): ("inbox_operator", "inbox_reader"),
+    ("quarantine", "show", "QID"): ("inbox_operator", "inbox_reader"),
+    ("quarantine", "release", "QID", "--note", "roles test"): ("inbox_operator",),
+    ("metrics", "configure", "--grace", "5min"): ("inbox_operator",),
     ("dispatch", "--once", "--callable", "sink=json:dumps"): ("inbox_dispatcher",),
 }
 
@@ -158,3 +161,27 @@ def test_an_error_from_the_server_keeps_detail_hint_and_sqlstate(db_dsn: str) ->
     assert "broker_retention must not be negative" in lines[0], lines
     assert "SQLSTATE 22023 invalid_parameter_value" in lines[0], lines
     assert "  HINT: Pass '0' when the scenario does not apply." in lines, lines
+
+
+def test_a_handler_that_is_not_a_function_signature_is_named(db_dsn: str) -> None:
+    """PostgreSQL says 'expected a left parenthesis'; the CLI says which option and its form."""
+    result = cli(
+        "replay",
+        "create",
+        "p1",
+        "--consumer",
+        "billing",
+        "--message-type",
+        "credit",
+        "--handler",
+        "credit",
+        "--handler-version",
+        "v2",
+        "--note",
+        "x",
+        dsn=db_dsn,
+    )
+    assert result.exit_code == 1, result.output
+    first = result.stderr.splitlines()[0]
+    assert "--handler must name an existing function with its argument types, e.g. 'billing.credit(jsonb)'" in first
+    assert "(expected a left parenthesis) [SQLSTATE 22P02 invalid_text_representation]" in first

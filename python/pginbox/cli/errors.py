@@ -40,7 +40,7 @@ COMMAND_ROLES: Final[Mapping[str, str]] = {
     "metrics rollup": "inbox_operator",
     "metrics configure": "inbox_operator",
     "quarantine list": _READ,
-    "quarantine show": "inbox_operator (inbox_reader may list entries, without payloads)",
+    "quarantine show": "inbox_reader (without payloads; inbox_operator with them)",
     "quarantine repair": "inbox_operator",
     "quarantine discard": "inbox_operator",
     "quarantine release": "inbox_operator",

@@ -107,6 +107,11 @@ def _error(exc: psycopg.Error, what: str) -> ReplayError:
                            "(inbox_reader may read inbox.replay_status)", sqlstate=state)
     if state in ("3F000", "42P01") or (state == "42883" and "inbox." in str(exc) and "does not exist" in str(exc)):
         return ReplayError("replay plans are not deployed in this database: run `pginbox deploy`", sqlstate=state)
+    if state in ("22P02", "42883") and what.startswith(("create replay plan", "accept a new version")):
+        # The handler is cast to regprocedure: PostgreSQL's words ("expected a left parenthesis",
+        # "function x does not exist") do not say which argument, nor its form.
+        return ReplayError(f"{what}: --handler must name an existing function with its argument types, e.g. "
+                           f"'billing.credit(jsonb)' ({server_message(exc)})", sqlstate=state)
     cls = ReplayStopped if state == SQLSTATE_VERSION_CHANGED else ReplayError
     return cls(f"{what}: {server_message(exc)}", sqlstate=state)
 
