@@ -66,6 +66,7 @@ __all__ = [
     "SimulationError",
     "SqitchError",
     "SqitchScriptError",
+    "missing_grant",
     "server_message",
     "with_sqlstate",
 ]
@@ -76,6 +77,7 @@ SQLSTATE_NAMES: Final[Mapping[str, str]] = {
     "22001": "string_data_right_truncation",
     "22004": "null_value_not_allowed",
     "22023": "invalid_parameter_value",
+    "22P02": "invalid_text_representation",
     "3F000": "invalid_schema_name",
     "40001": "serialization_failure",
     "40P01": "deadlock_detected",
@@ -115,6 +117,13 @@ def server_message(exc: psycopg.Error) -> str:
     if diag.message_hint:
         text = f"{text.rstrip('.')}. {diag.message_hint.rstrip('.')}."
     return text
+
+
+def missing_grant(exc: psycopg.Error) -> bool:
+    """A 42501 that is a grant the role lacks ('permission denied for function repair'), not the
+    package's own refusal with its reasons (a binding, a handler's rights)."""
+    primary = (exc.diag.message_primary or "") if exc.diag else ""
+    return exc.sqlstate == "42501" and primary.startswith("permission denied for ")
 
 
 class PginboxError(Exception):

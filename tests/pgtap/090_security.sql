@@ -8,7 +8,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(324);
+SELECT plan(331);
 
 -- ================================================================== catalog meta-tests
 SELECT set_eq($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc p
@@ -16,7 +16,7 @@ SELECT set_eq($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc
               ARRAY['claim', 'claim_bytea', 'record_failure', 'record_start', 'configure_consumer', 'register_handler',
                     '_begin_apply', 'discard', 'release', 'repair', '_run_confined',
                     'enqueue_effect', 'claim_effects', 'complete_effect', 'fail_effect', 'extend_lease', 'dispatcher_idle',
-                    'complete_effects', 'fail_effects',
+                    'complete_effects', 'fail_effects', 'defer_effects',
                     'configure_destination', 'redrive_effect', 'discard_effect', 'purge_delivered_effects', '_order_at_commit',
                     'retention_window', 'set_retention_policy', 'purge_lock', 'purge_unlock',
                     'announce_purge', 'purge_batch', 'correct_watermark',
@@ -128,7 +128,8 @@ SELECT function_privs_are('inbox', f.name, f.args, r.role,
         ('commit_durable', ARRAY['pg_lsn', 'integer', 'text', 'text[]'],
          ARRAY['inbox_consumer', 'inbox_operator', 'inbox_dispatcher'], 33),
         ('wait_durable', ARRAY['pg_lsn', 'integer', 'text', 'text[]', 'interval'],
-         ARRAY['inbox_consumer', 'inbox_operator', 'inbox_dispatcher'], 34)
+         ARRAY['inbox_consumer', 'inbox_operator', 'inbox_dispatcher'], 34),
+        ('defer_effects', ARRAY['text[]', 'bigint[]', 'text[]', 'text[]', 'interval'], ARRAY['inbox_dispatcher'], 35)
        ) AS f(name, args, roles, ord)
  CROSS JOIN (VALUES ('inbox_consumer', 1), ('inbox_operator', 2), ('inbox_reader', 3), ('inbox_dispatcher', 4)) AS r(role, ord)
  ORDER BY f.ord, r.ord;
@@ -163,8 +164,9 @@ SELECT set_eq(format($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.
                                '_active_cutoff', 'metrics', 'versioned_consumer', 'replay_operation_id',
                                'idempotency_key'], 3),
         ('inbox_dispatcher', ARRAY['claim_effects', 'complete_effect', 'fail_effect', 'extend_lease', 'dispatcher_idle',
-                                   'complete_effects', 'fail_effects', 'purge_delivered_effects', 'schema_version',
-                                   'schema_release', 'idempotency_key', 'commit_durable', 'wait_durable'], 4)
+                                   'complete_effects', 'fail_effects', 'defer_effects', 'purge_delivered_effects',
+                                   'schema_version', 'schema_release', 'idempotency_key', 'commit_durable',
+                                   'wait_durable'], 4)
        ) AS r(role, expected, ord)
  ORDER BY r.ord;
 
@@ -185,6 +187,9 @@ SELECT table_privs_are('inbox', 'outbox', 'inbox_reader', ARRAY[]::text[],
                        'inbox_reader has no table-wide privilege on inbox.outbox (column grants only)');
 SELECT column_privs_are('inbox', 'outbox', c, 'inbox_reader', ARRAY[]::text[], 'inbox_reader cannot read inbox.outbox.' || c)
   FROM unnest(ARRAY['payload', 'headers', 'last_response_excerpt']) c;
+-- Why an effect waits without spending attempts (issue 26): a reason code and counts, for readers too.
+SELECT column_privs_are('inbox', 'outbox', c, 'inbox_reader', ARRAY['SELECT'], 'inbox_reader can read inbox.outbox.' || c)
+  FROM unnest(ARRAY['deferred_reason', 'deferred_at', 'deferrals']) c;
 SELECT table_privs_are('inbox', 'quarantine', 'inbox_reader', ARRAY[]::text[],
                        'inbox_reader has no table-wide privilege on inbox.quarantine (column grants only)');
 SELECT column_privs_are('inbox', 'quarantine', c, 'inbox_reader', ARRAY[]::text[],

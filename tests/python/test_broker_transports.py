@@ -1,6 +1,6 @@
 """Broker destinations of the dispatcher (pginbox.brokers.rabbitmq / .jetstream / .redis) against the real
 brokers: what a published effect carries, batched confirms, unroutable and missing streams as
-retryable failures, republished effects absorbed, and the TOML / environment configuration."""
+deferrals (no attempt spent), republished effects absorbed, and the TOML / environment configuration."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import asyncio
 import hashlib
 import json
 import textwrap
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import nats
 import psycopg
 import pytest
 from helpers_brokers import NATS_URL, RABBIT_URL, Channel, channel, wait_for
+from prometheus_client import generate_latest
 
 from pginbox.brokers.jetstream import JetStreamTransport
 from pginbox.brokers.rabbitmq import RabbitMQTransport
@@ -99,20 +101,49 @@ def test_rabbitmq_destination(conn: Conn, db_dsn: str) -> None:
         assert sum(counting.batches) == 60 and len(counting.batches) < 60, counting.batches
 
 
-def test_rabbitmq_unroutable_is_retryable(conn: Conn, db_dsn: str) -> None:
-    transport = RabbitMQTransport(RABBIT_URL, routing_key="pginbox_no_such_queue_x", destination="orders")
+def test_rabbitmq_unroutable_waits_without_spending_attempts(conn: Conn, db_dsn: str) -> None:
+    """Until the consuming service declares its queue, RabbitMQ answers unroutable (mandatory): the
+    effects are deferred (inbox.defer_effects), pending with no attempt spent and the reason shown,
+    and delivered once the queue exists. They used to go dead after max_attempts (issue 26)."""
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    transport = RabbitMQTransport(RABBIT_URL, routing_key=name, destination="orders")
+    conn.execute("SELECT inbox.configure_destination('orders', 2, '10 milliseconds', '20 milliseconds')")
     enqueue(conn, ["u1", "u2"], "orders")
     try:
         reports = transport.deliver_batch([Effect("u1", "orders", {}), Effect("u2", "orders", {})])
-        assert all(not r.delivered and r.retryable and "unroutable" in (r.error or "") for r in reports), reports
-        with Dispatcher(db_dsn, "d1", {"orders": transport}, batch_size=10) as dispatcher:
-            dispatcher._claim_and_submit()
-            wait_for(lambda: all(a >= 1 for _, a, _ in statuses(conn).values()), "attempts recorded", timeout=10)
-            dispatcher.stop()
+        assert all(not r.delivered and r.defer == "unroutable" and "unroutable" in (r.error or "") for r in reports)
+        with Dispatcher(db_dsn, "d1", {"orders": transport}, batch_size=10, defer_after=1.0) as dispatcher:
+            for _ in range(3):  # more rounds than max_attempts (2): none is spent
+                assert dispatcher.run_once() == 2
+                conn.execute("UPDATE inbox.outbox SET available_at = now() WHERE destination = 'orders'")
+            assert dispatcher.stats.deferred == 6 and dispatcher.stats.dead == 0
+            rows = conn.execute("SELECT status::text, attempts, deferred_reason, deferrals, last_error "
+                                "FROM inbox.outbox WHERE destination = 'orders'").fetchall()
+            assert [r[:4] for r in rows] == [("pending", 0, "unroutable", 3)] * 2, rows
+            assert all("no queue bound for routing key" in r[4] for r in rows)
+            metrics = generate_latest(dispatcher.registry).decode()
+            assert 'pginbox_dispatcher_deferred_total{destination="orders"} 6.0' in metrics
+            assert 'pginbox_dispatcher_dead_total{destination="orders"} 0.0' in metrics
+
+            async def declare() -> None:
+                connection = await aio_pika.connect(RABBIT_URL)
+                async with connection:
+                    await (await connection.channel()).declare_queue(name, durable=True)
+
+            asyncio.run(declare())  # the consuming service is deployed
+            conn.execute("UPDATE inbox.outbox SET available_at = now() WHERE destination = 'orders'")
+            assert dispatcher.run_once() == 2
+        assert {s for s, _, _ in statuses(conn).values()} == {"delivered"}
+        assert len(rabbit_messages(name)) == 2
     finally:
         transport.close()
-    for status, attempts, error in statuses(conn).values():
-        assert status == "pending" and attempts >= 1 and "unroutable" in (error or ""), (status, attempts, error)
+
+        async def delete() -> None:
+            connection = await aio_pika.connect(RABBIT_URL)
+            async with connection:
+                await (await connection.channel()).queue_delete(name)
+
+        asyncio.run(delete())
 
 
 def test_jetstream_destination_and_duplicates(conn: Conn, db_dsn: str) -> None:
@@ -153,13 +184,14 @@ def test_jetstream_destination_and_duplicates(conn: Conn, db_dsn: str) -> None:
         assert headers["Pginbox-Type"] == "credit" and "Pginbox-Produced-At" in headers
 
 
-def test_jetstream_without_stream_is_retryable() -> None:
+def test_jetstream_without_stream_is_deferred() -> None:
     transport = JetStreamTransport(NATS_URL, subject="pginbox.no.stream.here", destination="events", timeout=2.0)
     try:
         report = transport.deliver_batch([Effect("x1", "events", {})])[0]
     finally:
         transport.close()
     assert not report.delivered and report.retryable and report.error
+    assert report.defer == "no_stream", report  # waits for `pginbox outbox provision`, no attempt spent
 
 
 def test_channel_helper_cleans_up() -> None:

@@ -92,10 +92,11 @@ def ok_json(*args: str, dsn: str) -> Any:
 
 
 def fails(result: Result, *fragments: str) -> str:
-    """The one-line error of a failed command; asserts it names every fragment."""
+    """The first line of a failed command's error; asserts it names every fragment."""
     assert result.exit_code == 1, result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
+    # One 'Error:' line, then what the database added (indented: DETAIL, HINT, SQLSTATE, needs).
+    assert lines[0].startswith("Error: ") and all(line.startswith("  ") for line in lines[1:]), result.stderr
     assert "Traceback" not in result.output
     for fragment in fragments:
         assert fragment in lines[0], lines[0]

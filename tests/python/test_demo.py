@@ -70,6 +70,11 @@ def test_demo_subprocess(db_dsn: str) -> None:
     assert "Act 1:" in out and "Act 2: 300 messages" in out and "Act 3:" in out
     assert_invariant_proven(out)
     assert "OUTBOX PROMISE HOLDS" in out  # act 3 (tests/python/test_demo_outbox.py looks closer)
+    # Act 1's attempts count up to the quarantine, crashed starts included (it printed attempts=0).
+    crash = [line.split("->")[1].strip() for line in out.splitlines() if line.strip().startswith("m-5 ")]
+    assert crash == ["proceed  (attempts=1)", "proceed  (attempts=2)"] + [
+        f"quarantined  (attempts=3, crashed=3, reason=crash_loop, quarantine #{crash[2].rsplit('#', 1)[1][:-1]})"
+    ] * 2, crash
     assert re.search(r"^\s+delivered\s+\d+ \| applied\s+\d+ \| duplicates", out, re.MULTILINE)  # progress
     applied = counted(out, "applied")
     poison = counted(out, "poison messages quarantined")

@@ -443,7 +443,10 @@ def test_cli_outbox_discard_lets_the_ordering_key_move_on(
     base = [*_pginbox(), "--dsn", db_dsn, "outbox"]
     refused = subprocess.run([*base, "discard", "k-2", "--note", "x"], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1 and "k-2' is pending, not dead" in refused.stderr
-    assert len(refused.stderr.strip().splitlines()) == 1
+    first, *rest = refused.stderr.strip().splitlines()
+    assert first.startswith("Error: ") and rest == [
+        "  HINT: Only dead effects can be discarded; a pending or leased effect is still being delivered."
+    ], refused.stderr  # the database's HINT, under the one error line
     no_note = subprocess.run([*base, "discard", "k-1"], capture_output=True, text=True, timeout=60)
     assert no_note.returncode == 2 and "--note" in no_note.stderr
     done = subprocess.run([*base, "discard", "k-1", "--note", "customer gone, OPS-12"], capture_output=True,
@@ -489,7 +492,7 @@ def test_health_reports_a_loop_that_does_not_run(conn: Conn, make_dispatcher: Ca
         # The loop has stopped: once stall_after has passed, unhealthy (so does a stuck loop).
         assert wait_until(lambda: get("/healthz")[0] == 503, timeout=5)
         assert get("/nope")[0] == 404
-        assert "pginbox_dispatcher_delivered_total 1.0" in get("/metrics")[1]
+        assert 'pginbox_dispatcher_delivered_total{destination="sink"} 1.0' in get("/metrics")[1]
 
 
 # ------------------------------------------------------------------ capacity, claim errors, batched reports

@@ -63,7 +63,12 @@ def http_get(url: str) -> tuple[int, str]:
 
 
 def metric(text: str, name: str, labels: str = "") -> float:
-    """The value of one sample in Prometheus text (`name{labels} value`)."""
+    """The value of one sample in Prometheus text (`name{labels} value`); without labels, the sum
+    over every label set (0 when there is none: a labelled counter has no sample before its first
+    increment)."""
+    if not labels:
+        found_all = re.findall(re.escape(name) + r"(?:\{[^}]*\})? ([0-9.e+-]+)$", text, re.MULTILINE)
+        return sum(float(v) for v in found_all)
     pattern = re.escape(name) + (re.escape("{" + labels + "}") if labels else "") + r" ([0-9.e+-]+)$"
     found = re.search(pattern, text, re.MULTILINE)
     assert found is not None, f"no sample {name}{{{labels}}} in:\n{text}"
@@ -419,6 +424,9 @@ def test_health_endpoint_and_metrics(
         status, metrics = daemon.health("/metrics")
         assert status == 200
         assert metric(metrics, "pginbox_dispatcher_claimed_total") == 5
+        # Per destination (issue 26): with several, which one retries is the first question.
+        assert metric(metrics, "pginbox_dispatcher_delivered_total", 'destination="sink"') == 5
+        assert metric(metrics, "pginbox_dispatcher_claimed_total", 'destination="sink"') == 5
         assert metric(metrics, "pginbox_dispatcher_retried_total") == 0
         assert metric(metrics, "pginbox_dispatcher_dead_total") == 0
         assert metric(metrics, "pginbox_dispatcher_fenced_out_total", 'report="complete"') == 0

@@ -492,7 +492,8 @@ def test_cli_workflow(domain: Conn, db_dsn: str) -> None:
     assert json.loads(added.output)["added"] == 4
     bad = cli("replay", "add", "cli-plan", "--dsn", db_dsn,
               input=json.dumps({**items[0], "payload": {"other": 1}}) + "\n")
-    assert bad.exit_code == 1 and "IR003" in bad.output and len(bad.output.strip().splitlines()) == 1, bad.output
+    assert bad.exit_code == 1 and "IR003" in bad.output.splitlines()[0], bad.output
+    assert all(line.startswith("  ") for line in bad.output.strip().splitlines()[1:]), bad.output
 
     ran = cli("replay", "run", "cli-plan", "--max-items", "2", "--dsn", db_dsn)
     assert ran.exit_code == 0 and "applied 2" in ran.output, ran.output
@@ -508,6 +509,12 @@ def test_cli_workflow(domain: Conn, db_dsn: str) -> None:
     assert accepted.exit_code == 0, accepted.output
     done = cli("replay", "run", "cli-plan", "--until-done", "--dsn", db_dsn)
     assert done.exit_code == 0 and "completed" in done.output, done.output
+    # Idempotent for cron: running a completed plan again succeeds and says so.
+    again = cli("replay", "run", "cli-plan", "--until-done", "--dsn", db_dsn)
+    assert again.exit_code == 0, again.output
+    assert "already completed at " in again.output and "nothing to run" in again.output, again.output
+    again_json = json.loads(cli("replay", "run", "cli-plan", "--json", "--dsn", db_dsn).output)
+    assert (again_json["already_completed"], again_json["applied_now"], again_json["applied"]) == (True, 0, 4)
     listing = cli("replay", "status", "--dsn", db_dsn)
     assert "cli-plan" in listing.output and "completed" in listing.output
     cancelled = cli("replay", "cancel", "cli-plan", "--note", "late", "--dsn", db_dsn)

@@ -567,9 +567,15 @@ def test_retention_show_and_set_cli(db: psycopg.Connection[Any], db_dsn: str) ->
                                "--backup-restore-window", "0", "--planned-replay-horizon", "30 days",
                                "--safety-margin", "1 hour", "--note", "replays a month back"])
     assert res.exit_code == 0, res.output
-    assert "31 days, 1:00:00" in res.output and "planned_replay_horizon" in res.output
+    assert "31 days 01:00:00" in res.output and "planned_replay_horizon" in res.output
     res = runner.invoke(main, ["retention", "show", "--dsn", db_dsn, "--json"])
     assert res.exit_code == 0 and '"dominating_scenario": "planned_replay_horizon"' in res.output
+    # Intervals as PostgreSQL prints them, not as Python's timedelta ('31 days, 1:00:00').
+    as_pg = db.execute("SELECT retention_window::text FROM inbox.retention_status WHERE consumer = 'audit'").fetchone()
+    assert as_pg == ("31 days 01:00:00",)
+    assert '"retention_window": "31 days 01:00:00"' in res.output
+    shown = runner.invoke(main, ["retention", "show", "--dsn", db_dsn])
+    assert shown.exit_code == 0 and "31 days 01:00:00" in shown.output and ", 1:00:00" not in shown.output
     res = runner.invoke(main, ["retention", "set", "audit", "--dsn", db_dsn, "--broker-retention", "-1 day",
                                "--max-offset-rewind", "0", "--dead-letter-redrive-horizon", "0",
                                "--producer-retry-horizon", "0", "--outage-allowance", "0",
@@ -660,3 +666,13 @@ def test_pg_cron_runs_the_purge(private_cluster: Any) -> None:
         assert any(status == "succeeded" for status, _ in runs), runs
         assert c.execute("SELECT rows_purged FROM inbox.purge_state").fetchone() == (3,)
         assert_at_most_once(c)
+
+
+def test_intervals_print_as_postgresql_prints_them(db: psycopg.Connection[Any]) -> None:
+    from pginbox.cli.output import pg_interval
+
+    texts = ["11 days", "1 day", "00:05:00", "1 day 02:00:00", "-1 days", "-1 days -02:00:00", "00:00:00",
+             "00:00:00.5", "365 days 23:59:59.000001", "-00:00:01"]
+    rows = db.execute("SELECT v::interval::text, v::interval FROM unnest(%s::text[]) v", (texts,)).fetchall()
+    assert [r[0] for r in rows] == texts, "each is PostgreSQL's own spelling"
+    assert [pg_interval(r[1]) for r in rows] == texts

@@ -269,7 +269,8 @@ class JetStreamPublisher:
             try:
                 ack = await js.publish(self.subject, out.body, timeout=self.timeout, headers=self.headers(out))
             except nats.js.errors.NoStreamResponseError as exc:
-                return DeliveryReport.failed(f"no stream captures subject {self.subject!r}: {exc}", retryable=True)
+                # Until the stream exists (`pginbox outbox provision`): not an attempt, the effect waits.
+                return DeliveryReport.deferred("no_stream", f"no stream captures subject {self.subject!r}: {exc}")
             except nats.js.errors.APIError as exc:
                 return DeliveryReport.failed(f"JetStream refused the message: {exc}", retryable=True)
             except nats.errors.MaxPayloadError as exc:

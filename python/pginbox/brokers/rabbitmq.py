@@ -342,8 +342,9 @@ class RabbitMQPublisher:
             try:
                 await asyncio.wait_for(exchange.publish(message, routing_key=routing_key, mandatory=True), self.timeout)
             except aio_pika.exceptions.PublishError as exc:
-                return DeliveryReport.failed(
-                    f"unroutable: no queue bound for routing key {routing_key!r} ({_reply_text(exc)})", retryable=True
+                # Until the consuming service declares its queue: not an attempt, the effect waits.
+                return DeliveryReport.deferred(
+                    "unroutable", f"unroutable: no queue bound for routing key {routing_key!r} ({_reply_text(exc)})"
                 )
             except aio_pika.exceptions.DeliveryError as exc:
                 return DeliveryReport.failed(f"RabbitMQ refused the message (nack): {_reply_text(exc)}", retryable=True)

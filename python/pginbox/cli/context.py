@@ -14,6 +14,7 @@ import click
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from pginbox.cli.errors import describe
 from pginbox.devtools.cluster import resolve_dsn
 from pginbox.errors import PginboxError, SqitchError
 
@@ -73,6 +74,9 @@ class State:
     dsn: str | None = None
     verbose: bool = False
     secrets: set[str] = field(default_factory=set)
+    #: The DSN the command connected with and its path ('quarantine repair'), for error reports.
+    used_dsn: str | None = None
+    command: str | None = None
 
     def remember_secrets_of(self, dsn: str | None) -> None:
         if dsn:
@@ -84,19 +88,6 @@ class State:
         for secret in sorted(self.secrets, key=len, reverse=True):
             text = text.replace(secret, _MASK)
         return _mask_patterns(text)
-
-
-def _one_line(exc: BaseException) -> str:
-    """A one-line description of `exc` for the error message."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    text = "; ".join(lines) if lines else type(exc).__name__
-    if isinstance(exc, psycopg.Error):
-        sqlstate = getattr(exc, "sqlstate", None)
-        prefix = f"database error [{sqlstate}]" if sqlstate else "database error"
-        text = f"{prefix}: {text}"
-    elif not isinstance(exc, PginboxError):
-        text = f"{type(exc).__name__}: {text}"
-    return text if len(text) <= 1000 else text[:997] + "..."
 
 
 def _schema_missing(exc: BaseException) -> PginboxError | None:
@@ -112,7 +103,9 @@ def _schema_missing(exc: BaseException) -> PginboxError | None:
 
 
 class DsnGroup(click.Group):
-    """The top-level group: turns errors into one clean line (or a traceback with --verbose)."""
+    """The top-level group: the one handler of every command's errors. It prints what failed, then
+    what the database said (message, DETAIL, HINT, SQLSTATE) and, for a missing grant, the group
+    role that has it (pginbox.cli.errors); with --verbose, the traceback instead."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -122,6 +115,7 @@ class DsnGroup(click.Group):
         except Exception as exc:
             missing = _schema_missing(exc)
             if missing is not None:
+                missing.__cause__ = exc
                 exc = missing
             state = ctx.find_object(State) or State()
             state.remember_secrets_of(ctx.params.get("dsn"))
@@ -129,7 +123,8 @@ class DsnGroup(click.Group):
                 if isinstance(exc, SqitchError) and exc.output:
                     click.echo(state.redact(exc.output.rstrip()), err=True)
                 raise
-            raise click.ClickException(state.redact(_one_line(exc))) from None
+            text = describe(exc, dsn=state.used_dsn, command=state.command)
+            raise click.ClickException(state.redact(text)) from None
 
 
 def dsn_option(func: F) -> F:
@@ -187,6 +182,8 @@ def database(ctx: click.Context, command_dsn: str | None, *, demo_cluster: bool 
     except psycopg.ProgrammingError as exc:
         raise click.ClickException(f"invalid connection string: {state.redact(str(exc))}") from None
     state.remember_secrets_of(dsn)
+    state.used_dsn = dsn
+    state.command = " ".join(ctx.command_path.split()[1:]) or None
     if state.verbose:
         click.echo(f"using {mask_dsn(dsn)}", err=True)
     return dsn

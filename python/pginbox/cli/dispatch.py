@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -18,7 +19,6 @@ import click
 import psycopg
 
 from pginbox.cli.context import SHARD_DSN, State, database, dsn_option, mask_dsn
-from pginbox.errors import ClaimError
 from pginbox.ops.retention import PeriodicPurger
 from pginbox.sql_limits import CLAIM_LIMIT, LEASE_MAX_SECONDS
 
@@ -57,16 +57,56 @@ def _transports(config: Path | None, callables: tuple[str, ...]) -> dict[str, Tr
     return transports
 
 
+class _Destinations:
+    """The dispatcher's destinations, read again on SIGHUP (--config, the environment, entry
+    points, --callable). Every transport ever built is closed at exit: one replaced by a reload
+    may still be finishing a delivery."""
+
+    def __init__(self, config: Path | None, callables: tuple[str, ...]) -> None:
+        self.config = config
+        self.callables = callables
+        self.current = _transports(config, callables)
+        self.built: list[Transport] = list(self.current.values())
+
+    def reload(self, dispatcher: Dispatcher) -> None:
+        log = logging.getLogger("pginbox.dispatcher")
+        try:
+            fresh = _transports(self.config, self.callables)
+        except Exception as exc:  # a broken file must not stop a running dispatcher
+            log.error(f"reload_failed dispatcher={dispatcher.name} error={type(exc).__name__}: {exc} "
+                      "(the destinations stay as they were)")
+            return
+        added = sorted(set(fresh) - set(self.current))
+        removed = sorted(set(self.current) - set(fresh))
+        self.current = fresh
+        self.built.extend(fresh.values())
+        dispatcher.replace_transports(fresh)
+        log.info(f"reloaded dispatcher={dispatcher.name} destinations={','.join(sorted(fresh))} "
+                 f"added={','.join(added) or '-'} removed={','.join(removed) or '-'}")
+
+    def close(self) -> None:
+        for transport in self.built:  # the broker transports hold connections and a loop
+            close = getattr(transport, "close", None)
+            if callable(close):
+                close()
+
+
 @contextmanager
-def _stopped_by_signals(dispatcher: Dispatcher) -> Iterator[None]:
-    """SIGTERM and SIGINT stop the dispatcher (it finishes what is in flight); the previous
+def _stopped_by_signals(dispatcher: Dispatcher, destinations: _Destinations | None = None) -> Iterator[None]:
+    """SIGTERM and SIGINT stop the dispatcher (it finishes what is in flight); SIGHUP reloads its
+    destinations (in a thread: a reload may connect to brokers), leases kept. The previous
     handlers come back afterwards."""
 
     def on_signal(signum: int, frame: object) -> None:
         logging.getLogger("pginbox.dispatcher").info(f"stopping signal={signal.Signals(signum).name}")
         dispatcher.stop()
 
+    def on_hangup(signum: int, frame: object) -> None:
+        if destinations is not None:
+            threading.Thread(target=destinations.reload, args=(dispatcher,), name="reload", daemon=True).start()
+
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_hangup)
     try:
         yield
     finally:
@@ -103,10 +143,9 @@ def _died_during_run(before: set[tuple[str, str, int]] | None, after: set[tuple[
 def _run(dispatcher: Dispatcher, purger: PeriodicPurger | None, *, once: bool) -> None:
     """--once: drain what is due (then purge once); else the daemon loop, the purger beside it."""
     if once:
-        try:
-            dispatcher.run_once()
-        except ClaimError as exc:  # claims kept failing: --once did not drain
-            raise click.ClickException(str(exc)) from None
+        # A ClaimError (claims kept failing: --once did not drain) goes to the CLI's error handler,
+        # which adds what the database said and, for a missing grant, the group role needed.
+        dispatcher.run_once()
         if purger is not None:
             purger.run_once()
         return
@@ -143,6 +182,9 @@ def _run(dispatcher: Dispatcher, purger: PeriodicPurger | None, *, once: bool) -
               help="Also purge every consumer with a retention policy this often (with --once: once, at the end).")
 @click.option("--database-metrics", is_flag=True, default=False,
               help="Also serve inbox.metrics() at the health endpoint's /metrics (the role needs inbox_reader).")
+@click.option("--defer-after", type=click.FloatRange(1, 3600), default=30.0, show_default=True, metavar="SECONDS",
+              help="An effect whose destination is not ready (no transport configured, the broker cannot route "
+                   "yet) waits this long, no attempt spent, before it is tried again.")
 @click.option("--keep-delivered", type=click.FloatRange(0, None), default=7 * 86400.0, show_default=True,
               metavar="SECONDS",
               help="With --purge-every: also delete delivered and discarded effects older than this, in batches.")
@@ -168,10 +210,12 @@ def dispatch(
     health_host: str,
     purge_every: float | None,
     database_metrics: bool,
+    defer_after: float,
     keep_delivered: float,
     shard_dsns: tuple[str, ...],
 ) -> None:
-    """Deliver committed outbox effects to their destinations (SIGTERM/SIGINT: finish and exit 0).
+    """Deliver committed outbox effects to their destinations (SIGTERM/SIGINT: finish and exit 0;
+    SIGHUP: read the destinations again, leases kept).
     With --once: exit status 3, and the count on stderr, when effects went dead during the run
     (also those whose last lease expired, when the role can read inbox.outbox)."""
     from pginbox.dispatcher import Dispatcher, HealthServer
@@ -228,16 +272,16 @@ def dispatch(
         return
 
     dsn = database(ctx, command_dsn)
-    transports = _transports(config, callables)
+    destinations = _Destinations(config, callables)
     logging.basicConfig(
         level=logging.DEBUG if state is not None and state.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     dispatcher = Dispatcher(
-        dsn, name or f"pginbox-{socket.gethostname()}-{os.getpid()}", transports, batch_size=batch_size,
+        dsn, name or f"pginbox-{socket.gethostname()}-{os.getpid()}", destinations.current, batch_size=batch_size,
         lease=lease, concurrency_per_destination=concurrency, poll_interval=poll_interval,
         delivery_timeout=delivery_timeout, extra_collectors=[DatabaseCollector(dsn)] if database_metrics else (),
-        listen_dsn=listen_dsn,
+        listen_dsn=listen_dsn, defer_after=defer_after,
     )
     purger = None
     if purge_every is not None:
@@ -245,7 +289,7 @@ def dispatch(
                                 keep_delivered=datetime.timedelta(seconds=keep_delivered))
     health = None
     dead_before = _dead_effects(dsn) if once else None
-    with _stopped_by_signals(dispatcher):
+    with _stopped_by_signals(dispatcher, destinations):
         try:
             if health_port is not None:
                 health = HealthServer(dispatcher, health_host, health_port).start()
@@ -256,12 +300,14 @@ def dispatch(
             if health is not None:
                 health.close()
             dispatcher.close()
-            for transport in transports.values():  # the broker transports hold connections and a loop
-                close = getattr(transport, "close", None)
-                if callable(close):
-                    close()
+            destinations.close()
     stats = dispatcher.stats.as_dict()
     click.echo(" ".join(f"{k}={'-' if v is None else v}" for k, v in stats.items()))
+    deferring = dispatcher.stats.deferring_now()
+    if once and deferring:
+        waiting = ", ".join(f"{destination} ({reason})" for destination, reason in deferring.items())
+        click.echo(f"pginbox dispatch: effects wait, no attempt spent, for destinations not ready: {waiting}; "
+                   "see `pginbox doctor` (a transport to configure, a queue or stream to provision)", err=True)
     if once:
         died = _died_during_run(dead_before, _dead_effects(dsn) if dead_before is not None else None,
                                 dispatcher.stats.dead)

@@ -13,7 +13,7 @@ import click
 
 from pginbox.textsafe import printable
 
-__all__ = ["echo_json", "fmt", "format_age", "indent", "table"]
+__all__ = ["echo_json", "fmt", "format_age", "indent", "pg_interval", "table"]
 
 
 def echo_json(value: Any) -> None:
@@ -49,9 +49,32 @@ def fmt(value: object) -> str:
         return "-"
     if isinstance(value, datetime.datetime):
         return value.isoformat(sep=" ", timespec="seconds")
+    if isinstance(value, datetime.timedelta):
+        return pg_interval(value)
     if isinstance(value, str):
         return repr(value) if value == "" else printable(value)
     return printable(str(value))
+
+
+def pg_interval(value: datetime.timedelta) -> str:
+    """An interval as PostgreSQL prints it (IntervalStyle postgres): '11 days', '1 day 02:00:00',
+    '00:05:00', '-1 days -02:00:00', '00:00:00.5'. psycopg reads an interval as a timedelta, one
+    signed length: '26 hours' (which PostgreSQL keeps apart from days) prints as '1 day 02:00:00',
+    and '-1 days +02:00:00' as '-22:00:00', the same length spelled as justify_hours() would."""
+    sign = "-" if value < datetime.timedelta(0) else ""
+    value = abs(value)
+    days, seconds, micro = value.days, value.seconds, value.microseconds
+    parts = []
+    if days:
+        parts.append(f"{sign}{days} day" if days == 1 and not sign else f"{sign}{days} days")
+    if seconds or micro or not days:
+        hours, rest = divmod(seconds, 3600)
+        minutes, secs = divmod(rest, 60)
+        clock = f"{sign}{hours:02d}:{minutes:02d}:{secs:02d}"
+        if micro:
+            clock += f".{micro:06d}".rstrip("0")
+        parts.append(clock)
+    return " ".join(parts)
 
 
 def format_age(age: datetime.timedelta | None) -> str:

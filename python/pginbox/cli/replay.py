@@ -16,7 +16,7 @@ counted by reason, each skip reason explained.
 
 from __future__ import annotations
 
-from typing import TextIO
+from typing import Any, TextIO
 
 import click
 
@@ -124,6 +124,8 @@ def replay_run(ctx: click.Context, plan: str, max_items: int, until_done: bool, 
     progress = progress_for_stderr(show_progress, quiet)
     with connect(ctx, command_dsn) as conn:
         plan_id = replay.resolve_plan(conn, plan)
+        if _already_completed(conn, plan_id, quiet=quiet, as_json=as_json):
+            return  # idempotent: a cron job that runs a finished plan again succeeds
         try:
             if progress is not None:
                 progress.begin(_render(replay.RunResult(plan_id, "open", 0, 0, 0, 0, 0, 0, 0, 0)))
@@ -134,6 +136,11 @@ def replay_run(ctx: click.Context, plan: str, max_items: int, until_done: bool, 
                 progress.close()
             click.echo(f"Error: {exc}", err=True)
             ctx.exit(EXIT_STOPPED)
+        except replay.ReplayError as exc:
+            # Completed by another run between the check above and this one: still nothing to do.
+            if exc.sqlstate == "55000" and _already_completed(conn, plan_id, quiet=quiet, as_json=as_json):
+                return
+            raise
         finally:
             if progress is not None:
                 progress.close()
@@ -149,6 +156,22 @@ def replay_run(ctx: click.Context, plan: str, max_items: int, until_done: bool, 
     )
     for line in reason_lines(result, plan):
         click.echo(line)
+
+
+def _already_completed(conn: Any, plan_id: int, *, quiet: bool, as_json: bool) -> bool:
+    """True (and says so) when the plan is completed: running it again is not an error."""
+    statuses = replay.plan_status(conn, plan_id)
+    if not statuses or statuses[0].row["status"] != "completed":
+        return False
+    row = statuses[0].row
+    if as_json:
+        echo_json({"plan_id": plan_id, "status": "completed", "already_completed": True, "applied_now": 0,
+                   "failed_now": 0, "skipped_now": 0, "pending": row["pending"], "applied": row["applied"],
+                   "failed": row["failed"], "skipped": row["skipped"], "finished_at": jsonable(row)["finished_at"]})
+    elif not quiet:
+        click.echo(f"replay plan {plan_id}: already completed at {fmt(row['finished_at'])}; nothing to run; "
+                   f"totals: applied {row['applied']}, failed {row['failed']}, skipped {row['skipped']}")
+    return True
 
 
 @replay_group.command(name="status")

@@ -21,7 +21,7 @@ import click
 import psycopg
 
 from pginbox.cli.context import SHARD_DSN, State, connect, dsn_option, mask_dsn
-from pginbox.cli.output import echo_json, table
+from pginbox.cli.output import echo_json, pg_interval, table
 from pginbox.cli.progress import Progress, Render, duration, progress_for_stderr
 from pginbox.ops import retention
 
@@ -33,7 +33,7 @@ def _text(value: object) -> object:
     if value is None:
         return None
     if isinstance(value, timedelta):
-        return str(value)
+        return pg_interval(value)  # as PostgreSQL prints it: '11 days', not '11 days, 0:00:00'
     return str(value)
 
 
@@ -252,8 +252,8 @@ def retention_set(ctx: click.Context, /, consumer: str, command_dsn: str | None,
     with connect(ctx, command_dsn) as conn:
         window, dominating = retention.set_policy(conn, consumer, producer, scenarios, note)
     if as_json:
-        echo_json({"consumer": consumer, "producer": producer, "retention_window": str(window),
+        echo_json({"consumer": consumer, "producer": producer, "retention_window": pg_interval(window),
                     "dominating_scenario": dominating})
         return
-    click.echo(f"{consumer}{'/' + producer if producer else ''}: retention window {window} "
+    click.echo(f"{consumer}{'/' + producer if producer else ''}: retention window {pg_interval(window)} "
                f"(dominated by {dominating})")

@@ -21,6 +21,30 @@ NOT_DEPLOYED = 3
 INCOMPATIBLE = 4
 
 
+def _registry_unreadable(dsn: str) -> str | None:
+    """Why this role cannot read Sqitch's registry (schema sqitch), or None when it can. An operator
+    or a reader usually cannot: the registry belongs to the deploying role; status then reads the
+    schema release from inbox.version() alone."""
+    try:
+        with psycopg.connect(dsn, autocommit=True, application_name="pginbox-cli") as conn:
+            row = conn.execute(
+                "SELECT to_regnamespace('sqitch') IS NOT NULL, session_user::text, "
+                "  to_regnamespace('sqitch') IS NOT NULL AND has_schema_privilege('sqitch', 'USAGE') "
+                "  AND to_regclass('sqitch.changes') IS NOT NULL "
+                "  AND has_table_privilege('sqitch.changes', 'SELECT')"
+            ).fetchone()
+    except psycopg.Error:
+        return None  # let sqitch (and then the inbox queries) say what is wrong
+    assert row is not None
+    present, user, readable = row
+    if not present:
+        return "no Sqitch registry in this database (deployed with `pginbox schema sql`, or not at all)"
+    if not readable:
+        return (f"registry not readable by role {user} (the deploying role owns schema sqitch; "
+                "the schema release below is read from inbox.version())")
+    return None
+
+
 @click.command()
 @dsn_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
@@ -30,12 +54,12 @@ def status(ctx: click.Context, command_dsn: str | None, as_json: bool) -> None:
     is not deployed, 4 when this package cannot work with it (deploy to upgrade it)."""
     dsn = database(ctx, command_dsn)
     sqitch_output: str | None = None
-    sqitch_problem: str | None = None
-    try:
-        sqitch_output = sqitch.run("status", dsn, "--show-changes")
-    except sqitch.SqitchError as exc:
-        lines = [line.strip() for line in exc.output.splitlines() if line.strip()]
-        sqitch_problem = lines[-1] if lines else str(exc)
+    sqitch_problem = _registry_unreadable(dsn)
+    if sqitch_problem is None:
+        try:
+            sqitch_output = sqitch.run("status", dsn, "--show-changes")
+        except sqitch.SqitchError as exc:
+            sqitch_problem = sqitch.summarize_output(exc.output) if exc.output.strip() else str(exc)
     with psycopg.connect(dsn, autocommit=True, application_name="pginbox-cli") as conn:
         found = inbox_status(conn)
 

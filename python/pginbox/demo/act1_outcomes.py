@@ -93,8 +93,19 @@ class OutcomesAct:
 
     def show(self, label: str, row: Row) -> None:
         extra = []
-        if row.get("attempts") is not None:
-            extra.append(f"attempts={row['attempts']}")
+        attempts = row.get("attempts")
+        crashed = 0
+        if row.get("quarantine_id") and row.get("outcome") == "quarantined":
+            # Say what the entry counted: failed attempts plus starts that crashed (record_start's
+            # count before it), not the call's own counter (0 once the message is quarantined).
+            entry = self.conn.execute(
+                "SELECT attempts, crashes FROM inbox.quarantine WHERE quarantine_id = %s", (row["quarantine_id"],)
+            ).fetchone()
+            if entry is not None:
+                crashed = int(entry["crashes"])
+                attempts = int(entry["attempts"]) + crashed
+        if attempts is not None:
+            extra.append(f"attempts={attempts}" + (f", crashed={crashed}" if crashed else ""))
         if row.get("reason_code"):
             extra.append(f"reason={row['reason_code']}")
         if row.get("quarantine_id"):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -116,8 +116,11 @@ class Dispatcher:
         report_interval: float = 0.005,
         claim_retries: int = 5,
         listen_dsn: str | None = None,
+        defer_after: float = 30.0,
     ) -> None:
         _check_settings(batch_size, lease, concurrency_per_destination, report_batch, report_interval, claim_retries)
+        if not 1.0 <= defer_after <= 3600.0:
+            raise ValueError(f"defer_after must be between 1 and 3600 seconds, got {defer_after}")
         self.dsn = dsn
         self.listen_dsn = listen_dsn
         self.name = name
@@ -133,11 +136,14 @@ class Dispatcher:
         self.report_batch = report_batch
         self.report_interval = report_interval
         self.claim_retries = claim_retries
+        self.defer_after = defer_after  # seconds a deferred effect waits (no transport, cannot route yet)
         self.stall_after = stall_after if stall_after is not None else max(10.0, 5 * poll_interval)
         self.stats = DispatcherStats()
         self.registry = CollectorRegistry(auto_describe=True)
         self.metrics = DispatcherMetrics(self.registry, lambda: float(self.in_flight))
         self.timeline = TimelineWatch(log, self.metrics.failovers.inc, dispatcher=self.name)
+        if isinstance(transports, Mapping):
+            self.metrics.destinations(transports)
         for collector in extra_collectors:
             self.registry.register(collector)
         self._init_bookkeeping()
@@ -158,6 +164,7 @@ class Dispatcher:
         self._claim_sql: str | None = None  # CLAIM, or CLAIM_V2 against a 0.2.0 schema (first claim decides)
         self._last_claim_error = ""
         self._last_claim_sqlstate: str | None = None
+        self._last_claim_exc: psycopg.Error | None = None
         self._registered = False
         self._closed = False
         self._behind_pooler = False
@@ -179,7 +186,8 @@ class Dispatcher:
         self._listener = Listener(self.listen_dsn or self.dsn, self.name, self.stats, probe_interval=probe_interval,
                                   on_reconnect=self.metrics.reconnects.inc, dedicated=self.listen_dsn is not None)
         self._reporter = Reporter(self.name, self._pool, self.stats, self.metrics, batch=self.report_batch,
-                                  interval=self.report_interval, on_flushed=self._reports_flushed).start()
+                                  interval=self.report_interval, on_flushed=self._reports_flushed,
+                                  defer_after=self.defer_after).start()
 
     def _configure_connection(self, conn: psycopg.Connection[Any]) -> None:
         """Every new pool connection: behind a pooler, no prepared statements (pginbox.pooler);
@@ -224,7 +232,9 @@ class Dispatcher:
         design: behind a pooler without a direct LISTEN connection) and the loop ran within
         `stall_after` seconds. details: listening, wakeup ('listen' | 'polling'), wakeup_reason
         (why it polls, else None), behind_pooler, last_loop_age_seconds (None before the first
-        round), stall_after_seconds, in_flight, counters (stats.as_dict())."""
+        round), stall_after_seconds, in_flight, counters (stats.as_dict()), deferring (destination ->
+        reason of its effects deferred without spending attempts: no transport configured, the broker
+        cannot route yet; healthy still: the dispatcher works, the deployment is incomplete)."""
         last = self._last_loop
         age = None if last is None else time.monotonic() - last
         listening = self.listening
@@ -242,7 +252,20 @@ class Dispatcher:
             "stall_after_seconds": self.stall_after,
             "in_flight": self.in_flight,
             "counters": self.stats.as_dict(),
+            "deferring": self.stats.deferring_now(),
         }
+
+    def replace_transports(self, transports: Mapping[str, Transport] | TransportResolver) -> None:
+        """Deliver with these destinations from now on (`pginbox dispatch` on SIGHUP): effects
+        claimed from now on use them; deliveries in flight finish with the transport they started
+        with, and no lease is dropped. A destination no longer configured is deferred
+        (no_transport), not failed."""
+        resolve: TransportResolver = dict(transports).get if isinstance(transports, Mapping) else transports
+        if isinstance(transports, Mapping):
+            self.metrics.destinations(transports)
+        self._resolve = resolve
+        log.info(kv("transports_replaced", dispatcher=self.name,
+                    destinations=",".join(sorted(transports)) if isinstance(transports, Mapping) else "resolver"))
 
     def stop(self) -> None:
         """Stop claiming; run()/run_once() finish the in-flight deliveries and return. Safe from a
@@ -268,7 +291,8 @@ class Dispatcher:
                 if self._claim_failures >= self.claim_retries:
                     self._wait_in_flight()
                     raise ClaimError(f"dispatcher {self.name}: {self._claim_failures} claims in a row failed, "
-                                     f"the last with: {self._last_claim_error}", sqlstate=self._last_claim_sqlstate)
+                                     f"the last with: {self._last_claim_error}",
+                                     sqlstate=self._last_claim_sqlstate) from self._last_claim_exc
                 self._stop.wait(self._claim_backoff())
                 continue
             if not self._wait_in_flight():
@@ -369,6 +393,7 @@ class Dispatcher:
                 rows = cur.execute(self._claim_sql, (self.name, limit, lease)).fetchall()
         except psycopg.Error as exc:
             self._claim_failures += 1
+            self._last_claim_exc = exc
             self._last_claim_sqlstate = exc.sqlstate
             message = (exc.diag.message_primary or str(exc)).strip().splitlines()
             self._last_claim_error = (f"{message[0] if message else type(exc).__name__}"
@@ -381,7 +406,8 @@ class Dispatcher:
         if not rows:
             return _NOTHING_DUE
         self.stats.add(claimed=len(rows))
-        self.metrics.claimed.inc(len(rows))
+        for destination, n in Counter(str(row["destination"]) for row in rows).items():
+            self.metrics.claimed.labels(destination).inc(n)
         effects = [Effect(**row) for row in rows]
         starts: list[_Lane] = []
         with self._in_flight_cond:
@@ -549,8 +575,10 @@ class Dispatcher:
     def _attempt(self, effect: Effect) -> DeliveryReport:
         transport = self._resolve(effect.destination)
         if transport is None:
-            return DeliveryReport.failed(
-                f"no transport for destination {effect.destination!r} in dispatcher {self.name}", retryable=True
+            # A deployment-order incident, not a failed delivery: the effect waits, attempts unspent,
+            # until a dispatcher with a transport for it takes it (or this one after SIGHUP).
+            return DeliveryReport.deferred(
+                "no_transport", f"no transport for destination {effect.destination!r} in dispatcher {self.name}"
             )
         try:
             report: object = transport.deliver(effect)
@@ -566,6 +594,7 @@ class Dispatcher:
         try:
             status_code, excerpt = getattr(report, "status_code"), getattr(report, "response_excerpt")  # noqa: B009
             retryable, error = getattr(report, "retryable"), getattr(report, "error")  # noqa: B009
+            defer = getattr(report, "defer", None)
         except AttributeError:
             return DeliveryReport.failed(
                 f"transport returned {type(report).__name__}, not a DeliveryReport", retryable=True
@@ -575,6 +604,7 @@ class Dispatcher:
             excerpt if isinstance(excerpt, str) else None,
             bool(retryable),
             None if error is None else str(error),
+            defer if isinstance(defer, str) and error is not None else None,
         )
 
     def _release(self, token: int) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["CHANNEL", "CLAIM", "CLAIM_V2", "COMPLETE_MANY", "EXTEND", "FAIL_MANY", "IDLE", "LISTEN", "REPORT_MANY",
-           "SCHEMA_VERSION"]
+__all__ = ["CAN_DEFER", "CHANNEL", "CLAIM", "CLAIM_V2", "COMPLETE_MANY", "DEFER_MANY", "EXTEND", "FAIL_MANY", "IDLE",
+           "LISTEN", "REPORT_MANY", "SCHEMA_VERSION"]
 
 #: The NOTIFY channel of inbox.dispatcher_idle's wake-up signal.
 CHANNEL: Final = "inbox_outbox"
@@ -33,5 +33,13 @@ FAIL_MANY: Final = (
     "%s::text[], %s::bigint[], %s::text[], %s::boolean[], %s::integer[], %s::text[], %s::integer[])"
 )
 REPORT_MANY: Final = COMPLETE_MANY + " UNION ALL " + FAIL_MANY
+#: Deferred (not an attempt): pending again after %s, the reason recorded (sql/125_outbox_defer.sql).
+DEFER_MANY: Final = (
+    "SELECT 'defer' AS report, ord, result FROM inbox.defer_effects("
+    "%s::text[], %s::bigint[], %s::text[], %s::text[], %s::interval)"
+)
+CAN_DEFER: Final = (
+    "SELECT to_regprocedure('inbox.defer_effects(text[], bigint[], text[], text[], interval)') IS NOT NULL"
+)
 EXTEND: Final = "SELECT inbox.extend_lease(%s, %s, %s)"
 IDLE: Final = "SELECT inbox.dispatcher_idle(%s, %s)"

@@ -17,6 +17,7 @@ import datetime
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +26,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from pginbox.dispatcher.log import kv, log
-from pginbox.dispatcher.queries import COMPLETE_MANY, FAIL_MANY, REPORT_MANY
+from pginbox.dispatcher.queries import CAN_DEFER, COMPLETE_MANY, DEFER_MANY, FAIL_MANY, REPORT_MANY
 from pginbox.dispatcher.stats import DispatcherMetrics, DispatcherStats
 from pginbox.transports.effect import Effect
 from pginbox.transports.protocol import DeliveryReport
@@ -99,8 +100,11 @@ class Reporter:
     """The reporter thread of one dispatcher (see the module docstring)."""
 
     def __init__(self, name: str, pool: ConnectionPool[Any], stats: DispatcherStats, metrics: DispatcherMetrics, *,
-                 batch: int, interval: float, on_flushed: Callable[[list[Report]], None]) -> None:
+                 batch: int, interval: float, on_flushed: Callable[[list[Report]], None],
+                 defer_after: float = 30.0) -> None:
         self.name = name
+        self.defer_after = defer_after
+        self._can_defer: bool | None = None  # the schema has inbox.defer_effects (asked at the first deferral)
         self.batch = batch
         self.interval = interval
         self._pool = pool
@@ -157,45 +161,90 @@ class Reporter:
                 self._on_flushed(batch)
 
     def flush(self, batch: list[Report]) -> None:
-        """One statement for the batch, then stats, metrics and one log line per report."""
+        """One statement for the batch (a second one for deferrals), then stats, metrics and one log
+        line per report."""
         done, failed = _Arrays(failures=False), _Arrays(failures=True)
+        deferred = _Arrays(failures=True)
         for item in batch:
-            (done if item.report.delivered else failed).add(item, self.name)
+            if item.report.delivered:
+                done.add(item, self.name)
+            elif item.report.defer is not None and self._defer_supported():
+                deferred.add(item, self.name)
+            else:
+                failed.add(item, self.name)
+        outcomes: dict[tuple[str, int], str] = {}
+        statements: list[tuple[str, tuple[Any, ...], list[_Arrays]]] = []
         if done.items and failed.items:
-            query, params = REPORT_MANY, done.params() + failed.params()
+            statements.append((REPORT_MANY, done.params() + failed.params(), [done, failed]))
         elif done.items:
-            query, params = COMPLETE_MANY, done.params()
-        else:
-            query, params = FAIL_MANY, failed.params()
-        try:
-            with self._pool.connection() as conn:
-                rows = conn.execute(query, params).fetchall()
-        except psycopg.Error as exc:
-            # the leases expire and another claim redelivers with the same effect ids
-            error = str(exc).strip()
-            self._stats.add(report_errors=len(batch))
-            self._metrics.report_errors.inc(len(batch))
-            for _, fields in done.items + failed.items:
-                log.error(kv("report_failed", **fields, error=error))
-            return
-        self._record_outcomes({(str(kind), int(ord_)): str(result) for kind, ord_, result in rows}, done, failed)
+            statements.append((COMPLETE_MANY, done.params(), [done]))
+        elif failed.items:
+            statements.append((FAIL_MANY, failed.params(), [failed]))
+        if deferred.items:
+            reasons = [str(item.report.defer) for item, _ in deferred.items]
+            params = (deferred.effect_ids, deferred.lease_tokens, reasons, deferred.errors,
+                      datetime.timedelta(seconds=self.defer_after))
+            statements.append((DEFER_MANY, params, [deferred]))
+        for query, params, arrays in statements:
+            try:
+                with self._pool.connection() as conn:
+                    rows = conn.execute(query, params).fetchall()
+            except psycopg.Error as exc:
+                # the leases expire and another claim redelivers with the same effect ids
+                error = str(exc).strip()
+                reports = sum(len(a.items) for a in arrays)
+                self._stats.add(report_errors=reports)
+                self._metrics.report_errors.inc(reports)
+                for a in arrays:
+                    for _, fields in a.items:
+                        log.error(kv("report_failed", **fields, error=error))
+                for a in arrays:
+                    a.items.clear()
+                continue
+            outcomes.update({(str(kind), int(ord_)): str(result) for kind, ord_, result in rows})
+        self._record_outcomes(outcomes, done, failed, deferred)
 
-    def _record_outcomes(self, outcomes: dict[tuple[str, int], str], done: _Arrays, failed: _Arrays) -> None:
+    def _defer_supported(self) -> bool:
+        """Whether the schema has inbox.defer_effects (0.3.0); before it, a deferral is reported as
+        a retryable failure, as it always was."""
+        if self._can_defer is None:
+            try:
+                with self._pool.connection() as conn:
+                    row = conn.execute(CAN_DEFER).fetchone()
+                self._can_defer = bool(row and row[0])
+            except psycopg.Error:
+                return False  # ask again next time
+        return self._can_defer
+
+    def _record_outcomes(self, outcomes: dict[tuple[str, int], str], done: _Arrays, failed: _Arrays,
+                         deferred: _Arrays | None = None) -> None:
         """Counts, lag observations and log lines of the results SQL returned for each report
         (a report without a result row was fenced)."""
-        counts = {"delivered": 0, "retried": 0, "dead": 0, "fenced": 0}
+        counts = {"delivered": 0, "retried": 0, "dead": 0, "deferred": 0, "fenced": 0}
+        by_destination: Counter[tuple[str, str]] = Counter()
         lags: list[float] = []
         info = log.isEnabledFor(logging.INFO)  # building a line per effect costs more than the report
         now = datetime.datetime.now(datetime.UTC)
-        for kind, arrays in (("complete", done), ("fail", failed)):
+        groups = [("complete", done), ("fail", failed)] + ([("defer", deferred)] if deferred is not None else [])
+        for kind, arrays in groups:
             for n, (item, fields) in enumerate(arrays.items, start=1):
                 outcome = outcomes.get((kind, n), "fenced")
-                if outcome == "delivered":
+                destination = item.effect.destination
+                if kind == "defer" and outcome == "pending":
+                    counts["deferred"] += 1
+                    by_destination["deferred", destination] += 1
+                    self._stats.destination_outcome(destination, item.report.defer)
+                    log.warning(kv("effect_deferred", **fields, reason=item.report.defer,
+                                   retry_in_seconds=f"{self.defer_after:g}"))
+                elif outcome == "delivered":
                     created = item.effect.created_at
                     lag = max((now - created).total_seconds(), 0.0) if created is not None else 0.0
                     counts["delivered"] += 1
+                    by_destination["delivered", destination] += 1
+                    if self._stats.deferring:
+                        self._stats.destination_outcome(destination, None)
                     lags.append(lag)
-                    self._metrics.lag.observe(lag)
+                    self._metrics.lag.labels(destination).observe(lag)
                     if info:
                         log.info(kv("effect_delivered", **fields, lag_seconds=f"{lag:.3f}"))
                 elif outcome == "fenced":
@@ -204,13 +253,16 @@ class Reporter:
                     log.warning(kv("report_fenced", **fields, report=kind))
                 elif outcome == "dead":
                     counts["dead"] += 1
+                    by_destination["dead", destination] += 1
                     log.warning(kv("effect_dead", **fields, retryable=item.report.retryable))
                 else:
                     counts["retried"] += 1
+                    by_destination["retried", destination] += 1
                     if info:
                         log.info(kv("effect_retry", **fields))
         self._stats.record_lags(lags)
         self._stats.add(**counts)
-        self._metrics.delivered.inc(counts["delivered"])
-        self._metrics.retried.inc(counts["retried"])
-        self._metrics.dead.inc(counts["dead"])
+        metric = {"delivered": self._metrics.delivered, "retried": self._metrics.retried, "dead": self._metrics.dead,
+                  "deferred": self._metrics.deferred}
+        for (outcome, destination), n in by_destination.items():
+            metric[outcome].labels(destination).inc(n)

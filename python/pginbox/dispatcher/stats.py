@@ -4,7 +4,7 @@ metrics (pginbox_dispatcher_*, in a registry of the dispatcher's own)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,7 @@ class DispatcherStats:
     delivered: int = 0
     retried: int = 0
     dead: int = 0
+    deferred: int = 0
     fenced: int = 0
     extend_fenced: int = 0
     report_errors: int = 0
@@ -30,7 +31,22 @@ class DispatcherStats:
     lag_seconds_last: float | None = None
     lag_seconds_max: float = 0.0
     lag_seconds_total: float = 0.0
+    #: destination -> the reason of its last deferral (no_transport, unroutable, no_stream), until
+    #: an effect of it is delivered again.
+    deferring: dict[str, str] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def destination_outcome(self, destination: str, deferred: str | None) -> None:
+        """A deferral (its reason) or a delivery (None) of an effect of `destination`."""
+        with self._lock:
+            if deferred is not None:
+                self.deferring[destination] = deferred
+            else:
+                self.deferring.pop(destination, None)
+
+    def deferring_now(self) -> dict[str, str]:
+        with self._lock:
+            return dict(sorted(self.deferring.items()))
 
     def add(self, **increments: int) -> None:
         with self._lock:
@@ -54,6 +70,7 @@ class DispatcherStats:
                 "delivered": self.delivered,
                 "retried": self.retried,
                 "dead": self.dead,
+                "deferred": self.deferred,
                 "fenced": self.fenced,
                 "extend_fenced": self.extend_fenced,
                 "report_errors": self.report_errors,
@@ -76,10 +93,14 @@ class DispatcherMetrics:
         metrics = Metrics("pginbox_dispatcher", registry)
         counter = metrics.counter
 
-        self.claimed = counter("claimed", "Effects claimed (each claim is one delivery attempt)")
-        self.delivered = counter("delivered", "Effects delivered (complete_effect accepted)")
-        self.retried = counter("retried", "Failed attempts to be retried after a backoff (fail_effect -> pending)")
-        self.dead = counter("dead", "Effects given up (fail_effect -> dead)")
+        # Per destination: with several, which one retries or dies is the first question.
+        by = ("destination",)
+        self.claimed = counter("claimed", "Effects claimed (each claim is one delivery attempt)", by)
+        self.delivered = counter("delivered", "Effects delivered (complete_effect accepted)", by)
+        self.retried = counter("retried", "Failed attempts to be retried after a backoff (fail_effect -> pending)", by)
+        self.dead = counter("dead", "Effects given up (fail_effect -> dead)", by)
+        self.deferred = counter("deferred", "Effects handed back without spending an attempt: no transport configured "
+                                "for the destination, or the broker cannot route yet (defer_effects)", by)
         self.fenced_out = counter("fenced_out", "Reports refused by fencing: the lease was no longer current",
                                   ("report",))
         for report in ("complete", "fail", "extend"):
@@ -88,6 +109,14 @@ class DispatcherMetrics:
         self.reconnects = counter("listen_reconnects", "Reconnections of the LISTEN session")
         self.failovers = counter("failovers", "Database failovers noticed (a new connection on a new WAL timeline)")
         self.lag = metrics.histogram("lag_seconds", "Effect created_at (its transaction's start) to delivery recorded, "
-                                     "seconds", LAG_BUCKETS)
+                                     "seconds", LAG_BUCKETS, by)
         self.in_flight = metrics.gauge("in_flight", "Deliveries in flight")
+        self._per_destination = (self.claimed, self.delivered, self.retried, self.dead, self.deferred, self.lag)
         self.in_flight.set_function(in_flight)
+
+    def destinations(self, names: Iterable[str]) -> None:
+        """Every per-destination series of these destinations, at 0 from the start: a rate() or an
+        alert on a destination's dead effects works before its first one."""
+        for name in names:
+            for metric in self._per_destination:
+                metric.labels(name)

@@ -7,16 +7,29 @@ line with their SQLSTATE.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import psycopg
 from psycopg.rows import dict_row
 
-from pginbox.errors import AmbiguousEffect
+from pginbox.errors import AmbiguousEffect, server_message
 
-__all__ = ["OUTBOX_STATUSES", "AmbiguousEffect", "EffectDetails", "discard_effect", "find_effect", "list_effects",
-           "redrive_effect", "show_effect"]
+__all__ = [
+    "OUTBOX_STATUSES",
+    "AmbiguousEffect",
+    "BulkRedrive",
+    "EffectDetails",
+    "count_effects",
+    "discard_effect",
+    "find_effect",
+    "list_effects",
+    "redrive_effect",
+    "redrive_many",
+    "select_dead",
+    "show_effect",
+]
 
 Row = dict[str, Any]
 
@@ -27,15 +40,25 @@ OUTBOX_STATUSES: Final = ("pending", "leased", "delivered", "dead", "discarded")
 # The queries name it through {last_error}: the column, or NULL for a role without the grant.
 LAST_ERROR_READABLE: Final = "SELECT pg_catalog.has_column_privilege('inbox.outbox', 'last_error', 'SELECT')"
 
-OUTBOX_LIST: Final = """
-SELECT effect_id, consumer, destination, status::text AS status, attempts, ordering_key, created_at, available_at,
-       leased_by, last_status_code, dead_reason::text AS dead_reason, {last_error} AS last_error
-  FROM inbox.outbox
+# The reason an effect waits without spending attempts (inbox.defer_effects), while it does: it is
+# pending and was deferred after its last claim.
+_DEFERRED: Final = ("CASE WHEN status = 'pending' AND deferred_at >= coalesce(last_attempt_at, '-infinity') "
+                    "THEN deferred_reason END")
+_OUTBOX_FILTER: Final = """
  WHERE (%(status)s::text IS NULL OR status::text = %(status)s::text)
    AND (%(consumer)s::text IS NULL OR consumer = %(consumer)s::text)
- ORDER BY created_at, order_seq NULLS LAST, effect_id, consumer
+   AND (%(destination)s::text IS NULL OR destination = %(destination)s::text)
+"""
+# Newest first: what an operator looks for is what just went wrong, not the oldest delivered effect.
+OUTBOX_LIST: Final = """
+SELECT effect_id, consumer, destination, status::text AS status, attempts, ordering_key, created_at, available_at,
+       leased_by, last_status_code, dead_reason::text AS dead_reason, {last_error} AS last_error,
+       """ + _DEFERRED + """ AS deferred_reason, deferrals
+  FROM inbox.outbox""" + _OUTBOX_FILTER + """
+ ORDER BY created_at DESC, order_seq DESC NULLS LAST, effect_id, consumer
  LIMIT %(limit)s
 """
+OUTBOX_COUNT: Final = "SELECT count(*) FROM inbox.outbox" + _OUTBOX_FILTER
 # The effects an id names: itself, or (when no effect has that id) the ids it begins. At most 11
 # (the CLI lists up to 10 candidates of an ambiguous prefix).
 OUTBOX_MATCHES: Final = """
@@ -51,7 +74,8 @@ UNION ALL
 OUTBOX_SHOW: Final = """
 SELECT effect_id, consumer, destination, status::text AS status, attempts, ordering_key, order_seq, blocked,
        created_at, available_at, lease_token, leased_by, lease_expires_at, last_attempt_at, {last_error} AS last_error,
-       last_status_code, last_duration_ms, delivered_at, dead_reason::text AS dead_reason, discarded_at
+       last_status_code, last_duration_ms, delivered_at, dead_reason::text AS dead_reason, discarded_at,
+       """ + _DEFERRED + """ AS deferred_reason, deferred_at, deferrals
   FROM inbox.outbox
  WHERE effect_id = %(effect_id)s AND consumer = %(consumer)s
 """
@@ -104,12 +128,21 @@ class EffectDetails:
 
 
 def list_effects(conn: psycopg.Connection[Any], status: str | None, limit: int,
-                 consumer: str | None = None) -> list[Row]:
-    """Effects in `status` (None: every status) of `consumer` (None: every consumer), oldest first.
-    last_error is None for a role that may not read it (inbox_reader)."""
+                 consumer: str | None = None, destination: str | None = None) -> list[Row]:
+    """Effects in `status` (None: every status) of `consumer` (None: every consumer) to
+    `destination` (None: every one), newest first. last_error is None for a role that may not read
+    it (inbox_reader)."""
     query = OUTBOX_LIST.format(last_error=_last_error(conn))
+    params = {"status": status, "consumer": consumer, "destination": destination, "limit": limit}
     with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(query, {"status": status, "consumer": consumer, "limit": limit}).fetchall()
+        return cur.execute(query, params).fetchall()
+
+
+def count_effects(conn: psycopg.Connection[Any], status: str | None, consumer: str | None = None,
+                  destination: str | None = None) -> int:
+    """How many effects list_effects would list without its limit."""
+    row = conn.execute(OUTBOX_COUNT, {"status": status, "consumer": consumer, "destination": destination}).fetchone()
+    return int(row[0]) if row else 0
 
 
 def find_effect(conn: psycopg.Connection[Any], effect_id: str, consumer: str | None = None) -> tuple[str, str] | None:
@@ -162,6 +195,84 @@ def redrive_effect(conn: psycopg.Connection[Any], effect_id: str, note: str, con
         row = cur.execute(OUTBOX_REDRIVE, {"effect_id": effect_id, "note": note, "consumer": consumer}).fetchone()
     assert row is not None
     return row
+
+
+# Dead effects a bulk redrive selects: filters all optional, oldest first (the order they went in).
+DEAD_SELECTION: Final = """
+SELECT effect_id, consumer, {tenant} AS tenant
+  FROM inbox.outbox
+ WHERE status = 'dead'
+   AND (%(destination)s::text IS NULL OR destination = %(destination)s::text)
+   AND (%(consumer)s::text IS NULL OR consumer = %(consumer)s::text)
+   AND (%(dead_reason)s::text IS NULL OR dead_reason::text = %(dead_reason)s::text)
+   AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s::timestamptz)
+   AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s::timestamptz)
+ ORDER BY created_at, order_seq NULLS LAST, effect_id, consumer
+ LIMIT %(limit)s
+"""
+OUTBOX_REDRIVE_EXACT: Final = """
+SELECT effect_id, consumer, status::text AS status, attempts
+  FROM inbox.redrive_effect(%(effect_id)s, %(note)s, %(consumer)s, %(tenant)s)
+"""
+
+
+@dataclass
+class BulkRedrive:
+    """What a bulk redrive did: `selected` dead effects matched; `redriven` of them were sent again
+    (each audited in inbox.outbox_redrive, as a single redrive is); `skipped` were no longer dead
+    when their turn came (redriven, discarded or purged meanwhile), with the first reason."""
+
+    selected: int = 0
+    redriven: int = 0
+    skipped: int = 0
+    first_skip: str | None = None
+    effects: list[Row] = field(default_factory=list)
+
+
+def check_may_redrive(conn: psycopg.Connection[Any]) -> None:
+    """Raises the database's own 42501 when this role may not redrive (before a bulk redrive
+    selects anything, so that a reader is told so instead of 'redrove 0 of 0')."""
+    row = conn.execute("SELECT pg_catalog.has_function_privilege("
+                       "'inbox.redrive_effect(text, text, text, text)', 'EXECUTE')").fetchone()
+    if row is not None and not row[0]:
+        with conn.transaction(force_rollback=True):
+            conn.execute("SELECT inbox.redrive_effect(NULL, NULL)")  # permission denied for function ...
+
+
+def select_dead(conn: psycopg.Connection[Any], *, destination: str | None = None, consumer: str | None = None,
+                dead_reason: str | None = None, since: str | None = None, until: str | None = None,
+                limit: int = 10000) -> list[Row]:
+    """The dead effects matching every filter given (created_at in [since, until)), oldest first;
+    tenant None for a role that may not read it (a reader's --dry-run)."""
+    params = {"destination": destination, "consumer": consumer, "dead_reason": dead_reason, "since": since,
+              "until": until, "limit": limit}
+    readable = conn.execute("SELECT pg_catalog.has_column_privilege('inbox.outbox', 'tenant', 'SELECT')").fetchone()
+    query = DEAD_SELECTION.format(tenant="tenant" if readable and readable[0] else "NULL::text")
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query, params).fetchall()
+
+
+def redrive_many(conn: psycopg.Connection[Any], effects: list[Row], note: str,
+                 progress: Callable[[BulkRedrive], None] | None = None) -> BulkRedrive:
+    """inbox.redrive_effect for each selected effect, one transaction each (a failure of one leaves
+    the others redriven): the same audit row as a single redrive. `progress` after each."""
+    result = BulkRedrive(selected=len(effects))
+    for effect in effects:
+        params = {"effect_id": effect["effect_id"], "note": note, "consumer": effect["consumer"],
+                  "tenant": effect["tenant"]}
+        try:
+            with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+                row = cur.execute(OUTBOX_REDRIVE_EXACT, params).fetchone()
+        except (psycopg.errors.ObjectNotInPrerequisiteState, psycopg.errors.NoDataFound) as exc:
+            result.skipped += 1
+            result.first_skip = result.first_skip or f"{effect['effect_id']}: {server_message(exc)}"
+        else:
+            result.redriven += 1
+            if row is not None:
+                result.effects.append(row)
+        if progress is not None:
+            progress(result)
+    return result
 
 
 def discard_effect(conn: psycopg.Connection[Any], effect_id: str, note: str, consumer: str | None = None) -> Row:

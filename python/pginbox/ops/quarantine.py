@@ -20,7 +20,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 
-from pginbox.errors import OperatorError, server_message
+from pginbox.errors import OperatorError, missing_grant, server_message
 from pginbox.ops.json_values import jsonable
 
 __all__ = [
@@ -163,12 +163,9 @@ def refused(exc: psycopg.Error, what: str) -> OperatorError:
     state = exc.sqlstate
     if isinstance(exc, pg_errors.UndefinedTable | pg_errors.InvalidSchemaName | pg_errors.UndefinedFunction):
         return OperatorError("schema inbox is not deployed in this database: run `pginbox deploy`", sqlstate=state)
-    if isinstance(exc, pg_errors.InsufficientPrivilege):
-        return OperatorError(
-            f"permission denied to {what}: connect as a member of inbox_operator "
-            "(inbox_reader may list and show entries, without payloads)",
-            sqlstate=state,
-        )
+    if isinstance(exc, pg_errors.InsufficientPrivilege) and missing_grant(exc):
+        # The CLI's error handler adds the group role that holds the grant (pginbox.cli.errors).
+        return OperatorError(f"permission denied to {what}", sqlstate=state)
     return OperatorError(f"{what} failed: {server_message(exc)}", sqlstate=state)
 
 
@@ -327,11 +324,15 @@ def _decision_error(
     state = exc.sqlstate
     if isinstance(exc, pg_errors.NoDataFound):
         return OperatorError(f"entry {quarantine_id} does not exist", sqlstate=state)
-    if isinstance(exc, pg_errors.InsufficientPrivilege):
+    if isinstance(exc, pg_errors.InsufficientPrivilege) and missing_grant(exc):
         return OperatorError(
             f"permission denied to {action} entry {quarantine_id}: decisions need the inbox_operator role",
             sqlstate=state,
         )
+    if isinstance(exc, pg_errors.InsufficientPrivilege):
+        # The package's own refusal (a handler that would run with more rights than the consumer,
+        # a binding): its message, DETAIL and HINT say what to do.
+        return OperatorError(f"cannot {action} entry {quarantine_id}: {server_message(exc)}", sqlstate=state)
     if isinstance(exc, pg_errors.NullValueNotAllowed | pg_errors.InvalidParameterValue):
         return OperatorError(f"cannot {action} entry {quarantine_id}: {server_message(exc)}", sqlstate=state)
     if isinstance(exc, pg_errors.ObjectNotInPrerequisiteState):

@@ -20,7 +20,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from pginbox.errors import ReplayError, ReplayStopped, server_message
+from pginbox.errors import ReplayError, ReplayStopped, missing_grant, server_message
 
 __all__ = [
     "PlanStatus",
@@ -102,11 +102,16 @@ SELECT i.item_no, i.tenant, i.producer, i.message_id, i.status, i.reason_code, i
 
 def _error(exc: psycopg.Error, what: str) -> ReplayError:
     state = exc.sqlstate
-    if state == "42501":
+    if state == "42501" and missing_grant(exc):
         return ReplayError(f"permission denied to {what}: replay plans need the inbox_operator role "
                            "(inbox_reader may read inbox.replay_status)", sqlstate=state)
     if state in ("3F000", "42P01") or (state == "42883" and "inbox." in str(exc) and "does not exist" in str(exc)):
         return ReplayError("replay plans are not deployed in this database: run `pginbox deploy`", sqlstate=state)
+    if state in ("22P02", "42883") and what.startswith(("create replay plan", "accept a new version")):
+        # The handler is cast to regprocedure: PostgreSQL's words ("expected a left parenthesis",
+        # "function x does not exist") do not say which argument, nor its form.
+        return ReplayError(f"{what}: --handler must name an existing function with its argument types, e.g. "
+                           f"'billing.credit(jsonb)' ({server_message(exc)})", sqlstate=state)
     cls = ReplayStopped if state == SQLSTATE_VERSION_CHANGED else ReplayError
     return cls(f"{what}: {server_message(exc)}", sqlstate=state)
 

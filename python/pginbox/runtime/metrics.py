@@ -22,5 +22,5 @@ class Metrics:
     def gauge(self, name: str, doc: str) -> Gauge:
         return Gauge(f"{self.prefix}_{name}", doc, registry=self.registry)
 
-    def histogram(self, name: str, doc: str, buckets: Sequence[float]) -> Histogram:
-        return Histogram(f"{self.prefix}_{name}", doc, buckets=tuple(buckets), registry=self.registry)
+    def histogram(self, name: str, doc: str, buckets: Sequence[float], labels: Sequence[str] = ()) -> Histogram:
+        return Histogram(f"{self.prefix}_{name}", doc, list(labels), buckets=tuple(buckets), registry=self.registry)

@@ -25,14 +25,19 @@ from pginbox.errors import SchemaNewerWarning, SchemaVersionError
 
 __all__ = [
     "BREAKING_SCHEMA_VERSIONS",
+    "KNOWN_SCHEMA_RELEASE",
     "KNOWN_SCHEMA_VERSION",
     "SCHEMA_RELEASE",
     "SchemaRelease",
     "check_release",
+    "version_text",
 ]
 
 #: The schema version of this package's own release (0.3.0).
 KNOWN_SCHEMA_VERSION: Final = 3
+#: The name of that release, as inbox.schema_release() says it (sql/999_version.sql; a test keeps
+#: the two, the package version and the CHANGELOG in step).
+KNOWN_SCHEMA_RELEASE: Final = "0.3.0"
 #: Versions whose release broke the clients of the versions before it (1: the first release;
 #: 0.2.0 and 0.3.0 broke none).
 BREAKING_SCHEMA_VERSIONS: Final = frozenset({1})
@@ -49,6 +54,16 @@ class SchemaRelease:
     version: int
     release: str
     breaking_since: int
+
+
+def version_text(package_version: str) -> str:
+    """What `pginbox --version` prints: the package, the schema release it deploys, and the schema
+    versions it works with."""
+    supported = sorted(_supported())
+    return (f"pginbox {package_version}\n"
+            f"deploys schema release {KNOWN_SCHEMA_RELEASE} (schema version {KNOWN_SCHEMA_VERSION})\n"
+            f"works with deployed schema versions {supported[0]} to {supported[-1]} "
+            "(newer ones unless they break older clients)")
 
 
 def _supported() -> frozenset[int]:

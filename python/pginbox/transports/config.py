@@ -82,6 +82,8 @@ from pginbox.transports.webhook import DEFAULT_RETRY_ON, WebhookTransport, parse
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "destination_names",
+    "destination_sections",
     "destination_type",
     "env_prefix",
     "find_entry_points",
@@ -256,13 +258,11 @@ def find_entry_points() -> list[metadata.EntryPoint]:
     return list(metadata.entry_points(group=ENTRY_POINT_GROUP))
 
 
-def load_config(
-    path: str | os.PathLike[str] | None,
-    *,
-    environ: Mapping[str, str] | None = None,
-    use_entry_points: bool = True,
-) -> dict[str, Transport]:
-    """Destinations by name, from a TOML file, the environment and entry points."""
+def destination_sections(
+    path: str | os.PathLike[str] | None, *, environ: Mapping[str, str] | None = None
+) -> dict[str, dict[str, Any]]:
+    """The destinations' options by name, from a TOML file and the environment (which wins), as
+    load_config reads them, without building a transport (`pginbox outbox provision`, `doctor`)."""
     env = os.environ if environ is None else environ
     sections: dict[str, dict[str, Any]] = {}
     if path is not None:
@@ -284,11 +284,25 @@ def load_config(
             if prefix not in known_prefixes:
                 sections[prefix[len("PGINBOX_DEST_") : -1].lower()] = {}
                 known_prefixes.add(prefix)
+    return {name: _apply_env(name, section, env) for name, section in sections.items()}
 
+
+def destination_names(path: str | os.PathLike[str] | None, *, environ: Mapping[str, str] | None = None) -> set[str]:
+    """Every destination load_config would return: configured ones and entry points."""
+    return set(destination_sections(path, environ=environ)) | {ep.name for ep in find_entry_points()}
+
+
+def load_config(
+    path: str | os.PathLike[str] | None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    use_entry_points: bool = True,
+) -> dict[str, Transport]:
+    """Destinations by name, from a TOML file, the environment and entry points."""
+    sections = destination_sections(path, environ=environ)
     entry_points = {ep.name: ep for ep in find_entry_points()} if use_entry_points else {}
     transports: dict[str, Transport] = {}
-    for name, section in sections.items():
-        options = _apply_env(name, section, env)
+    for name, options in sections.items():
         transport = transport_from_options(name, options)
         if transport is not None:
             if name in entry_points:

@@ -5,6 +5,9 @@
   permanent failure    error set, retryable=False (the effect goes dead, visible to operators)
   ambiguous outcome    deliver() RAISES: the destination may have acted; the dispatcher retries
                        with the SAME idempotency key
+  deferred             error set, defer = a reason code (DeliveryReport.deferred): the destination
+                       is not ready yet (no transport configured, the broker cannot route yet);
+                       the effect waits without spending an attempt (inbox.defer_effects)
 """
 
 from __future__ import annotations
@@ -25,10 +28,18 @@ class DeliveryReport:
     response_excerpt: str | None = None
     retryable: bool = True
     error: str | None = None
+    #: A reason code (no_transport, unroutable, no_stream): not an attempt, the effect waits.
+    defer: str | None = None
 
     @property
     def delivered(self) -> bool:
         return self.error is None
+
+    @classmethod
+    def deferred(cls, reason: str, error: str) -> DeliveryReport:
+        """Nothing was sent because the destination is not ready yet (a deployment-order
+        incident): the effect goes back to pending without spending an attempt."""
+        return cls(None, None, True, error or reason, reason)
 
     @classmethod
     def ok(cls, status_code: int | None = None, response_excerpt: str | None = None) -> DeliveryReport:
