@@ -99,13 +99,25 @@ class Worker:
     """`celery -A _celery_app worker -P solo` on `queue`: the task runs in the worker's main
     process, so a SIGKILL of it is a SIGKILL mid-task."""
 
-    def __init__(self, url: str, queue: str, dsn: str, log: Path, mark: Path | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        queue: str,
+        dsn: str,
+        log: Path,
+        mark: Path | None = None,
+        *,
+        module: str = "_celery_app",
+        cwd: Path = HERE,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.url = url
         self.queue = queue
         self.log = log
         env = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+            **(env or {}),
+            "PYTHONPATH": os.pathsep.join([str(cwd), str(HERE), os.environ.get("PYTHONPATH", "")]),
             "PGINBOX_CELERY_BROKER": url,
             "PGINBOX_CELERY_QUEUE": queue,
             "PGINBOX_DSN": dsn,
@@ -118,7 +130,7 @@ class Worker:
                 "-m",
                 "celery",
                 "-A",
-                "_celery_app",
+                module,
                 "worker",
                 "-P",
                 "solo",
@@ -132,7 +144,7 @@ class Worker:
                 "-l",
                 "INFO",
             ],
-            cwd=HERE,
+            cwd=cwd,
             env=env,
             stdout=self._out,
             stderr=subprocess.STDOUT,
@@ -166,8 +178,8 @@ class Worker:
 
 
 @contextlib.contextmanager
-def worker(url: str, queue: str, dsn: str, log: Path, mark: Path | None = None) -> Iterator[Worker]:
-    w = Worker(url, queue, dsn, log, mark)
+def worker(url: str, queue: str, dsn: str, log: Path, mark: Path | None = None, **options: Any) -> Iterator[Worker]:
+    w = Worker(url, queue, dsn, log, mark, **options)
     try:
         w.wait_ready()
         yield w
