@@ -152,7 +152,7 @@ def test_sigkill_mid_task_redelivered_and_applied_once(
     setup_domain(conn)
     _, task = producer_task(url, queue)
     mark = tmp_path / "mark"
-    task.send({"amount": 5, "sleep": 30}, message_id="slow", producer="shop")
+    task.send({"amount": 5, "sleep": 8}, message_id="slow", producer="shop")
     task.send({"amount": 6}, message_id="after", producer="shop")
     w1 = worker(url, queue, db_dsn, tmp_path / "worker1.log", mark)
     with w1 as first:
@@ -167,6 +167,10 @@ def test_sigkill_mid_task_redelivered_and_applied_once(
         log = second.text()
     assert ledger_counts(conn) == {"slow": 1, "after": 1}, log[-3000:]
     assert waiting(url, queue) == 0
+    started = conn.execute(
+        "SELECT started FROM inbox.attempt WHERE consumer = 'billing' AND message_id = 'slow'"
+    ).fetchone()
+    assert started is not None and started[0] >= 1, started  # the redelivery was announced
 
 
 def test_send_puts_the_business_id_in_the_message(celery_queue: tuple[str, str]) -> None:

@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -28,6 +33,7 @@ from pginbox.integrations.faststream import close, inbox_subscriber, subscriptio
 pytestmark = pytest.mark.timeout(180)
 Conn = psycopg.Connection[tuple[Any, ...]]
 BROKERS = ("rabbitmq", "nats", "redis")
+HERE = Path(__file__).resolve().parent
 
 
 async def credit(cur: psycopg.AsyncCursor[Any], message: Message) -> None:
@@ -197,3 +203,58 @@ def test_database_refusing_work_is_handed_back(
     assert ledger_counts(conn) == {"locked": 1}
     row = conn.execute("SELECT count(*) FROM inbox.quarantine WHERE consumer = 'billing'").fetchone()
     assert row == (0,)
+
+
+@pytest.mark.parametrize("broker", BROKERS)
+def test_sigkill_mid_message_redelivered_and_applied_once(broker: str, conn: Conn, db_dsn: str, tmp_path: Path) -> None:
+    """The app is SIGKILLed while the handler's transaction is open: nothing committed; the
+    message comes back (RabbitMQ at once, NATS after ack_wait, Redis after claim_idle, added again
+    by the subscriber), marked redelivered (announced: one start), and is applied once."""
+    setup_domain(conn)
+    mark = tmp_path / "mark"
+    with channel(broker) as ch:
+        if broker == "rabbitmq":
+            ch.publish([])  # declares the queue
+        env = {
+            **os.environ,
+            "PGINBOX_FS_BROKER": broker,
+            "PGINBOX_FS_URL": ch.url,
+            "PGINBOX_FS_NAME": ch.name,
+            "PGINBOX_FS_STREAM": ch.stream,
+            "PGINBOX_DSN": db_dsn,
+        }
+
+        def start(log: Path, with_mark: bool) -> subprocess.Popen[bytes]:
+            with log.open("wb") as out:
+                proc = subprocess.Popen(
+                    [sys.executable, str(HERE / "_faststream_app.py")],
+                    env={**env, "PGINBOX_FS_MARK": str(mark) if with_mark else ""},
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            wait_for(lambda: "pginbox-fs-ready" in log.read_text(errors="replace"), "the app started", timeout=60)
+            return proc
+
+        first = start(tmp_path / "first.log", True)
+        try:
+            ch.publish([Out("slow", {"amount": 5, "sleep": 8}), Out("after", {"amount": 6})])
+            wait_for(mark.exists, "the handler running", timeout=60)
+            first.send_signal(signal.SIGKILL)
+            first.wait(10)
+        finally:
+            if first.poll() is None:
+                first.kill()
+        assert ledger_counts(conn).get("slow") is None
+        second = start(tmp_path / "second.log", False)
+        try:
+            wait_for(lambda: ledger_counts(conn) == {"slow": 1, "after": 1}, "both applied", timeout=90)
+            wait_for(lambda: ch.pending() == 0, "everything acked", timeout=30)
+            time.sleep(0.5)
+        finally:
+            second.send_signal(signal.SIGKILL)
+            second.wait(10)
+        assert ledger_counts(conn) == {"slow": 1, "after": 1}
+        started = conn.execute(
+            "SELECT started FROM inbox.attempt WHERE consumer = 'billing' AND message_id = 'slow'"
+        ).fetchone()
+        assert started is not None and started[0] >= 1, started  # the redelivery was announced
