@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import kombu
+import psycopg
+import psycopg.sql
 from helpers_brokers import RABBIT_URL, REDIS_URL, require
 
 HERE = Path(__file__).resolve().parent
@@ -93,6 +95,19 @@ def delete(url: str, *names: str) -> None:
                     r.delete(key)
         finally:
             r.close()
+
+
+def grant_domain(conn: psycopg.Connection[Any], role_dsn: str) -> str:
+    """The login role of `role_dsn` may run the test handler's statements; returns its name."""
+    role = psycopg.conninfo.conninfo_to_dict(role_dsn)["user"]
+    assert isinstance(role, str)
+    conn.execute(
+        psycopg.sql.SQL(
+            "GRANT SELECT, UPDATE ON account TO {0}; GRANT INSERT ON ledger TO {0};"
+            " GRANT USAGE ON SEQUENCE handler_calls TO {0}"
+        ).format(psycopg.sql.Identifier(role))
+    )
+    return role
 
 
 class Worker:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from celery import Celery
 from helpers_brokers import wait_for
-from helpers_celery import broker_url, delete, drain, new_queue, publish_raw, waiting, worker
+from helpers_celery import broker_url, delete, drain, grant_domain, new_queue, publish_raw, waiting, worker
 from helpers_inbox import ledger_counts, setup_domain
 
 from pginbox import Message
@@ -191,3 +191,28 @@ def test_send_puts_the_business_id_in_the_message(celery_queue: tuple[str, str])
 
 def drain_task_messages(url: str, queue: str) -> list[bytes]:
     return [body for _, body in drain(url, queue)]
+
+
+def test_rights_error_is_never_acked_until_fixed(
+    celery_queue: tuple[str, str], conn: Conn, db_dsn: str, tmp_path: Path, login_role: Callable[..., str]
+) -> None:
+    """The worker's login role is not bound to the consumer (42501 / 42704): consumer_halted with
+    what to fix, rejected with requeue again and again, never acked nor dead-lettered; applied
+    once the binding exists."""
+    url, queue = celery_queue
+    setup_domain(conn)
+    role_dsn = login_role("inbox_consumer")
+    role = grant_domain(conn, role_dsn)
+    _, task = producer_task(url, queue)
+    task.send({"amount": 3}, message_id="h1", producer="shop")
+    with worker(url, queue, role_dsn, tmp_path / "worker.log") as w:
+        wait_for(lambda: w.text().count("consumer_halted") >= 2, "two halts", timeout=60)
+        assert ledger_counts(conn) == {}
+        line = next(x for x in w.text().splitlines() if "consumer_halted" in x)
+        assert "fix=" in line and ("42501" in line or "42704" in line), line
+        conn.execute("SELECT inbox.bind_consumer('billing', %s::regrole)", (role,))
+        wait_for(lambda: ledger_counts(conn) == {"h1": 1}, "applied once bound", timeout=30)
+        time.sleep(1.0)
+    assert ledger_counts(conn) == {"h1": 1}
+    assert drain(url, f"{queue}.dead") == []
+    assert waiting(url, queue) == 0

@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 import pytest
 from helpers_brokers import Channel, Out, channel, wait_for
+from helpers_celery import grant_domain
 from helpers_inbox import ledger_counts, setup_domain
 from psycopg_pool import AsyncConnectionPool
 
@@ -258,3 +259,35 @@ def test_sigkill_mid_message_redelivered_and_applied_once(broker: str, conn: Con
             "SELECT started FROM inbox.attempt WHERE consumer = 'billing' AND message_id = 'slow'"
         ).fetchone()
         assert started is not None and started[0] >= 1, started  # the redelivery was announced
+
+
+@pytest.mark.parametrize("broker", BROKERS)
+def test_rights_error_halts_without_ack_until_fixed(
+    broker: str,
+    conn: Conn,
+    db_dsn: str,
+    login_role: Callable[..., str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Rule 6: the login role is not bound to the consumer (42501 / 42704): the message is handed
+    back, never acked, never dead-lettered, with a consumer_halted line saying what to fix; once
+    the binding exists, it is applied."""
+    setup_domain(conn)
+    role_dsn = login_role("inbox_consumer")
+    role = grant_domain(conn, role_dsn)
+    caplog.set_level("INFO", logger="pginbox.faststream")
+    with channel(broker) as ch, app(ch, role_dsn):
+        ch.publish([Out("h1", {"amount": 3})])
+
+        def halted() -> bool:
+            return sum("consumer_halted" in r.getMessage() for r in caplog.records) >= 2
+
+        wait_for(halted, "two halts", timeout=60)
+        assert ledger_counts(conn) == {}
+        assert ch.pending() == 1
+        line = next(r.getMessage() for r in caplog.records if "consumer_halted" in r.getMessage())
+        assert "fix=" in line and ("42501" in line or "42704" in line), line
+        conn.execute("SELECT inbox.bind_consumer('billing', %s::regrole)", (role,))
+        wait_for(lambda: ledger_counts(conn) == {"h1": 1}, "applied once bound", timeout=30)
+        wait_for(lambda: ch.pending() == 0, "acked", timeout=30)
+        assert ch.dead_letters() == []

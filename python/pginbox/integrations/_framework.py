@@ -63,4 +63,3 @@ class HandedBack:
                     False,
                 )
         return message
-
