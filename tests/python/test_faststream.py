@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import os
 import signal
 import subprocess
@@ -152,6 +153,13 @@ def test_outcomes_retries_and_dead_letters(
                 Out("neg", {"amount": -1}),  # failed twice, then quarantined
                 Out("x", {"amount": 1}, producer=None),  # 22004
                 Out("j", None, raw_body=b"{not json"),  # 22P02: FastStream never decodes it
+                Out("d", None, raw_body=b"[" * 100_000 + b"]" * 100_000),  # 22P02: nested 100,000 deep
+                Out(
+                    "f",
+                    {"amount": 1},
+                    timestamp=datetime.datetime(2200, 1, 1, tzinfo=datetime.UTC),
+                    produced_at="2200-01-01T00:00:00+00:00",
+                ),  # 22008: out of range
                 Out("m2", {"amount": 20}),  # applied
             ]
         )
@@ -168,8 +176,8 @@ def test_outcomes_retries_and_dead_letters(
         assert ch.pending() == 0
         dead = ch.dead_letters()  # (read once: reading RabbitMQ's takes them)
     assert ledger_counts(conn) == {"m1": 1, "m2": 1}
-    assert Counter(str(h.get("Pginbox-Sqlstate")) for h, _ in dead) == Counter({"22004": 1, "22P02": 1})
-    assert [body for h, body in dead if h.get("Pginbox-Sqlstate") == "22P02"] == [b"{not json"]
+    assert Counter(str(h.get("Pginbox-Sqlstate")) for h, _ in dead) == Counter({"22004": 1, "22P02": 2, "22008": 1})
+    assert b"{not json" in [body for h, body in dead if h.get("Pginbox-Sqlstate") == "22P02"]
     kinds = sorted(r[0] for r in conn.execute("SELECT kind FROM inbox.quarantine WHERE consumer = 'billing'"))
     assert len(kinds) == 2 and "conflict" in kinds, kinds
     failed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("message_failed")]
