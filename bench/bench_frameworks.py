@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -88,9 +89,11 @@ def rate(conn: psycopg.Connection[Any], kind: str, run: str, n: int, timeout: fl
 async def delete_queues(*names: str) -> None:
     amqp = await aio_pika.connect(URL)
     try:
-        ch = await amqp.channel()
         for name in names:
-            await ch.queue_delete(name)
+            for delete in ("queue_delete", "exchange_delete"):  # Celery declares an exchange per queue
+                ch = await amqp.channel()
+                with contextlib.suppress(Exception):
+                    await getattr(ch, delete)(name)
     finally:
         await amqp.close()
 
