@@ -100,3 +100,50 @@ def test_everything_wrong_is_said_in_plain_words(conn: Conn, db_dsn: str, tmp_pa
     assert warned.exit_code == 1, warned.output
     assert warned.stdout.splitlines()[0] == "pginbox doctor: 0 problem(s), 3 warning(s)"
     assert not lines_of(warned, "ok "), "--quiet prints only what is wrong"
+
+
+def test_standbys_lagging_is_a_problem(db_dsn: str) -> None:
+    """--standbys 1 on a primary with no standby: the WAL of now is on no standby, exit 2."""
+    result = doctor(db_dsn, "--standbys", "1", "--standby-lag", "0.2", "--quiet")
+    assert result.exit_code == 2, result.output
+    assert any(
+        line.startswith(
+            "PROBLEM  standbys: fewer than 1 standby(s) flushed the primary's WAL within 0.2 s (0 connected)"
+        )
+        for line in result.stdout.splitlines()
+    ), result.stdout
+    assert "docs/failover.md" in result.stdout
+    assert "standbys" not in doctor(db_dsn).stdout, "without --standbys nothing is said of standbys"
+
+
+def test_standbys_with_a_real_standby(tmp_path: Path) -> None:
+    """A primary with a streaming standby: caught up, then its walreceiver SIGSTOPped (lagging), then
+    resumed. Run as an inbox_operator login, which holds no monitoring right."""
+    from helpers_replication import Golden, ReplicatedPair
+
+    golden = Golden("CREATE ROLE doc_ops LOGIN IN ROLE inbox_operator;")
+    try:
+        pair = ReplicatedPair(golden)
+        try:
+            ops = pair.primary.dsn("pginbox") + " user=doc_ops"
+            with psycopg.connect(pair.primary_dsn(), autocommit=True) as conn:
+                conn.execute("CREATE TABLE t(x int)")
+                conn.execute("INSERT INTO t VALUES (1)")
+            caught_up = doctor(ops, "--standbys", "1", "--quiet")
+            assert caught_up.exit_code == 0, caught_up.output
+            pair.stop_wal()
+            with psycopg.connect(pair.primary_dsn(), autocommit=True) as conn:
+                conn.execute("INSERT INTO t VALUES (2)")
+            lagging = doctor(ops, "--standbys", "1", "--standby-lag", "0.5", "--quiet")
+            assert lagging.exit_code == 2, lagging.output
+            assert (
+                "PROBLEM  standbys: fewer than 1 standby(s) flushed the primary's WAL within 0.5 s (1 connected)"
+                in lagging.stdout
+            ), lagging.stdout
+            pair.resume_wal()
+            again = doctor(ops, "--standbys", "1", "--quiet")
+            assert again.exit_code == 0, again.output
+        finally:
+            pair.destroy()
+    finally:
+        golden.destroy()

@@ -46,20 +46,47 @@ def _configured(config: Path | None) -> set[str] | None:
     metavar="SECONDS",
     help="Warn when a policy's last purge is older than this.",
 )
+@click.option(
+    "--standbys",
+    type=click.IntRange(0, 64),
+    default=0,
+    show_default=True,
+    help="How many standbys must have the primary's WAL (what `--durability standby` waits for); 0: not checked.",
+)
+@click.option(
+    "--standby-lag",
+    type=click.FloatRange(0.1, 3600),
+    default=5.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --standbys: a standby that has not flushed the primary's WAL of now after this long is lagging.",
+)
 @click.option("--quiet", is_flag=True, help="Print only what is wrong.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.pass_context
 def doctor(
-    ctx: click.Context, command_dsn: str | None, config: Path | None, purge_max_age: float, quiet: bool, as_json: bool
+    ctx: click.Context,
+    command_dsn: str | None,
+    config: Path | None,
+    purge_max_age: float,
+    standbys: int,
+    standby_lag: float,
+    quiet: bool,
+    as_json: bool,
 ) -> None:
     """Check a deployment: consumers and destinations nobody is bound to, legacy bindings left by
     the upgrade, effects waiting for a transport or a queue, dead effects, retention windows that
-    cannot hold their margin, purges that have not run, open quarantine. Exit status 0 when all is
+    cannot hold their margin, purges that have not run, open quarantine, standbys lagging
+    (--standbys). Exit status 0 when all is
     well, 1 with warnings only, 2 with problems (for cron and CI)."""
     configured = _configured(config)
     with connect(ctx, command_dsn) as conn:
         report = checks.diagnose(
-            conn, configured=configured, purge_stale_after=datetime.timedelta(seconds=purge_max_age)
+            conn,
+            configured=configured,
+            purge_stale_after=datetime.timedelta(seconds=purge_max_age),
+            standbys=standbys,
+            standby_lag=datetime.timedelta(seconds=standby_lag),
         )
     if report.nothing_checked and report.denied is not None:
         raise report.denied  # the CLI's error handler names the group role that may read all this

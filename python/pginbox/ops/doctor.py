@@ -311,19 +311,49 @@ def _quarantine(rows: list[Row]) -> Finding:
     )
 
 
+#: Does every expected standby have the WAL written up to now, within the allowed lag? The same
+#: SECURITY DEFINER wait `pginbox consume --durability standby` uses (docs/failover.md): open to
+#: inbox_operator, inbox_consumer and inbox_dispatcher without any monitoring right.
+STANDBYS_CAUGHT_UP: Final = "SELECT inbox.wait_durable(NULL, %s, 'flush', NULL, %s) AS caught_up"
+# Only the walsenders' count: their other columns are NULL for a role without pg_read_all_stats.
+STANDBYS_CONNECTED: Final = "SELECT count(*) AS connected FROM pg_catalog.pg_stat_replication"
+
+
+def _standbys(caught_up: bool, streaming: int, expected: int, lag: datetime.timedelta) -> Finding:
+    if caught_up:
+        return Finding(
+            "standbys",
+            OK,
+            f"{expected} standby(s) flushed the primary's WAL within {lag.total_seconds():g} s "
+            f"({streaming} connected): an ack after `--durability standby` is not held back",
+        )
+    return Finding(
+        "standbys",
+        PROBLEM,
+        f"fewer than {expected} standby(s) flushed the primary's WAL within {lag.total_seconds():g} s "
+        f"({streaming} connected): consumers with `--durability standby` hand their batches back, and a "
+        "failover now would lose what was committed since",
+        "check the standbys (`SELECT * FROM pg_stat_replication` as a monitoring role: state, flush_lag), "
+        "their network and disks; docs/failover.md",
+        [{"expected": expected, "connected": streaming}],
+    )
+
+
 def diagnose(
     conn: psycopg.Connection[Any],
     *,
     configured: set[str] | None = None,
     purge_stale_after: datetime.timedelta = datetime.timedelta(days=1),
+    standbys: int = 0,
+    standby_lag: datetime.timedelta = datetime.timedelta(seconds=5),
 ) -> Report:
     """Every check, in a fixed order; a check the role may not run is reported as not checked."""
     findings: list[Finding] = []
     denied: list[psycopg.Error] = []
 
-    def rows(query: str) -> list[Row]:
+    def rows(query: str, params: tuple[Any, ...] | None = None) -> list[Row]:
         with conn.cursor(row_factory=dict_row) as cur:
-            return cur.execute(query).fetchall()
+            return cur.execute(query, params).fetchall()
 
     def check(name: str, run: Callable[[], Finding | list[Finding]]) -> None:
         try:
@@ -350,4 +380,14 @@ def diagnose(
     check("retention margin", lambda: _margin(rows(RETENTION_MARGIN)))
     check("purge", lambda: _purges(rows(PURGES), purge_stale_after))
     check("quarantine", lambda: _quarantine(rows(OPEN_QUARANTINE)))
+    if standbys > 0:
+        check(
+            "standbys",
+            lambda: _standbys(
+                bool(rows(STANDBYS_CAUGHT_UP, (standbys, standby_lag))[0]["caught_up"]),
+                int(rows(STANDBYS_CONNECTED)[0]["connected"]),
+                standbys,
+                standby_lag,
+            ),
+        )
     return Report(findings, denied[0] if denied else None)
