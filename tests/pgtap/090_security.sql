@@ -8,7 +8,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(314);
+SELECT plan(330);
 
 -- ================================================================== catalog meta-tests
 SELECT set_eq($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc p
@@ -24,7 +24,8 @@ SELECT set_eq($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc
                     'create_replay_plan', 'add_replay_items', 'accept_replay_version', 'cancel_replay_plan',
                     'run_replay_plan',
                     'bind_consumer', 'unbind_consumer', 'configure_security',
-                    'bind_destination', 'unbind_destination', '_generate_dispatcher', '_begin_apply_batch', '_unclaim'],
+                    'bind_destination', 'unbind_destination', '_generate_dispatcher', '_begin_apply_batch', '_unclaim',
+                    'kafka_acquire', 'kafka_store_offsets', 'kafka_release', 'kafka_reset_offsets'],
               'exactly the expected functions in schema inbox are SECURITY DEFINER');
 SELECT is_empty($$SELECT p.oid::regprocedure::text, p.proconfig::text FROM pg_catalog.pg_proc p
                    WHERE p.pronamespace = 'inbox'::regnamespace AND p.prosecdef
@@ -113,7 +114,11 @@ SELECT function_privs_are('inbox', f.name, f.args, r.role,
         ('correct_watermark', ARRAY['text', 'text', 'timestamptz', 'text'], ARRAY['inbox_operator'], 30),
         ('_run_for_operator', ARRAY['text', 'text', 'text', 'oid', 'regprocedure', 'boolean', 'jsonb', 'inbox.message_context'],
          ARRAY[]::text[], 31),
-        ('_run_confined', ARRAY['regprocedure', 'boolean', 'jsonb', 'inbox.message_context'], ARRAY[]::text[], 32)
+        ('_run_confined', ARRAY['regprocedure', 'boolean', 'jsonb', 'inbox.message_context'], ARRAY[]::text[], 32),
+        ('kafka_acquire', ARRAY['text', 'text[]', 'integer[]', 'text'], ARRAY['inbox_consumer'], 33),
+        ('kafka_store_offsets', ARRAY['text', 'text[]', 'integer[]', 'bigint[]', 'bigint[]'], ARRAY['inbox_consumer'], 34),
+        ('kafka_release', ARRAY['text', 'text[]', 'integer[]', 'bigint[]'], ARRAY['inbox_consumer'], 35),
+        ('kafka_reset_offsets', ARRAY['text', 'text', 'bigint', 'integer[]'], ARRAY['inbox_operator'], 36)
        ) AS f(name, args, roles, ord)
  CROSS JOIN (VALUES ('inbox_consumer', 1), ('inbox_operator', 2), ('inbox_reader', 3), ('inbox_dispatcher', 4)) AS r(role, ord)
  ORDER BY f.ord, r.ord;
@@ -130,7 +135,8 @@ SELECT set_eq(format($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.
                                  'effect_id',
                                  '_check_text', 'versioned_consumer', '_is_transient',
                                  '_run_handler', '_run_handler_batch', '_blank', '_begin_apply_batch', '_unclaim',
-                                 'idempotency_key', '_has_control'], 1),
+                                 'idempotency_key', '_has_control', 'kafka_acquire', 'kafka_store_offsets',
+                                 'kafka_release'], 1),
         ('inbox_operator', ARRAY['register_handler', 'configure_consumer', 'repair', 'discard', 'release',
                                  '_reason_code', 'payload_hash', 'idempotency_key', '_has_control', 'correct_watermark',
                                  'schema_version', 'schema_release', 'configure_destination', 'redrive_effect',
@@ -143,7 +149,7 @@ SELECT set_eq(format($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.
                                  'versioned_consumer', 'replay_operation_id', '_is_transient', '_run_handler', '_blank',
                                  '_check_purge_call', '_announced', '_announced_detail', 'bind_consumer',
                                  'unbind_consumer', 'configure_security', 'bind_destination',
-                                 'unbind_destination'], 2),
+                                 'unbind_destination', 'kafka_reset_offsets'], 2),
         ('inbox_reader', ARRAY['schema_version', 'schema_release', 'retention_window', '_retention_window',
                                '_active_cutoff', 'metrics', 'versioned_consumer', 'replay_operation_id',
                                'idempotency_key'], 3),
