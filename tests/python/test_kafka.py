@@ -350,3 +350,52 @@ def test_position_as_identity_is_an_explicit_opt_in(tansu: Tansu) -> None:
         load_consume_config(None, settings(tansu, "t", message_id="offset"))
     config = load_consume_config(None, settings(tansu, "t", message_id="position"))
     assert config.sources["message_id"].name == "position"
+
+
+def test_destination_keys_headers_and_batched_reports(tansu: Tansu, conn: Conn, db_dsn: str) -> None:
+    """The dispatcher's Kafka destination: the ordering key as the record key (one key, one
+    partition, order kept), the idempotency key in Pginbox-Message-Id, acks=all, one batch's
+    reports awaited together (no idempotent producer: Tansu refuses InitProducerId). A consumer
+    downstream applies each once and answers a resend `duplicate`."""
+    from pginbox.transports.config import transport_from_options
+    from pginbox.transports.effect import Effect
+
+    setup_domain(conn)
+    topic = topic_name()
+    tansu.create_topic(topic, PARTITIONS)
+    transport: Any = transport_from_options(
+        "orders", {"url": tansu.url, "topic": topic, "producer": "shop", "message_type": "credit"}
+    )
+    effects = [
+        Effect(
+            f"e{i}",
+            "orders",
+            {"id": f"e{i}", "amount": 1},
+            ordering_key=f"customer-{i % 3}",
+            idempotency_key=f"ik-e{i}",
+        )
+        for i in range(30)
+    ]
+    try:
+        reports = transport.deliver_batch(effects)
+        assert all(r.delivered for r in reports), [r.error for r in reports if not r.delivered]
+        assert all(r.delivered for r in transport.deliver_batch(effects[:5]))  # a resend, same keys
+    finally:
+        transport.close()
+    records = tansu.read_all(topic, expect=35)
+    assert len(records) == 35
+    by_key: dict[bytes, set[int]] = {}
+    order: dict[bytes, list[str]] = {}
+    for r in records:
+        by_key.setdefault(r.key, set()).add(r.partition)
+        order.setdefault(r.key, []).append(json.loads(r.value)["id"])
+        assert dict(r.headers)["Pginbox-Message-Id"].decode() == f"ik-{json.loads(r.value)['id']}"
+    assert all(len(p) == 1 for p in by_key.values()), "one key, one partition"
+    for key, seen in order.items():
+        first = seen[: len(seen) - sum(1 for e in effects[:5] if e.ordering_key == key.decode())]
+        assert first == [e.effect_id for e in effects if e.ordering_key == key.decode()], "commit order per key"
+    consumer = make(tansu, topic, db_dsn, prefetch=16)
+    with ConsumerThread(consumer):
+        wait_for(lambda: consumer.stats.consumed == 35, "every record consumed")
+        wait_for(lambda: sum(stored(conn, topic).values()) == 35, "offsets at the end")
+    assert consumer.stats.outcomes == {"applied": 30, "duplicate": 5}

@@ -486,12 +486,12 @@ class KafkaBroker:
             offsets = {tp: part.stored for tp, part in self._owned.items() if part.stored is not None}
             if offsets:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(consumer.commit(offsets), 5.0)
+                    await asyncio.wait_for(consumer.commit(offsets), 2.0)
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(consumer.stop(), 10.0)
+                await asyncio.wait_for(consumer.stop(), 5.0)
         if producer is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(producer.stop(), 10.0)
+                await asyncio.wait_for(producer.stop(), 3.0)
         self._owned.clear()
         self._unacquired.clear()
         db, self._db = self._db, None
