@@ -19,6 +19,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -63,9 +64,11 @@ class Tansu:
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.url = f"kafka://{self.bootstrap}"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.log = Path(tempfile.gettempdir()) / f"pginbox-tansu-{self.port}.log"
 
     def start(self) -> None:
         url = f"tcp://127.0.0.1:{self.port}"
+        self._log_file = self.log.open("wb")
         self.proc = subprocess.Popen(
             [
                 self.binary,
@@ -80,7 +83,7 @@ class Tansu:
                 f"pginbox-{uuid.uuid4().hex[:8]}",
             ],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=self._log_file,
             start_new_session=True,
         )
         deadline = time.monotonic() + 15
@@ -98,6 +101,11 @@ class Tansu:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
+        self._log_file.close()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     # ------------------------------------------------------------------ helpers for tests
 
