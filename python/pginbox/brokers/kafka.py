@@ -153,8 +153,10 @@ class KafkaBroker:
         self._producer: AIOKafkaProducer | None = None
         self._owned: dict[TopicPartition, _Partition] = {}
         self._unacquired: set[TopicPartition] = set()
+        self._acquire_error: BaseException | None = None
         self._next_hint = 0.0
         self._hint_dirty = False
+        self._hint_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ the database side
 
@@ -194,7 +196,9 @@ class KafkaBroker:
                 (self.config.consumer, [tp.topic for tp in tps], [tp.partition for tp in tps], self.member),
             )
         except Exception as exc:
-            # Not acquired: not read. Paused, and acquired again before each fetch.
+            # Not acquired: not read. Paused, and acquired again before each fetch (which raises
+            # a permanent error: the consumer halts and says what to fix).
+            self._acquire_error = exc
             self._unacquired.update(tps)
             if consumer is not None:
                 with contextlib.suppress(Exception):
@@ -209,6 +213,7 @@ class KafkaBroker:
                 )
             )
             return
+        self._acquire_error = None
         for topic, partition, generation, next_offset, was_released in rows:
             tp = TopicPartition(topic, partition)
             self._unacquired.discard(tp)
@@ -307,6 +312,9 @@ class KafkaBroker:
             part.fetched = [o for o in part.fetched if o >= offset]
             part.settled = {o for o in part.settled if o >= offset}
             self._hint_dirty = True
+        if self._hint_dirty and (self._hint_task is None or self._hint_task.done()):
+            with contextlib.suppress(RuntimeError):  # no running loop: the next fetch commits it
+                self._hint_task = asyncio.get_running_loop().create_task(self._hint_loop())
 
     def pending_progress(self) -> Progress | None:
         return self._progress({})
@@ -386,6 +394,10 @@ class KafkaBroker:
         try:
             if self._unacquired:
                 await self._acquire(sorted(self._unacquired & consumer.assignment()))
+                error = self._acquire_error
+                if self._unacquired and isinstance(error, psycopg.Error) and error.sqlstate is not None:
+                    self._acquire_error = None
+                    raise error  # the consumer decides: halt (42501, 42704 ...) or a database pause
             now = time.monotonic()
             for tp, part in self._owned.items():
                 if part.resume_at is not None and part.resume_at <= now:
@@ -406,6 +418,8 @@ class KafkaBroker:
                 if owner.fetched and record.offset <= owner.fetched[-1]:
                     continue
                 owner.fetched.append(record.offset)
+                if record.offset in owner.settled:
+                    continue  # settled before a retry sought back past it (applied, dead-lettered)
                 out.append(self._delivery(record, tp, owner))
         return out
 
@@ -418,7 +432,15 @@ class KafkaBroker:
         offsets = {tp: part.stored for tp, part in self._owned.items() if part.stored is not None}
         if offsets:
             with contextlib.suppress(Exception):
-                await self._consumer.commit(offsets)
+                await asyncio.wait_for(self._consumer.commit(offsets), 5.0)
+
+    async def _hint_loop(self) -> None:
+        """After a COMMIT: the hint, at most once per hint_interval (one task: commits in order)."""
+        while self._hint_dirty and self._consumer is not None:
+            delay = self._next_hint - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await self._hint(time.monotonic())
 
     def _settle(self, deliveries: Sequence[Delivery]) -> None:
         for d in deliveries:
@@ -440,8 +462,8 @@ class KafkaBroker:
         part = self._owned.get(tp)
         if part is None or part.generation != generation:
             return  # no longer ours: the next owner reads it from the stored offset
+        # what is settled after it stays settled: read again, it is skipped, not delivered again
         part.fetched = [o for o in part.fetched if o < offset]
-        part.settled = {o for o in part.settled if o < offset}
         part.seek_to = offset if part.seek_to is None else min(part.seek_to, offset)
         due = time.monotonic() + delay
         part.resume_at = due if part.resume_at is None else max(part.resume_at, due)
@@ -478,6 +500,11 @@ class KafkaBroker:
         self._settle([delivery])
 
     async def close(self) -> None:
+        task, self._hint_task = self._hint_task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
         consumer, self._consumer = self._consumer, None
         producer, self._producer = self._producer, None
         if consumer is not None:

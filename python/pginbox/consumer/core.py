@@ -421,7 +421,11 @@ class Consumer:
                 if not self._connected and not await self._connect():
                     continue
                 try:
-                    deliveries = await self.broker.fetch(self.config.prefetch, self.fetch_timeout)
+                    try:
+                        deliveries = await self.broker.fetch(self.config.prefetch, self.fetch_timeout)
+                    except psycopg.Error as exc:  # an adapter that reads its position from the database
+                        await self._position_unavailable(exc)
+                        continue
                     if deliveries:
                         await self._process(runner, deliveries)
                 except BrokerError as exc:
@@ -724,10 +728,32 @@ class Consumer:
         await self._hand_back([d for d, _ in batch], pause)
         await self._sleep(pause)
 
-    async def _halt(self, halts: list[tuple[Delivery, _Halt]]) -> None:
+    async def _position_unavailable(self, exc: psycopg.Error) -> None:
+        """The adapter could not read its position (Kafka: inbox.kafka_acquire refused): a
+        configuration or rights error halts, anything else pauses as a database outage."""
+        if _action(exc) is Action.HALT:
+            await self._halt([], exc)
+            return
+        self._db_failures += 1
+        self._db_ok = False
+        pause = self._backoff(self._db_failures, base=0.2)
+        log.warning(
+            kv(
+                "database_unavailable",
+                consumer=self.config.consumer,
+                attempt=self._db_failures,
+                handed_back=0,
+                pause=round(pause, 3),
+                error=_one_line(exc),
+            )
+        )
+        await self._sleep(pause)
+
+    async def _halt(self, halts: list[tuple[Delivery, _Halt]], error: BaseException | None = None) -> None:
         """A configuration or rights error: hand the messages back, say what to fix, stop
         fetching for halt_recheck seconds, then try again."""
-        error = halts[0][1].error
+        if error is None:
+            error = halts[0][1].error
         state = getattr(error, "sqlstate", None) or type(error).__name__
         if self._halted is None or self._halted["sqlstate"] != state:
             self.stats.halts += 1
@@ -739,7 +765,7 @@ class Consumer:
             "messages": len(halts),
         }
         self.metrics.halted.set(1)
-        m = halts[0][0].message
+        m = halts[0][0].message if halts else None
         log.error(
             kv(
                 "consumer_halted",
