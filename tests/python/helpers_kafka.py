@@ -58,9 +58,11 @@ def free_port() -> int:
 class Tansu:
     """A private Tansu broker on a free port; stop() kills it (memory storage: topics are gone)."""
 
-    def __init__(self, binary: str) -> None:
+    def __init__(self, binary: str, port: int | None = None, advertised_port: int | None = None) -> None:
+        """`advertised_port`: the port clients are told to connect to (a TCP proxy in front)."""
         self.binary = binary
-        self.port = free_port()
+        self.port = port or free_port()
+        self.advertised_port = advertised_port or self.port
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.url = f"kafka://{self.bootstrap}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -76,7 +78,7 @@ class Tansu:
                 "--listener-url",
                 url,
                 "--advertised-listener-url",
-                url,
+                f"tcp://127.0.0.1:{self.advertised_port}",
                 "--storage-engine",
                 "memory://tansu/",
                 "--cluster-id",
