@@ -395,7 +395,7 @@ class KafkaBroker:
             if self._unacquired:
                 await self._acquire(sorted(self._unacquired & consumer.assignment()))
                 error = self._acquire_error
-                if self._unacquired and isinstance(error, psycopg.Error) and error.sqlstate is not None:
+                if self._unacquired and isinstance(error, psycopg.Error):
                     self._acquire_error = None
                     raise error  # the consumer decides: halt (42501, 42704 ...) or a database pause
             now = time.monotonic()

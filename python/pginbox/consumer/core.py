@@ -736,6 +736,8 @@ class Consumer:
             return
         self._db_failures += 1
         self._db_ok = False
+        if self._db_failures == 1:
+            self.stats.database_outages += 1
         pause = self._backoff(self._db_failures, base=0.2)
         log.warning(
             kv(
