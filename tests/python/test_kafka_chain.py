@@ -126,6 +126,11 @@ def test_kafka_chain_under_crashes_rebalances_cuts_and_a_rewind(
             first.start()
             wait_for(lambda: len(received()) >= 100, "progress after the consumer's SIGKILL", timeout=90)
             second.start()  # a rebalance: partitions move, the generations advance
+            wait_for(
+                lambda: "partition_acquired" in (tmp_path / "consume2.log").read_text(),
+                "the second consumer holding partitions",
+                timeout=90,
+            )
             wait_for(lambda: len(received()) >= 160, "progress with two consumers", timeout=90)
             proxy.cut()  # every broker connection dropped
             wait_for(lambda: len(received()) >= 220, "progress after a connection cut", timeout=90)
