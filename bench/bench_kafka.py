@@ -78,8 +78,8 @@ def preload(broker: Tansu, n: int) -> str:
     records = [
         {
             "value": json.dumps({"account": i % 1000 + 1, "amount": 1}).encode(),
-            "key": f"m{i}",
-            "headers": {"Pginbox-Producer": "shop", "Pginbox-Message-Id": f"m{i}", "Pginbox-Type": "credit"},
+            "key": f"{topic}-{i}",  # ids unique per run: a later round's records are not duplicates
+            "headers": {"Pginbox-Producer": "shop", "Pginbox-Message-Id": f"{topic}-{i}", "Pginbox-Type": "credit"},
         }
         for i in range(n)
     ]
@@ -149,8 +149,8 @@ def pginbox(broker: Tansu, topic: str, dsn: str, n: int) -> float:
     first = consumer.stats.consumed
     while consumer.stats.outcomes.get("applied", 0) < n:
         time.sleep(0.005)
-        if not thread.is_alive():
-            raise RuntimeError("the consumer stopped")
+        if not thread.is_alive() or consumer.stats.consumed > n:
+            raise RuntimeError(f"the consumer stopped or read too much: {consumer.stats.outcomes}")
     elapsed = time.perf_counter() - started
     n -= first  # the first batch was fetched before the clock started
     consumer.stop()
