@@ -94,6 +94,7 @@ SQLSTATE_NAMES: Final[Mapping[str, str]] = {
     "IR001": "replay_handler_changed",
     "IR002": "replay_pin_mismatch",
     "IR003": "replay_payload_mismatch",
+    "IRK01": "kafka_partition_fenced",
 }
 
 

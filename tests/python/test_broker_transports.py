@@ -245,7 +245,7 @@ def test_configuration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
                 close()
     assert destination_type("x", {"url": "amqps://h/"}) == "rabbitmq"
     with pytest.raises(ValueError, match="type must be one of"):
-        destination_type("x", {"type": "kafka"})
+        destination_type("x", {"type": "mqtt"})
     with pytest.raises(ValueError, match="needs subject"):
         load_config(None, environ={"PGINBOX_DEST_EV_URL": NATS_URL}, use_entry_points=False)
     with pytest.raises(ValueError, match="module:function"):

@@ -44,6 +44,7 @@ ADAPTERS: Final = {
     "rabbitmq": "pginbox.brokers.rabbitmq:RabbitMQBroker",
     "nats": "pginbox.brokers.jetstream:JetStreamBroker",
     "redis": "pginbox.brokers.redis:RedisStreamsBroker",
+    "kafka": "pginbox.brokers.kafka:KafkaBroker",
     "memory": "pginbox.brokers.memory:MemorySource",
 }
 

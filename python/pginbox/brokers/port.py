@@ -19,6 +19,9 @@ adapter; docs/brokers.md, "Writing an adapter"):
                database is unavailable, or the consumer halts); it may come back marked redelivered
   close        drop the connection; what was not settled comes back later, marked redelivered
   Any failure of the broker connection raises BrokerError: the consumer reconnects.
+
+An adapter whose position lives in the database (Kafka: ProgressStore) also gives the consumer the
+statement that stores its position, run in the transaction that decides a batch, before COMMIT.
 """
 
 from __future__ import annotations
@@ -26,12 +29,12 @@ from __future__ import annotations
 import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from pginbox.client.outcomes import Message
 from pginbox.transports.protocol import DeliveryReport
 
-__all__ = ["Broker", "Delivery", "Outgoing", "Publisher", "SourceConfig"]
+__all__ = ["Broker", "Delivery", "Outgoing", "Progress", "ProgressStore", "Publisher", "SourceConfig"]
 
 
 @dataclass
@@ -89,6 +92,38 @@ class Broker(Protocol):
     async def dead_letter(self, delivery: Delivery, sqlstate: str, reason: str) -> None: ...
     async def hand_back(self, delivery: Delivery, delay: float) -> None: ...
     async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A position to store in the database: `query` with `params` (one statement), run in the
+    transaction that decides a batch, just before its COMMIT, or in one of its own for positions
+    settled outside a transaction (dead letters). `positions`: what it stores, for the adapter."""
+
+    query: str
+    params: Sequence[Any]
+    positions: Mapping[Any, tuple[int, int]]
+
+
+@runtime_checkable
+class ProgressStore(Protocol):
+    """An inbound adapter whose consumption progress is stored with the claims (Kafka offsets):
+
+    attach_database     the consumer's DSN (the adapter acquires partitions with it)
+    progress            the statement storing the position reached once `deliveries` (a part of
+                        the last fetch) are settled as `acked` says, or None; pure: it may be
+                        asked again when the transaction is re-run
+    progress_committed  that statement committed
+    pending_progress    the position settled outside transactions since (dead letters), or None
+    fenced              the store was refused (SQLSTATE FENCED): the transaction rolled back;
+                        acquire the partitions again and read from their stored offsets
+    """
+
+    def attach_database(self, dsn: str) -> None: ...
+    def progress(self, deliveries: Sequence[Delivery], acked: Sequence[bool]) -> Progress | None: ...
+    def progress_committed(self, progress: Progress) -> None: ...
+    def pending_progress(self) -> Progress | None: ...
+    async def fenced(self, deliveries: Sequence[Delivery]) -> None: ...
 
 
 @dataclass(frozen=True)

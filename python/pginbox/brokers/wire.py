@@ -25,6 +25,8 @@ from pginbox.transports.effect import delivery_key
 __all__ = [
     "BROKERS",
     "DEFAULT_SOURCES",
+    "FENCED",
+    "KAFKA",
     "MAX_JSON_DEPTH",
     "OFFSETS",
     "PRODUCED_AT_RANGE",
@@ -64,8 +66,12 @@ class Header:
 RABBITMQ: Final = "rabbitmq"
 NATS: Final = "nats"
 REDIS: Final = "redis"
+KAFKA: Final = "kafka"
 MEMORY: Final = "memory"
-BROKERS: Final = (RABBITMQ, NATS, REDIS, MEMORY)
+BROKERS: Final = (RABBITMQ, NATS, REDIS, KAFKA, MEMORY)
+#: SQLSTATE of inbox.kafka_store_offsets when the partition was assigned again meanwhile: the
+#: batch's transaction rolled back, and the adapter must acquire the partition again.
+FENCED: Final = "IRK01"
 
 #: Broker properties an identity field may be read from (besides header:NAME and const:VALUE).
 PROPERTIES: Final[Mapping[str, frozenset[str]]] = {
@@ -85,11 +91,15 @@ PROPERTIES: Final[Mapping[str, frozenset[str]]] = {
     ),
     NATS: frozenset({"subject", "stream", "sequence", "timestamp"}),
     REDIS: frozenset({"stream"}),
+    # create_time: the record's CreateTime (None when the topic stamps LogAppendTime);
+    # log_append_time: the broker's append time (None under CreateTime); position: "topic:partition:offset",
+    # the explicit opt-in for topics whose producers write no id (docs/kafka.md)
+    KAFKA: frozenset({"topic", "partition", "offset", "key", "create_time", "log_append_time", "position"}),
     MEMORY: frozenset({"queue"}),
 }
 #: Properties that are positions in a log, not identities: a message published again gets a new
 #: one, so they can never be its message id (Redis entry ids are not even offered).
-OFFSETS: Final[Mapping[str, frozenset[str]]] = {NATS: frozenset({"sequence"})}
+OFFSETS: Final[Mapping[str, frozenset[str]]] = {NATS: frozenset({"sequence"}), KAFKA: frozenset({"offset"})}
 
 _HEADERS_SOURCES: Final = {
     "producer": f"header:{Header.PRODUCER}",
@@ -110,6 +120,7 @@ DEFAULT_SOURCES: Final[Mapping[str, Mapping[str, str]]] = {
     # Nats-Msg-Id as the fallback: what pginbox 0.2 destinations wrote as the id
     NATS: {**_HEADERS_SOURCES, "message_id": f"header:{Header.MESSAGE_ID}|header:{Header.NATS_MSG_ID}"},
     REDIS: _HEADERS_SOURCES,
+    KAFKA: {**_HEADERS_SOURCES, "produced_at": f"header:{Header.PRODUCED_AT}|create_time"},
     MEMORY: _HEADERS_SOURCES,
 }
 IDENTITY_FIELDS: Final = ("producer", "message_id", "message_type", "produced_at", "tenant")
@@ -151,6 +162,12 @@ class IdentitySource:
                 raise ConsumerConfigError(
                     f"consume setting message_id={first!r}: a {broker} {first} is a position in the stream, not "
                     "the message's identity (a message published again gets a new one): read the id from a header"
+                    + (
+                        ", or opt in with message_id = 'position' (docs/kafka.md: only for topics whose producers "
+                        "never write a record twice)"
+                        if broker == KAFKA
+                        else ""
+                    )
                 )
             return cls("property", first, fallback)
         raise ConsumerConfigError(

@@ -21,13 +21,17 @@ __all__ = ["consume"]
 @click.option("--config", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="TOML file with a [consume] table (options and PGINBOX_CONSUME_* variables win over it).")
 @click.option("--url", default=None,
-              help="Broker URL: amqp://... (RabbitMQ), nats://... (NATS JetStream), redis://... (Redis Streams).")
+              help="Broker URL: amqp://... (RabbitMQ), nats://... (NATS JetStream), redis://... (Redis Streams), "
+                   "kafka://host:port[,host:port] (Kafka).")
 @click.option("--consumer", default=None, help="The pginbox consumer name.")
 @click.option("--queue", default=None, help="RabbitMQ queue.")
 @click.option("--stream", default=None, help="NATS JetStream stream, or Redis stream key.")
 @click.option("--subject", default=None, help="NATS: filter subject of the durable consumer.")
+@click.option("--topic", default=None, help="Kafka: the topic (offsets stored in the database, docs/kafka.md).")
+@click.option("--offset-reset", type=click.Choice(["earliest", "latest"]), default=None,
+              help="Kafka: where a partition with no stored offset starts [default: earliest].")
 @click.option("--durable", default=None,
-              help="NATS durable consumer / Redis consumer group [default: the consumer name].")
+              help="NATS durable consumer / Redis or Kafka consumer group [default: the consumer name].")
 @click.option("--claim-idle", type=click.FloatRange(0.05, None), default=None,
               help="Seconds an unacked delivery is held before the broker hands it out again (NATS ack_wait, "
                    "Redis XAUTOCLAIM idle time) [default: 30].")
@@ -65,7 +69,7 @@ __all__ = ["consume"]
 @click.option("--health-host", default=None, help="Address the health endpoint binds to [default: 127.0.0.1].")
 @click.pass_context
 def consume(ctx: click.Context, /, command_dsn: str | None, config: Path | None, **options: Any) -> None:
-    """Consume a RabbitMQ queue, a NATS JetStream stream or a Redis stream into schema inbox: one
+    """Consume a RabbitMQ queue, a NATS JetStream stream, a Redis stream or a Kafka topic into schema inbox: one
     transaction per batch, ack after COMMIT, failed messages redelivered after a growing delay, bad
     input to the dead letter, a configuration or rights error halts (SIGTERM/SIGINT: finish the
     batch, exit 0). See docs/brokers.md."""

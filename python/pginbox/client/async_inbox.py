@@ -48,7 +48,7 @@ from pginbox.client import shared as _core
 from pginbox.client.durability import WAIT_DURABLE, Durability
 from pginbox.client.outcomes import InboxStats, Message, Outcome, Result
 from pginbox.client.retry import RetryPolicy, TransientKind, classify
-from pginbox.client.shared import CallCost, CommitUnknown, Failure, Transient
+from pginbox.client.shared import BeforeCommit, CallCost, ChunkHook, CommitUnknown, Failure, Transient
 from pginbox.errors import CommitOutcomeUnknown, HandlerProtocolError, NotDurable, PginboxError, RetriesExhausted
 from pginbox.sql_limits import MAX_BATCH
 
@@ -291,21 +291,27 @@ class AsyncInbox:
         )
         return await self._durable(self._stats.stamp([result], cost)[0])
 
-    async def apply_batch(self, messages: Iterable[Message]) -> list[Result]:
+    async def apply_batch(
+        self, messages: Iterable[Message], *, before_commit: BeforeCommit | None = None
+    ) -> list[Result]:
         """inbox.claim_and_apply_batch over chunks of `batch_size` messages, one transaction per
         chunk, each message isolated from the others' failures. Results in input order.
         If a chunk exhausts its retries, RetriesExhausted is raised: earlier chunks are committed
-        (their redeliveries are duplicates), later ones were not attempted."""
+        (their redeliveries are duplicates), later ones were not attempted.
+        `before_commit(start, results)`: called in each chunk's transaction once its results are
+        known (`start`: the chunk's first index in `messages`); the statement it returns, if any,
+        runs in that transaction before COMMIT (pginbox consume stores Kafka offsets with it)."""
         batch = [_core.check_message(m) for m in messages]
         results: list[Result] = []
-        for chunk in _core.chunks(batch, self.batch_size):
+        for start, chunk in _core.indexed_chunks(batch, self.batch_size):
             cost = CallCost()
             out, pending = await self._announce_redeliveries(chunk, cost)
             if pending:
                 params = _core.batch_params(self.consumer, [chunk[i] for i in pending])
+                extra = None if before_commit is None else _core.chunk_hook(before_commit, start, out, pending)
                 applied = await self._run(
                     partial(self._statement_tx, query=queries.CLAIM_AND_APPLY_BATCH, params=params,
-                            build=_core.batch_results),
+                            build=_core.batch_results, extra=extra),
                     cost,
                 )
                 for i, r in zip(pending, applied, strict=True):
@@ -313,20 +319,25 @@ class AsyncInbox:
             results.extend(self._stats.stamp(cast(list[Result], out), cost))
         return await self._durable(results)
 
-    async def handle_batch(self, messages: Iterable[Message], handler: AsyncHandler) -> list[Result]:
+    async def handle_batch(
+        self, messages: Iterable[Message], handler: AsyncHandler, *, before_commit: BeforeCommit | None = None
+    ) -> list[Result]:
         """`handle` for many messages: one transaction per chunk of `batch_size`, every identity of
         the chunk claimed in one statement (inbox.claim_batch), a savepoint per handler. A permanent
         handler error rolls back to the message's savepoint, takes its claim back and is recorded in
         the same transaction (FAILED / QUARANTINED Result, never raised); a transient error re-runs
-        the whole chunk. Results in input order."""
+        the whole chunk. Results in input order. `before_commit`: as in apply_batch."""
         batch = [_core.check_message(m) for m in messages]
         results: list[Result] = []
-        for chunk in _core.chunks(batch, self.batch_size):
+        for start, chunk in _core.indexed_chunks(batch, self.batch_size):
             cost = CallCost()
             out, pending = await self._announce_redeliveries(chunk, cost)
             if pending:
                 todo = [chunk[i] for i in pending]
-                done = await self._run(partial(self._handle_batch_attempt, messages=todo, handler=handler), cost)
+                extra = None if before_commit is None else _core.chunk_hook(before_commit, start, out, pending)
+                done = await self._run(
+                    partial(self._handle_batch_attempt, messages=todo, handler=handler, extra=extra), cost
+                )
                 for i, (r, exc) in zip(pending, done, strict=True):
                     out[i] = r if exc is None else replace(r, exception=exc)
             results.extend(self._stats.stamp(cast(list[Result], out), cost))
@@ -505,7 +516,7 @@ class AsyncInbox:
         return None
 
     async def _handle_batch_attempt(
-        self, conn: AConn, messages: Sequence[Message], handler: AsyncHandler
+        self, conn: AConn, messages: Sequence[Message], handler: AsyncHandler, extra: ChunkHook | None = None
     ) -> list[tuple[Result, BaseException | None]]:
         """One transaction: every message claimed in one statement (inbox.claim_batch), then each
         claimed message's handler after a savepoint of its own. A permanent handler error rolls
@@ -585,6 +596,9 @@ class AsyncInbox:
                     assert frow is not None
                     xid = frow[9] or xid
                     out.append((_core.result_from_row(frow), failure.error))
+                statement = None if extra is None else extra([r for r, _ in out])
+                if statement is not None:
+                    await cur.execute(statement[0], statement[1], prepare=True)
             except BaseException:
                 await _rollback_quietly(conn)
                 raise
@@ -592,19 +606,24 @@ class AsyncInbox:
         return out
 
     async def _statement_tx(
-        self, conn: AConn, query: Any, params: Any, build: Callable[[list[TupleRow]], T]
+        self, conn: AConn, query: Any, params: Any, build: Callable[[list[TupleRow]], T],
+        extra: Callable[[T], tuple[Any, Any] | None] | None = None,
     ) -> T:
-        """One statement in a transaction of its own: BEGIN + statement, then COMMIT."""
+        """One statement in a transaction of its own: BEGIN + statement, then COMMIT (`extra`: a
+        second statement from the first one's value, before COMMIT)."""
         switched = await _enter_autocommit(conn, self.pipeline)
         try:
             cur = conn.cursor(row_factory=tuple_row)
             try:
                 await _begin_and_execute(conn, cur, query, params, self.pipeline)
                 rows = await cur.fetchall()
+                value = build(rows)
+                statement = None if extra is None else extra(value)
+                if statement is not None:
+                    await cur.execute(statement[0], statement[1], prepare=True)
             except BaseException:
                 await _rollback_quietly(conn)
                 raise
-            value = build(rows)
             await self._commit(conn, rows[0][-1] if rows else None, value)
             return value
         finally:

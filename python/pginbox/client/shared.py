@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -337,3 +337,30 @@ def check_batch_size(size: int) -> int:
     if not 1 <= size <= MAX_BATCH:
         raise ValueError(f"batch_size must be between 1 and {MAX_BATCH}, got {size}")
     return size
+
+
+#: before_commit(start, results) of apply_batch / handle_batch: a statement (query, params) to run
+#: in the chunk's transaction before COMMIT, or None. `start`: the chunk's first index in the call.
+BeforeCommit = Callable[[int, Sequence[Result]], tuple[Any, Any] | None]
+#: The same, bound to one chunk: called with the results of the messages the transaction processed.
+ChunkHook = Callable[[Sequence[Result]], tuple[Any, Any] | None]
+
+
+def indexed_chunks(messages: Sequence[Message], size: int) -> list[tuple[int, Sequence[Message]]]:
+    return [(i, messages[i : i + size]) for i in range(0, len(messages), size)]
+
+
+def chunk_hook(
+    before_commit: BeforeCommit, start: int, out: Sequence[Result | None], pending: Sequence[int]
+) -> ChunkHook:
+    """before_commit for one chunk: the results of the processed messages merged, in order, with
+    those decided before the transaction (record_start's quarantines)."""
+    decided = list(out)
+
+    def hook(processed: Sequence[Result]) -> tuple[Any, Any] | None:
+        merged = list(decided)
+        for i, r in zip(pending, processed, strict=True):
+            merged[i] = r
+        return before_commit(start, cast(list[Result], merged))
+
+    return hook

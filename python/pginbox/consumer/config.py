@@ -51,6 +51,7 @@ from pginbox.brokers.wire import (
     BROKERS,
     DEFAULT_SOURCES,
     IDENTITY_FIELDS,
+    KAFKA,
     MEMORY,
     NATS,
     RABBITMQ,
@@ -72,11 +73,13 @@ def broker_of(url: str) -> str:
         return NATS
     if scheme in ("redis", "rediss", "unix"):
         return REDIS
+    if scheme == KAFKA:
+        return KAFKA
     if scheme == MEMORY:
         return MEMORY
     raise ConsumerConfigError(
         f"consume url {safe_url(url)!r}: expected amqp(s)://... (RabbitMQ), nats://... (NATS JetStream), "
-        "redis(s)://... (Redis Streams) or memory://NAME")
+        "redis(s)://... (Redis Streams), kafka://host:port[,host:port] (Kafka) or memory://NAME")
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,8 @@ class ConsumeConfig:
     stream: str | None = None
     subject: str | None = None
     durable: str | None = None
+    topic: str | None = None
+    offset_reset: str = "earliest"
     handler: str = "sql"
     handler_version: str = "unversioned"
     prefetch: int = 50
@@ -104,8 +109,8 @@ class ConsumeConfig:
 
     @property
     def source_name(self) -> str:
-        """The queue, or stream/durable, for logs."""
-        return self.queue or f"{self.stream}/{self.durable}"
+        """The queue, or stream/durable (Kafka: topic/group), for logs."""
+        return self.queue or f"{self.topic or self.stream}/{self.durable}"
 
     @property
     def dead_letter_target(self) -> str:
@@ -115,16 +120,20 @@ class ConsumeConfig:
             return f"{self.queue}.dead"
         if self.broker == REDIS:
             return f"{self.stream}:dead"
+        if self.broker == KAFKA:
+            return f"{self.topic}.dead"
         return f"pginbox.dead.{self.durable}"
 
     @property
     def source(self) -> SourceConfig:
         """What the broker adapter is told (pginbox.brokers.port.SourceConfig)."""
-        options = {"consumer_name": self.consumer_name} if self.consumer_name else {}
+        options: dict[str, Any] = {"consumer_name": self.consumer_name} if self.consumer_name else {}
+        if self.broker == KAFKA:
+            options["offset_reset"] = self.offset_reset
         return SourceConfig(broker=self.broker, url=self.url, consumer=self.consumer,
                             dead_letter=self.dead_letter_target, prefetch=self.prefetch, queue=self.queue,
-                            stream=self.stream, subject=self.subject, durable=self.durable, declare=self.declare,
-                            claim_idle=self.claim_idle, options=options)
+                            stream=self.topic or self.stream, subject=self.subject, durable=self.durable,
+                            declare=self.declare, claim_idle=self.claim_idle, options=options)
 
 
 _DURABILITY_KEYS = frozenset({"min_standbys", "standby_names", "standby_wait", "durability_timeout"})
@@ -219,6 +228,14 @@ def load_consume_config(
             raise ConsumerConfigError(f"consume: {'RabbitMQ' if broker == RABBITMQ else 'memory://'} needs a queue: "
                                       "pass --queue or set queue in [consume]")
         config = replace(config, queue=str(table["queue"]))
+    elif broker == KAFKA:
+        if not table.get("topic"):
+            raise ConsumerConfigError("consume: Kafka needs a topic: pass --topic or set topic in [consume]")
+        reset = str(table.get("offset_reset", "earliest"))
+        if reset not in ("earliest", "latest"):
+            raise ConsumerConfigError(f"consume setting offset_reset={reset!r}: expected 'earliest' or 'latest'")
+        config = replace(config, topic=str(table["topic"]), durable=str(table.get("durable") or consumer),
+                         offset_reset=reset)
     else:
         if not table.get("stream"):
             what = "NATS JetStream" if broker == NATS else "Redis Streams"

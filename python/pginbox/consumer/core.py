@@ -53,12 +53,13 @@ from prometheus_client import CollectorRegistry
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTimeout
 
 from pginbox.brokers import make_broker
-from pginbox.brokers.port import Broker, Delivery
-from pginbox.brokers.wire import Action, BadInput, action_for, parse_message
+from pginbox.brokers.port import Broker, Delivery, Progress, ProgressStore
+from pginbox.brokers.wire import FENCED, Action, BadInput, action_for, parse_message
 from pginbox.client.async_inbox import AsyncHandler, AsyncInbox
 from pginbox.client.inbox import Inbox
 from pginbox.client.outcomes import Message, Outcome, Result
 from pginbox.client.retry import RetryPolicy
+from pginbox.client.shared import BeforeCommit
 from pginbox.consumer.config import ConsumeConfig
 from pginbox.errors import BrokerError, CommitOutcomeUnknown, ConsumerConfigError, NotDurable, RetriesExhausted
 from pginbox.runtime.backoff import doubling, jittered
@@ -172,7 +173,14 @@ class _Halt:
     error: BaseException
 
 
-_Verdict = Result | _DeadLetter | _Unavailable | _Halt
+@dataclass(frozen=True)
+class _Fenced:
+    """The position store refused the batch (the partition was assigned again): it rolled back."""
+
+    error: BaseException
+
+
+_Verdict = Result | _DeadLetter | _Unavailable | _Halt | _Fenced
 
 
 def _action(exc: BaseException) -> Action:
@@ -243,14 +251,23 @@ class _AsyncRunner:
     async def close(self) -> None:
         await self.pool.close()
 
-    async def call(self, messages: Sequence[Message]) -> list[Result]:
+    async def call(self, messages: Sequence[Message], before_commit: BeforeCommit | None = None) -> list[Result]:
         if self.handler is None:
+            if before_commit is not None:
+                return await self.inbox.apply_batch(messages, before_commit=before_commit)
             if len(messages) == 1:
                 return [await self.inbox.apply(messages[0])]
             return await self.inbox.apply_batch(messages)
+        if before_commit is not None:
+            return await self.inbox.handle_batch(messages, self.handler, before_commit=before_commit)
         if len(messages) == 1:
             return [await self.inbox.handle(messages[0], self.handler, raise_on_failure=False)]
         return await self.inbox.handle_batch(messages, self.handler)
+
+    async def store(self, progress: Progress) -> None:
+        """A position in a transaction of its own."""
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute(progress.query, progress.params)
 
 
 class _ThreadRunner:
@@ -288,13 +305,23 @@ class _ThreadRunner:
     async def close(self) -> None:
         await asyncio.to_thread(self.pool.close)
 
-    def _call(self, messages: Sequence[Message]) -> list[Result]:
+    def _call(self, messages: Sequence[Message], before_commit: BeforeCommit | None) -> list[Result]:
+        if before_commit is not None:
+            return self.inbox.handle_batch(messages, self.handler, before_commit=before_commit)
         if len(messages) == 1:
             return [self.inbox.handle(messages[0], self.handler, raise_on_failure=False)]
         return self.inbox.handle_batch(messages, self.handler)
 
-    async def call(self, messages: Sequence[Message]) -> list[Result]:
-        return await asyncio.to_thread(self._call, messages)
+    async def call(self, messages: Sequence[Message], before_commit: BeforeCommit | None = None) -> list[Result]:
+        return await asyncio.to_thread(self._call, messages, before_commit)
+
+    def _store(self, progress: Progress) -> None:
+        with self.pool.connection() as conn, conn.transaction():
+            conn.execute(progress.query, progress.params)
+
+    async def store(self, progress: Progress) -> None:
+        """A position in a transaction of its own."""
+        await asyncio.to_thread(self._store, progress)
 
 
 class Consumer:
@@ -323,6 +350,10 @@ class Consumer:
             handler = load_handler(config.handler)
         self.handler = handler
         self.broker = broker if broker is not None else make_broker(config.source)
+        #: the adapter stores its position with the claims (Kafka offsets)
+        self.progress: ProgressStore | None = self.broker if isinstance(self.broker, ProgressStore) else None
+        if self.progress is not None:
+            self.progress.attach_database(dsn)
         self.retry = retry if retry is not None else RetryPolicy(max_attempts=3, max_delay=0.5, resolve_timeout=10.0)
         self.fetch_timeout = fetch_timeout
         self.max_pause = max_pause
@@ -416,7 +447,11 @@ class Consumer:
                 if not self._connected and not await self._connect():
                     continue
                 try:
-                    deliveries = await self.broker.fetch(self.config.prefetch, self.fetch_timeout)
+                    try:
+                        deliveries = await self.broker.fetch(self.config.prefetch, self.fetch_timeout)
+                    except psycopg.Error as exc:  # an adapter that reads its position from the database
+                        await self._position_unavailable(exc)
+                        continue
                     if deliveries:
                         await self._process(runner, deliveries)
                 except BrokerError as exc:
@@ -509,6 +544,25 @@ class Consumer:
         if good:
             verdicts.extend(await self._decide(runner, good))
         await self._tell_broker(verdicts)
+        if self.progress is not None:
+            await self._store_pending(runner, self.progress)
+
+    async def _store_pending(self, runner: _AsyncRunner | _ThreadRunner, store: ProgressStore) -> None:
+        """The position settled outside the batch's transactions (dead letters, quarantines of
+        record_start), in a transaction of its own. Failing here loses nothing: the position
+        stays behind, and what is read again answers duplicate (or is dead-lettered again)."""
+        pending = store.pending_progress()
+        if pending is None:
+            return
+        try:
+            await runner.store(pending)
+        except Exception as exc:
+            if getattr(exc, "sqlstate", None) == FENCED:
+                await store.fenced([])
+            else:
+                log.warning(kv("progress_not_stored", consumer=self.config.consumer, error=_one_line(exc)))
+            return
+        store.progress_committed(pending)
 
     async def _decide(
         self, runner: _AsyncRunner | _ThreadRunner, batch: list[Delivery]
@@ -517,9 +571,21 @@ class Consumer:
         error of one message) is split in halves until each refusal is alone, so that the good
         messages are applied."""
         self.stats.transactions += 1
+        store = self.progress
+        stored: list[Progress] = []
+        hook: BeforeCommit | None = None
+        if store is not None:
+
+            def hook(start: int, results: Sequence[Result]) -> tuple[Any, Any] | None:
+                progress = store.progress(batch[start : start + len(results)], [r.ack for r in results])
+                stored[:] = [] if progress is None else [progress]
+                return None if progress is None else (progress.query, progress.params)
+
         try:
-            results = await runner.call([d.message for d in batch if d.message is not None])
+            results = await runner.call([d.message for d in batch if d.message is not None], hook)
         except Exception as exc:
+            if store is not None and getattr(exc, "sqlstate", None) == FENCED:
+                return [(d, _Fenced(exc)) for d in batch]
             action = _action(exc)
             if action is Action.RETRY:
                 return [(d, _Unavailable(exc)) for d in batch]
@@ -533,6 +599,8 @@ class Consumer:
             if any(isinstance(v, _Unavailable) for _, v in first):  # the database went away meanwhile
                 return first + [(d, _Unavailable(exc)) for d in batch[half:]]
             return first + await self._decide(runner, batch[half:])
+        if store is not None and stored:
+            store.progress_committed(stored[0])
         return list(zip(batch, results, strict=True))
 
     async def _tell_broker(self, verdicts: list[tuple[Delivery, _Verdict]]) -> None:
@@ -541,6 +609,7 @@ class Consumer:
         acks: list[Delivery] = []
         unavailable: list[tuple[Delivery, _Unavailable]] = []
         halts: list[tuple[Delivery, _Halt]] = []
+        fenced: list[tuple[Delivery, _Fenced]] = []
         now = datetime.datetime.now(datetime.UTC)
         decided = False
         for d, verdict in verdicts:
@@ -558,6 +627,8 @@ class Consumer:
                 await self._dead_letter(d, verdict.sqlstate, verdict.reason)
             elif isinstance(verdict, _Unavailable):
                 unavailable.append((d, verdict))
+            elif isinstance(verdict, _Fenced):
+                fenced.append((d, verdict))
             else:
                 halts.append((d, verdict))
         if decided:
@@ -565,6 +636,16 @@ class Consumer:
             self._db_ok = True
             self.timeline.ok()
         await self.broker.ack_many(acks)
+        if fenced and self.progress is not None:
+            log.warning(
+                kv(
+                    "partition_fenced",
+                    consumer=self.config.consumer,
+                    rolled_back=len(fenced),
+                    error=_one_line(fenced[0][1].error),
+                )
+            )
+            await self.progress.fenced([d for d, _ in fenced])
         if unavailable:  # a halt found before the database went away is handed back with the rest
             await self._database_unavailable(unavailable + [(d, _Unavailable(h.error)) for d, h in halts])
         elif halts:
@@ -678,10 +759,34 @@ class Consumer:
         await self._hand_back([d for d, _ in batch], pause)
         await self._sleep(pause)
 
-    async def _halt(self, halts: list[tuple[Delivery, _Halt]]) -> None:
+    async def _position_unavailable(self, exc: psycopg.Error) -> None:
+        """The adapter could not read its position (Kafka: inbox.kafka_acquire refused): a
+        configuration or rights error halts, anything else pauses as a database outage."""
+        if _action(exc) is Action.HALT:
+            await self._halt([], exc)
+            return
+        self._db_failures += 1
+        self._db_ok = False
+        if self._db_failures == 1:
+            self.stats.database_outages += 1
+        pause = self._backoff(self._db_failures, base=0.2)
+        log.warning(
+            kv(
+                "database_unavailable",
+                consumer=self.config.consumer,
+                attempt=self._db_failures,
+                handed_back=0,
+                pause=round(pause, 3),
+                error=_one_line(exc),
+            )
+        )
+        await self._sleep(pause)
+
+    async def _halt(self, halts: list[tuple[Delivery, _Halt]], error: BaseException | None = None) -> None:
         """A configuration or rights error: hand the messages back, say what to fix, stop
         fetching for halt_recheck seconds, then try again."""
-        error = halts[0][1].error
+        if error is None:
+            error = halts[0][1].error
         state = getattr(error, "sqlstate", None) or type(error).__name__
         if self._halted is None or self._halted["sqlstate"] != state:
             self.stats.halts += 1
@@ -693,7 +798,7 @@ class Consumer:
             "messages": len(halts),
         }
         self.metrics.halted.set(1)
-        m = halts[0][0].message
+        m = halts[0][0].message if halts else None
         log.error(
             kv(
                 "consumer_halted",

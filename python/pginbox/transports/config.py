@@ -46,6 +46,11 @@ Configuration (load_config)
       maxlen = 1000000                        # XADD ... MAXLEN ~ (optional)
       producer = "shop"
 
+      [destinations.shipments]                # Kafka: pginbox.brokers.kafka (acks=all, the
+      url = "kafka://127.0.0.1:9092"          #   ordering key as the record key)
+      topic = "shop.shipments"
+      producer = "shop"
+
       [destinations.audit]                    # a Python callable, without an entry point
       callable = "myapp.outbox:send_audit"    # fn(effect); or factory = "module:function",
                                               # called with the section's other keys
@@ -130,9 +135,9 @@ def _apply_env(name: str, section: dict[str, Any], environ: Mapping[str, str]) -
 
 
 _PLAIN_ENV_KEYS = ("type", "callable", "factory", "routing_key", "exchange", "subject", "stream", "maxlen",
-                   "producer", "message_type", "ordering_key")
+                   "producer", "message_type", "ordering_key", "topic")
 _DEFINING_ENV = ("_URL", "_CALLABLE", "_FACTORY")
-_TYPES = ("webhook", "rabbitmq", "nats", "redis", "callable")
+_TYPES = ("webhook", "rabbitmq", "nats", "redis", "kafka", "callable")
 
 
 def destination_type(name: str, options: Mapping[str, Any]) -> str | None:
@@ -157,8 +162,10 @@ def destination_type(name: str, options: Mapping[str, Any]) -> str | None:
         return "nats"
     if scheme in ("redis", "rediss", "unix"):
         return "redis"
+    if scheme == "kafka":
+        return "kafka"
     raise ValueError(f"destination {name!r}: cannot tell the type from url scheme {scheme!r}: set type = "
-                     "'webhook', 'rabbitmq', 'nats' or 'redis'")
+                     "'webhook', 'rabbitmq', 'nats', 'redis' or 'kafka'")
 
 
 def _import(name: str, key: str, spec: str) -> Callable[..., object]:
@@ -207,6 +214,14 @@ def transport_from_options(name: str, options: Mapping[str, Any]) -> Transport |
         if "stream" not in opts:
             raise ValueError(f"destination {name!r}: a Redis destination needs stream")
         return RedisStreamsTransport(str(options["url"]), destination=name, **opts)
+    if kind == "kafka":
+        from pginbox.brokers.kafka import KafkaTransport
+
+        opts = _broker_options(name, {**options, "type": kind},
+                               frozenset({"topic", "producer", "message_type", "timeout"}))
+        if "topic" not in opts:
+            raise ValueError(f"destination {name!r}: a Kafka destination needs topic")
+        return KafkaTransport(str(options["url"]), destination=name, **opts)
     rest = {k: v for k, v in options.items() if k not in ("type", "callable", "factory")}
     if "callable" in options:
         if rest:
