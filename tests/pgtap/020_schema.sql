@@ -18,7 +18,8 @@ SELECT tables_are('inbox', ARRAY['consumer_config', 'handler', 'handler_registra
                                  'replay_plan', 'replay_item', 'replay_decision',
                                  'metric_config', 'metric_event', 'metric_total', 'metric_rollup_state',
                                  'consumer_binding', 'binding_change', 'security_settings', 'destination_binding',
-                                 'operator_run', 'lock_salt', 'outbox_order_lock', 'watermark_change', 'repair_grant'],
+                                 'operator_run', 'lock_salt', 'outbox_order_lock', 'watermark_change', 'repair_grant',
+                                 'kafka_offset'],
                   'schema inbox has exactly the documented tables');
 SELECT has_composite('inbox', 'delivery_result', 'type inbox.delivery_result exists');
 SELECT has_composite('inbox', 'message_context', 'type inbox.message_context exists');
