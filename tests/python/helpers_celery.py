@@ -130,7 +130,9 @@ class Worker:
         self.queue = queue
         self.log = log
         env = {
-            **os.environ,
+            # not Django's settings another test of this session put in os.environ: Celery's Django
+            # fixup would load them in the worker
+            **{k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"},
             **(env or {}),
             "PYTHONPATH": os.pathsep.join([str(cwd), str(HERE), os.environ.get("PYTHONPATH", "")]),
             "PGINBOX_CELERY_BROKER": url,

@@ -243,6 +243,8 @@ class Service:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.communicate()
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()  # a process that exited by itself still holds its pipe
 
 
 def counters(line: str) -> dict[str, int]:
@@ -349,7 +351,8 @@ def test_chain_under_crashes(broker: str, conn: psycopg.Connection[Any], db_dsn:
                                 'producer = "svc_a"\nmessage_type = "order_placed"\ntimeout = 3.0\n')
             env = {k: v for k, v in os.environ.items() if not k.startswith("PGINBOX_")}
             dispatcher = Service(["dispatch", "--dsn", db_dsn, "--config", str(dest), "--name", "chain-a",
-                                  "--lease", "3", "--poll-interval", "0.2"], env, tmp_path / "dispatch.log")
+                                  "--lease", "3", "--poll-interval", "0.2", "--defer-after", "1"], env,
+                                 tmp_path / "dispatch.log")  # a queue not back yet after the restart: 1 s
             consume_env = {**env, "PGINBOX_DSN": b_dsn, "PGINBOX_CONSUME_URL": url,
                            "PGINBOX_CONSUME_CONSUMER": "svc_b", "PGINBOX_CONSUME_PREFETCH": "20",
                            "PGINBOX_CONSUME_RETRY_DELAY": "0.2"}
@@ -408,7 +411,13 @@ def test_chain_under_crashes(broker: str, conn: psycopg.Connection[Any], db_dsn:
             proxy.cut()
             writer.join(60)
             assert not writer.is_alive()
-            wait_for(lambda: len(received()) >= len(committed), "every committed effect at B", timeout=90)
+            try:
+                wait_for(lambda: len(received()) >= len(committed), "every committed effect at B", timeout=90)
+            except AssertionError:
+                for log in ("dispatch.log", "consume.log"):  # what the services said, for the report
+                    lines = (tmp_path / log).read_text(errors="replace").splitlines()
+                    print(f"---- {log} (last 40 lines)", *lines[-40:], sep="\n")
+                raise
 
             def undelivered_at_a() -> int:
                 row = conn.execute("SELECT count(*) FROM inbox.outbox WHERE destination = 'chain' "

@@ -19,6 +19,9 @@ NOT_PGINBOX_ERRORS = {
     "pginbox.client.shared.CommitUnknown",
     "pginbox.integrations.sqlalchemy._Failed",
     "pginbox.integrations.sqlalchemy_async._Failed",
+    "pginbox.integrations.django._Failed",  # the Django handle's internal signals, never raised out
+    "pginbox.integrations.django._HandlerError",
+    "pginbox.ops.granted_repair._HandlerFailed",  # a repair grant's handler failed: recorded, never raised out
     "pginbox.brokers.wire.BadInput",  # the consumer's signal to dead-letter one message, never raised out
     "pginbox.demo.act2_simulation._Crash",
     "pginbox.demo.act3_outbox.HandlerRefused",
