@@ -174,8 +174,9 @@ def _grouping_only(tokens: list[tokenize.TokenInfo], at: int) -> int | None:
     if before is None or before.string != "(":
         return None
     called = tokens[at - 2] if at > 1 else None
-    if called is not None and ((called.type == tokenize.NAME and not keyword.iskeyword(called.string))
-                               or called.string in (")", "]")):
+    if called is not None and (
+        (called.type == tokenize.NAME and not keyword.iskeyword(called.string)) or called.string in (")", "]")
+    ):
         return None  # a call's parentheses, not a group
     i = at + 1
     if tokens[i].type != tokenize.NAME:
@@ -210,8 +211,7 @@ def _edits(tokens: list[tokenize.TokenInfo], verbatim: set[int]) -> Iterator[_Ed
             yield _Edit(tokens[close].start, tokens[close].end, "")
         elif tok.type == tokenize.NAME:
             dotted, last = tok.string, i
-            while (last + 2 < len(tokens) and tokens[last + 1].string == "."
-                   and tokens[last + 2].type == tokenize.NAME):
+            while last + 2 < len(tokens) and tokens[last + 1].string == "." and tokens[last + 2].type == tokenize.NAME:
                 dotted, last = f"{dotted}.{tokens[last + 2].string}", last + 2
                 if dotted in DOTTED:
                     yield _Edit(tok.start, tokens[last].end, DOTTED[dotted])
@@ -236,14 +236,24 @@ def _apply(lines: list[str], edits: list[_Edit]) -> list[str]:
         return offsets[position[0] - 1] + position[1]
 
     for edit in sorted(edits, key=lambda e: at(e.start), reverse=True):
-        text = text[: at(edit.start)] + edit.text + text[at(edit.end):]
+        text = text[: at(edit.start)] + edit.text + text[at(edit.end) :]
     return text.splitlines(keepends=True)
 
 
 def _ruff_fix(source: str, output: Path) -> str:
     ruff = Path(sys.executable).with_name("ruff")
-    command = [str(ruff) if ruff.is_file() else "ruff", "check", "--fix-only", "--exit-zero", "--quiet",
-               "--select", "I,F401,SIM117", "--stdin-filename", str(output), "-"]
+    command = [
+        str(ruff) if ruff.is_file() else "ruff",
+        "check",
+        "--fix-only",
+        "--exit-zero",
+        "--quiet",
+        "--select",
+        "I,F401,SIM117",
+        "--stdin-filename",
+        str(output),
+        "-",
+    ]
     done = subprocess.run(command, input=source, capture_output=True, text=True, cwd=ROOT, check=False)
     if done.returncode != 0:
         raise ConversionError(f"ruff failed on {output}: {done.stderr.strip()}")
@@ -255,8 +265,10 @@ def convert(source: str, name: str, output: Path) -> str:
     lines, verbatim = _blocks(source.splitlines(keepends=True), name)
     tokens = list(tokenize.generate_tokens(io.StringIO("".join(lines)).readline))
     converted = "".join(_apply(lines, list(_edits(tokens, verbatim))))
-    header = (f"# Generated from {Path(name).name} by {_SCRIPT}: DO NOT EDIT.\n"
-              f"# Edit {name}, then run the script (tests/run checks this file).\n")
+    header = (
+        f"# Generated from {Path(name).name} by {_SCRIPT}: DO NOT EDIT.\n"
+        f"# Edit {name}, then run the script (tests/run checks this file).\n"
+    )
     return _ruff_fix(header + converted, output)
 
 
@@ -277,8 +289,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         if args.check:
             stale += 1
-            diff = difflib.unified_diff(current.splitlines(keepends=True), wanted.splitlines(keepends=True),
-                                        f"{output_name} (on disk)", f"{output_name} (generated from {source_name})")
+            diff = difflib.unified_diff(
+                current.splitlines(keepends=True),
+                wanted.splitlines(keepends=True),
+                f"{output_name} (on disk)",
+                f"{output_name} (generated from {source_name})",
+            )
             sys.stderr.writelines(diff)
         else:
             output.write_text(wanted, encoding="utf-8")

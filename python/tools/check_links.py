@@ -84,8 +84,11 @@ def broken_links(path: Path) -> Iterator[str]:
 
 
 def main(argv: list[str]) -> int:
-    files = [Path(a).resolve() for a in argv] or [ROOT / "README.md", ROOT / "CHANGELOG.md",
-                                                  *sorted((ROOT / "docs").rglob("*.md"))]
+    files = [Path(a).resolve() for a in argv] or [
+        ROOT / "README.md",
+        ROOT / "CHANGELOG.md",
+        *sorted((ROOT / "docs").rglob("*.md")),
+    ]
     problems = [problem for f in files for problem in broken_links(f)]
     for problem in problems:
         print(problem)

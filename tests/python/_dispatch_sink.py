@@ -107,8 +107,7 @@ class DedupSink:
         self._held: dict[str, threading.Event] = {}
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.sink = self
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     @property
     def url(self) -> str:

@@ -165,9 +165,7 @@ def claim_and_apply(
     return Delivery.from_row(row)
 
 
-def apply_in_caller(
-    conn: psycopg.Connection[Any], body: dict[str, Any], account: int | None = None
-) -> None:
+def apply_in_caller(conn: psycopg.Connection[Any], body: dict[str, Any], account: int | None = None) -> None:
     """The caller's own domain change (the claim-style API): same transaction as inbox.claim()."""
     conn.execute(
         "SELECT apply_credit(%s, %s, %s)",
@@ -200,13 +198,10 @@ def ledger_counts(conn: psycopg.Connection[Any], account: int = BILLING_ACCOUNT)
     return {mid: int(n) for mid, n in rows}
 
 
-def failed_attempts(
-    conn: psycopg.Connection[Any], message_id: str, consumer: str = "billing"
-) -> int:
+def failed_attempts(conn: psycopg.Connection[Any], message_id: str, consumer: str = "billing") -> int:
     """Permanent failures recorded for an identity (inbox.attempt, superuser read)."""
     row = conn.execute(
-        "SELECT coalesce(sum(failed), 0) FROM inbox.attempt"
-        " WHERE consumer = %s AND message_id = %s",
+        "SELECT coalesce(sum(failed), 0) FROM inbox.attempt WHERE consumer = %s AND message_id = %s",
         (consumer, message_id),
     ).fetchone()
     assert row is not None
@@ -228,8 +223,7 @@ def assert_applied_exactly(
     twice = {mid: n for mid, n in counts.items() if n != 1}
     assert not twice, f"messages applied more than once: {twice}"
     assert set(counts) == set(amounts), (
-        f"missing: {sorted(set(amounts) - set(counts))[:10]}, "
-        f"unexpected: {sorted(set(counts) - set(amounts))[:10]}"
+        f"missing: {sorted(set(amounts) - set(counts))[:10]}, unexpected: {sorted(set(counts) - set(amounts))[:10]}"
     )
     assert balance(conn, account) == sum(amounts.values())
 
@@ -245,8 +239,7 @@ def inbox_rows(
     """The claim rows for an identity (superuser read of the owner-only table)."""
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(
-            "SELECT * FROM inbox.message"
-            " WHERE tenant = %s AND consumer = %s AND producer = %s AND message_id = %s",
+            "SELECT * FROM inbox.message WHERE tenant = %s AND consumer = %s AND producer = %s AND message_id = %s",
             (tenant, consumer, producer, message_id),
         )
         return cur.fetchall()
@@ -254,9 +247,7 @@ def inbox_rows(
 
 def canonical_sha256(conn: psycopg.Connection[Any], body: dict[str, Any]) -> str:
     """Hex SHA-256 of jsonb's canonical text, computed by the server without the package."""
-    row = conn.execute(
-        "SELECT encode(sha256(convert_to(%s::jsonb::text, 'UTF8')), 'hex')", (Jsonb(body),)
-    ).fetchone()
+    row = conn.execute("SELECT encode(sha256(convert_to(%s::jsonb::text, 'UTF8')), 'hex')", (Jsonb(body),)).fetchone()
     assert row is not None
     return str(row[0])
 
@@ -269,9 +260,7 @@ def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 10.0) 
         time.sleep(0.02)
 
 
-def wait_for_lock_wait(
-    observer: psycopg.Connection[Any], waiter_pid: int, blocker_pid: int
-) -> None:
+def wait_for_lock_wait(observer: psycopg.Connection[Any], waiter_pid: int, blocker_pid: int) -> None:
     """Block until `waiter_pid` waits on a lock `blocker_pid` holds (pg_stat_activity, pg_locks)."""
 
     def waiting() -> bool:
@@ -287,9 +276,7 @@ def wait_for_lock_wait(
 
 
 def backend_gone(observer: psycopg.Connection[Any], pid: int) -> bool:
-    row = observer.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)
-    ).fetchone()
+    row = observer.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
     return row is not None and row[0] == 0
 
 
@@ -312,7 +299,11 @@ def hand_to_service(
     for sequence in sequences:
         conn.execute(sql.SQL("ALTER SEQUENCE {} OWNER TO {}").format(sql.SQL(sequence), ident))
     for function in functions:
-        conn.execute(sql.SQL("ALTER FUNCTION {0} OWNER TO {1}; ALTER FUNCTION {0} SECURITY DEFINER"
-                                     " SET search_path = public, pg_temp").format(sql.SQL(function), ident))
-    conn.execute("SELECT inbox.bind_consumer(%s, %s::regrole, note => 'the service that runs the consumer')",
-                 (consumer, role))
+        conn.execute(
+            sql.SQL(
+                "ALTER FUNCTION {0} OWNER TO {1}; ALTER FUNCTION {0} SECURITY DEFINER SET search_path = public, pg_temp"
+            ).format(sql.SQL(function), ident)
+        )
+    conn.execute(
+        "SELECT inbox.bind_consumer(%s, %s::regrole, note => 'the service that runs the consumer')", (consumer, role)
+    )

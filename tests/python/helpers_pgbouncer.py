@@ -105,8 +105,7 @@ class PgBouncer:
 
     def _wait_ready(self) -> bool:
         deadline = time.monotonic() + 10
-        dsn = make_conninfo("", host="127.0.0.1", port=self.port, user="postgres", dbname="postgres",
-                            connect_timeout=2)
+        dsn = make_conninfo("", host="127.0.0.1", port=self.port, user="postgres", dbname="postgres", connect_timeout=2)
         while time.monotonic() < deadline:
             if self.process is None or self.process.poll() is not None:
                 return False
@@ -131,7 +130,5 @@ class PgBouncer:
     def __enter__(self) -> PgBouncer:
         return self.start()
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()

@@ -29,8 +29,9 @@ def test_generated_files_are_up_to_date() -> None:
     assert tool.main(["--check"]) == 0
 
 
-def test_check_fails_on_drift(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-                              ) -> None:
+def test_check_fails_on_drift(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     source = tmp_path / "thing_async.py"
     output = tmp_path / "thing.py"
     source.write_text('"""AsyncInbox."""\n\n\nasync def f() -> None:\n    await g()\n')
@@ -77,8 +78,9 @@ async def run(step: Callable[[], Awaitable[int]]) -> int:
     assert "ASYNC_ONLY" not in out and "SYNC_ONLY = psycopg.AsyncConnection\n" in out
     assert "@contextmanager\ndef opened(dsn: str) -> Iterator[psycopg.Connection[object]]:" in out
     assert "    with psycopg.connect(dsn) as conn:  # an Connection\n" in out
-    assert ("def run(step: Callable[[], int]) -> int:\n"
-            "    time.sleep(time.monotonic() * 0)\n    return step().real\n") in out
+    assert (
+        "def run(step: Callable[[], int]) -> int:\n    time.sleep(time.monotonic() * 0)\n    return step().real\n"
+    ) in out
     assert "import time\n" in out and "asyncio" not in out and "Awaitable" not in out
 
 

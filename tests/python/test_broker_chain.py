@@ -74,8 +74,11 @@ class NatsServer:
         self.url = f"nats://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(["nats-server", "-js", "-a", "127.0.0.1", "-p", str(self.port),
-                                      "-sd", str(self.store)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            ["nats-server", "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         wait_for(self._up, "the private nats-server", timeout=15)
 
     def _up(self) -> bool:
@@ -103,9 +106,25 @@ class RedisServer:
         self.url = f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", str(self.port),
-                                      "--dir", str(self.dir), "--appendonly", "yes", "--appendfsync", "always",
-                                      "--save", ""], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--dir",
+                str(self.dir),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         wait_for(self._up, "the private redis-server", timeout=15)
 
     def _up(self) -> bool:
@@ -122,8 +141,9 @@ class RedisServer:
             self.proc.wait(10)
 
     def stream_length(self, stream: str) -> int:
-        out = subprocess.run(["redis-cli", "-p", str(self.port), "XLEN", stream], capture_output=True, text=True,
-                             check=True)
+        out = subprocess.run(
+            ["redis-cli", "-p", str(self.port), "XLEN", stream], capture_output=True, text=True, check=True
+        )
         return int(out.stdout.strip())
 
 
@@ -150,14 +170,22 @@ class RabbitNode:
         self.url = f"amqp://guest:guest@127.0.0.1:{self.port}/"
 
     def start(self, timeout: float = 25.0) -> None:
-        env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), "HOME": self.home,
-               "RABBITMQ_NODENAME": self.node, "RABBITMQ_DIST_PORT": str(self.dist_port),
-               "RABBITMQ_MNESIA_BASE": str(self.dir / "mnesia"), "RABBITMQ_LOG_BASE": str(self.dir / "log"),
-               "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.dir / "enabled_plugins"),
-               "RABBITMQ_CONFIG_FILE": str(self.dir / "rabbitmq.conf")}
-        self.proc = subprocess.Popen(["runuser", "-u", "rabbitmq", "--", "env", *(f"{k}={v}" for k, v in env.items()),
-                                      "rabbitmq-server"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     start_new_session=True)
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+            "HOME": self.home,
+            "RABBITMQ_NODENAME": self.node,
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "RABBITMQ_MNESIA_BASE": str(self.dir / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(self.dir / "log"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.dir / "enabled_plugins"),
+            "RABBITMQ_CONFIG_FILE": str(self.dir / "rabbitmq.conf"),
+        }
+        self.proc = subprocess.Popen(
+            ["runuser", "-u", "rabbitmq", "--", "env", *(f"{k}={v}" for k, v in env.items()), "rabbitmq-server"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         wait_for(self._up, "the private RabbitMQ node", timeout=timeout, interval=0.2)
 
     def _up(self) -> bool:
@@ -216,8 +244,9 @@ class Service:
 
     def start(self) -> None:
         out = self.log.open("a")
-        self.proc = subprocess.Popen([sys.executable, "-m", "pginbox", *self.args], env=self.env,
-                                     stdout=subprocess.PIPE, stderr=out, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pginbox", *self.args], env=self.env, stdout=subprocess.PIPE, stderr=out, text=True
+        )
         out.close()
 
     def kill(self) -> None:
@@ -261,8 +290,12 @@ async def nats_setup(url: str, stream: str, subject: str, durable: str) -> None:
     try:
         js = nc.jetstream()
         await js.add_stream(name=stream, subjects=[subject], storage=api.StorageType.FILE, duplicate_window=120.0)
-        await js.add_consumer(stream, api.ConsumerConfig(durable_name=durable, ack_policy=api.AckPolicy.EXPLICIT,
-                                                         ack_wait=2.0, filter_subject=subject))
+        await js.add_consumer(
+            stream,
+            api.ConsumerConfig(
+                durable_name=durable, ack_policy=api.AckPolicy.EXPLICIT, ack_wait=2.0, filter_subject=subject
+            ),
+        )
     finally:
         await nc.close()
 
@@ -297,8 +330,9 @@ async def rabbit_queue(url: str, queue: str, delete: bool = False) -> None:
 
 
 @pytest.mark.parametrize("broker", ["rabbitmq", "nats", "redis"])
-def test_chain_under_crashes(broker: str, conn: psycopg.Connection[Any], db_dsn: str, pg_base: str,
-                             template_db: str, tmp_path: Path) -> None:
+def test_chain_under_crashes(
+    broker: str, conn: psycopg.Connection[Any], db_dsn: str, pg_base: str, template_db: str, tmp_path: Path
+) -> None:
     require(broker)
     if broker == "nats" and shutil.which("nats-server") is None:
         pytest.fail("nats-server is not installed (./dev.sh setup installs it): this test restarts a private one")
@@ -336,26 +370,55 @@ def test_chain_under_crashes(broker: str, conn: psycopg.Connection[Any], db_dsn:
         host_port = target.split("@")[-1].split("://")[-1].split("/")[0]
         host, _, port = host_port.rpartition(":")
         with TcpProxy(host, int(port)) as proxy:
-            url = {"rabbitmq": f"amqp://guest:guest@127.0.0.1:{proxy.port}/",
-                   "nats": f"nats://127.0.0.1:{proxy.port}",
-                   "redis": f"redis://127.0.0.1:{proxy.port}/0"}[broker]
+            url = {
+                "rabbitmq": f"amqp://guest:guest@127.0.0.1:{proxy.port}/",
+                "nats": f"nats://127.0.0.1:{proxy.port}",
+                "redis": f"redis://127.0.0.1:{proxy.port}/0",
+            }[broker]
             dest = tmp_path / "dest.toml"
             if broker == "rabbitmq":
-                dest.write_text(f'[destinations.chain]\nurl = "{url}"\nrouting_key = "{name}"\n'
-                                'producer = "svc_a"\nmessage_type = "order_placed"\ntimeout = 3.0\n')
+                dest.write_text(
+                    f'[destinations.chain]\nurl = "{url}"\nrouting_key = "{name}"\n'
+                    'producer = "svc_a"\nmessage_type = "order_placed"\ntimeout = 3.0\n'
+                )
             elif broker == "redis":
-                dest.write_text(f'[destinations.chain]\nurl = "{url}"\nstream = "{stream}"\n'
-                                'producer = "svc_a"\nmessage_type = "order_placed"\ntimeout = 3.0\n')
+                dest.write_text(
+                    f'[destinations.chain]\nurl = "{url}"\nstream = "{stream}"\n'
+                    'producer = "svc_a"\nmessage_type = "order_placed"\ntimeout = 3.0\n'
+                )
             else:
-                dest.write_text(f'[destinations.chain]\nurl = "{url}"\nsubject = "{subject}"\n'
-                                'producer = "svc_a"\nmessage_type = "order_placed"\ntimeout = 3.0\n')
+                dest.write_text(
+                    f'[destinations.chain]\nurl = "{url}"\nsubject = "{subject}"\n'
+                    'producer = "svc_a"\nmessage_type = "order_placed"\ntimeout = 3.0\n'
+                )
             env = {k: v for k, v in os.environ.items() if not k.startswith("PGINBOX_")}
-            dispatcher = Service(["dispatch", "--dsn", db_dsn, "--config", str(dest), "--name", "chain-a",
-                                  "--lease", "3", "--poll-interval", "0.2", "--defer-after", "1"], env,
-                                 tmp_path / "dispatch.log")  # a queue not back yet after the restart: 1 s
-            consume_env = {**env, "PGINBOX_DSN": b_dsn, "PGINBOX_CONSUME_URL": url,
-                           "PGINBOX_CONSUME_CONSUMER": "svc_b", "PGINBOX_CONSUME_PREFETCH": "20",
-                           "PGINBOX_CONSUME_RETRY_DELAY": "0.2"}
+            dispatcher = Service(
+                [
+                    "dispatch",
+                    "--dsn",
+                    db_dsn,
+                    "--config",
+                    str(dest),
+                    "--name",
+                    "chain-a",
+                    "--lease",
+                    "3",
+                    "--poll-interval",
+                    "0.2",
+                    "--defer-after",
+                    "1",
+                ],
+                env,
+                tmp_path / "dispatch.log",
+            )  # a queue not back yet after the restart: 1 s
+            consume_env = {
+                **env,
+                "PGINBOX_DSN": b_dsn,
+                "PGINBOX_CONSUME_URL": url,
+                "PGINBOX_CONSUME_CONSUMER": "svc_b",
+                "PGINBOX_CONSUME_PREFETCH": "20",
+                "PGINBOX_CONSUME_RETRY_DELAY": "0.2",
+            }
             if broker == "rabbitmq":
                 consume_env["PGINBOX_CONSUME_QUEUE"] = name
             elif broker == "redis":  # a SIGKILLed consumer's entries are claimed after 2 s
@@ -378,8 +441,10 @@ def test_chain_under_crashes(broker: str, conn: psycopg.Connection[Any], db_dsn:
                         rollback = i % 9 == 4
                         with a.transaction(force_rollback=rollback):
                             a.execute("INSERT INTO orders VALUES (%s, %s)", (oid, i))
-                            a.execute("SELECT inbox.enqueue_effect(%s, 'chain', %s::jsonb)",
-                                      (oid, json.dumps({"id": oid, "amount": i})))
+                            a.execute(
+                                "SELECT inbox.enqueue_effect(%s, 'chain', %s::jsonb)",
+                                (oid, json.dumps({"id": oid, "amount": i})),
+                            )
                         (rolled_back if rollback else committed).append(oid)
                         time.sleep(0.008)
 
@@ -392,18 +457,18 @@ def test_chain_under_crashes(broker: str, conn: psycopg.Connection[Any], db_dsn:
                 return {r[0]: int(r[1]) for r in rows}
 
             wait_for(lambda: len(received()) >= 30, "the chain running", timeout=60)
-            dispatcher.kill()                        # SIGKILL the dispatcher: its leases expire
+            dispatcher.kill()  # SIGKILL the dispatcher: its leases expire
             dispatcher.start()
             wait_for(lambda: len(received()) >= 120, "progress after the dispatcher's SIGKILL", timeout=60)
-            consumer.kill()                          # SIGKILL the consumer mid-batch: unacked come back
+            consumer.kill()  # SIGKILL the consumer mid-batch: unacked come back
             consumer.start()
             wait_for(lambda: len(received()) >= 200, "progress after the consumer's SIGKILL", timeout=60)
-            proxy.cut()                              # every broker connection dropped
+            proxy.cut()  # every broker connection dropped
             wait_for(lambda: len(received()) >= 260, "progress after a connection cut", timeout=60)
             if server is not None:
-                server.kill()                        # the broker itself dies (SIGKILL) ...
+                server.kill()  # the broker itself dies (SIGKILL) ...
                 time.sleep(0.5)
-                server.start()                       # ... and comes back with its store
+                server.start()  # ... and comes back with its store
                 proxy.cut()
             else:
                 proxy.cut()
@@ -420,8 +485,9 @@ def test_chain_under_crashes(broker: str, conn: psycopg.Connection[Any], db_dsn:
                 raise
 
             def undelivered_at_a() -> int:
-                row = conn.execute("SELECT count(*) FROM inbox.outbox WHERE destination = 'chain' "
-                                   "AND status::text <> 'delivered'").fetchone()
+                row = conn.execute(
+                    "SELECT count(*) FROM inbox.outbox WHERE destination = 'chain' AND status::text <> 'delivered'"
+                ).fetchone()
                 return int(row[0]) if row else -1
 
             # an effect whose confirm was lost is published again (same id) until it is recorded
@@ -433,35 +499,43 @@ def test_chain_under_crashes(broker: str, conn: psycopg.Connection[Any], db_dsn:
             got = received()
             repeats = {k: v for k, v in got.items() if v != 1}
             assert not repeats, f"applied more than once at B: {repeats}"
-            assert set(got) == set(committed), (sorted(set(committed) - set(got))[:10],
-                                                sorted(set(got) - set(committed))[:10])
+            assert set(got) == set(committed), (
+                sorted(set(committed) - set(got))[:10],
+                sorted(set(got) - set(committed))[:10],
+            )
             assert not set(got) & set(rolled_back)
             with psycopg.connect(b_dsn, autocommit=True) as b:
-                follow = b.execute("SELECT count(*), count(DISTINCT effect_id) FROM inbox.outbox "
-                                   "WHERE destination = 'downstream'").fetchone()
+                follow = b.execute(
+                    "SELECT count(*), count(DISTINCT effect_id) FROM inbox.outbox WHERE destination = 'downstream'"
+                ).fetchone()
                 inbox_row = b.execute("SELECT count(*) FROM inbox.message WHERE consumer = 'svc_b'").fetchone()
             assert follow == (len(committed), len(committed))
             assert inbox_row is not None and inbox_row[0] == len(committed)
-            row = conn.execute("SELECT count(*), coalesce(sum(attempts), 0), "
-                               "count(*) FILTER (WHERE status::text <> 'delivered') "
-                               "FROM inbox.outbox WHERE destination = 'chain'").fetchone()
+            row = conn.execute(
+                "SELECT count(*), coalesce(sum(attempts), 0), "
+                "count(*) FILTER (WHERE status::text <> 'delivered') "
+                "FROM inbox.outbox WHERE destination = 'chain'"
+            ).fetchone()
             assert row is not None
             effects, attempts, undelivered = row
             assert effects == len(committed) and undelivered == 0
-            assert not (set(rolled_back) & {r[0] for r in conn.execute(
-                "SELECT effect_id FROM inbox.outbox").fetchall()})
+            assert not (
+                set(rolled_back) & {r[0] for r in conn.execute("SELECT effect_id FROM inbox.outbox").fetchall()}
+            )
             last = counters(consumer.outputs[-1].strip().splitlines()[-1]) if consumer.outputs[-1].strip() else {}
             stream_count = None
             if broker == "nats":
                 stream_count = asyncio.run(nats_stream_count(target, stream))
             elif isinstance(server, RedisServer):
                 stream_count = server.stream_length(stream)
-            summary = (f"{broker}: committed={len(committed)} rolled_back={len(rolled_back)} "
-                       f"dispatch_attempts={attempts} (republished {attempts - effects}) "
-                       f"stream_messages={stream_count} dispatcher_kills={dispatcher.kills} "
-                       f"consumer_kills={consumer.kills} cuts={proxy.cuts} "
-                       f"last consumer run: duplicates absorbed={last.get('duplicate', 0)} "
-                       f"redeliveries={last.get('redeliveries', 0)}; applied once each at B; {closing}")
+            summary = (
+                f"{broker}: committed={len(committed)} rolled_back={len(rolled_back)} "
+                f"dispatch_attempts={attempts} (republished {attempts - effects}) "
+                f"stream_messages={stream_count} dispatcher_kills={dispatcher.kills} "
+                f"consumer_kills={consumer.kills} cuts={proxy.cuts} "
+                f"last consumer run: duplicates absorbed={last.get('duplicate', 0)} "
+                f"redeliveries={last.get('redeliveries', 0)}; applied once each at B; {closing}"
+            )
             print(summary)
             if broker == "nats":  # the stream's duplicate window dropped the republishes
                 assert stream_count == len(committed)

@@ -33,9 +33,16 @@ Conn = psycopg.Connection[tuple[Any, ...]]
 def enqueue(conn: Conn, ids: list[str], destination: str, ordering_key: str | None = None) -> None:
     with conn.transaction():
         for effect_id in ids:
-            conn.execute("SELECT inbox.enqueue_effect(%s, %s, %s::jsonb, %s::jsonb, %s)",
-                         (effect_id, destination, json.dumps({"id": effect_id}),
-                          json.dumps({"Pginbox-Type": "credit"}), ordering_key))
+            conn.execute(
+                "SELECT inbox.enqueue_effect(%s, %s, %s::jsonb, %s::jsonb, %s)",
+                (
+                    effect_id,
+                    destination,
+                    json.dumps({"id": effect_id}),
+                    json.dumps({"Pginbox-Type": "credit"}),
+                    ordering_key,
+                ),
+            )
 
 
 def statuses(conn: Conn) -> dict[str, tuple[str, int, str | None]]:
@@ -117,8 +124,10 @@ def test_rabbitmq_unroutable_waits_without_spending_attempts(conn: Conn, db_dsn:
                 assert dispatcher.run_once() == 2
                 conn.execute("UPDATE inbox.outbox SET available_at = now() WHERE destination = 'orders'")
             assert dispatcher.stats.deferred == 6 and dispatcher.stats.dead == 0
-            rows = conn.execute("SELECT status::text, attempts, deferred_reason, deferrals, last_error "
-                                "FROM inbox.outbox WHERE destination = 'orders'").fetchall()
+            rows = conn.execute(
+                "SELECT status::text, attempts, deferred_reason, deferrals, last_error "
+                "FROM inbox.outbox WHERE destination = 'orders'"
+            ).fetchall()
             assert [r[:4] for r in rows] == [("pending", 0, "unroutable", 3)] * 2, rows
             assert all("no queue bound for routing key" in r[4] for r in rows)
             metrics = generate_latest(dispatcher.registry).decode()
@@ -158,8 +167,9 @@ def test_jetstream_destination_and_duplicates(conn: Conn, db_dsn: str) -> None:
             assert {s for s, _, _ in statuses(conn).values()} == {"delivered"}
             assert sum(counting.batches) == 40 and len(counting.batches) < 40
             # a republish (a confirm lost in transit) is dropped by the stream's duplicate window
-            again = transport.deliver_batch([Effect("n3", "events", {"id": "n3"},
-                                                    idempotency_key=idempotency_key("", "", "n3"))])
+            again = transport.deliver_batch(
+                [Effect("n3", "events", {"id": "n3"}, idempotency_key=idempotency_key("", "", "n3"))]
+            )
             assert again[0].delivered and transport.duplicates == 1
         finally:
             transport.close()
@@ -209,7 +219,8 @@ def factory(level: str = "info") -> Any:
 
 def test_configuration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = tmp_path / "dest.toml"
-    config.write_text(textwrap.dedent(f"""
+    config.write_text(
+        textwrap.dedent(f"""
         [destinations.orders]
         url = "{RABBIT_URL}"
         routing_key = "orders"
@@ -228,9 +239,13 @@ def test_configuration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
         [destinations.hook]
         url = "https://example.com/hook"
-    """))
-    transports = load_config(config, environ={"PGINBOX_DEST_LATE_CALLABLE": "test_broker_transports:sink",
-                                              "PGINBOX_DEST_ORDERS_PRODUCER": "shop2"}, use_entry_points=False)
+    """)
+    )
+    transports = load_config(
+        config,
+        environ={"PGINBOX_DEST_LATE_CALLABLE": "test_broker_transports:sink", "PGINBOX_DEST_ORDERS_PRODUCER": "shop2"},
+        use_entry_points=False,
+    )
     try:
         assert isinstance(transports["orders"], RabbitMQTransport) and transports["orders"].producer == "shop2"
         assert isinstance(transports["events"], JetStreamTransport)
@@ -297,16 +312,18 @@ def test_redis_destination(conn: Conn, db_dsn: str) -> None:
         ids = [f"r{i}" for i in range(30)]
         with conn.transaction():
             for effect_id in ids:
-                conn.execute("SELECT inbox.enqueue_effect(%s, 'credits', %s::jsonb, %s::jsonb)",
-                             (effect_id, json.dumps({"id": effect_id, "amount": 1}),
-                              json.dumps({"Pginbox-Type": "credit"})))
+                conn.execute(
+                    "SELECT inbox.enqueue_effect(%s, 'credits', %s::jsonb, %s::jsonb)",
+                    (effect_id, json.dumps({"id": effect_id, "amount": 1}), json.dumps({"Pginbox-Type": "credit"})),
+                )
         try:
             with Dispatcher(db_dsn, "d1", {"credits": counting}, batch_size=100) as dispatcher:
                 dispatcher.run_once()
             assert {s for s, _, _ in statuses(conn).values()} == {"delivered"}
             assert sum(counting.batches) == 30 and len(counting.batches) < 30, counting.batches
-            scoped = Effect("e", "credits", {"id": "k", "amount": 1}, {"Pginbox-Type": "credit"},
-                            idempotency_key="scoped-key")
+            scoped = Effect(
+                "e", "credits", {"id": "k", "amount": 1}, {"Pginbox-Type": "credit"}, idempotency_key="scoped-key"
+            )
             keyed = transport.deliver_batch([scoped])
             assert keyed[0].delivered
         finally:
@@ -319,7 +336,8 @@ def test_redis_destination(conn: Conn, db_dsn: str) -> None:
         fields = [{bytes(k).decode(): bytes(v).decode() for k, v in f.items()} for _, f in entries]
         # the scoped key (anonymous enqueue: consumer '' and tenant ''), delivery_key(effect)
         assert sorted(f["Pginbox-Message-Id"] for f in fields) == sorted(
-            [*(idempotency_key("", "", i) for i in ids), "scoped-key"])
+            [*(idempotency_key("", "", i) for i in ids), "scoped-key"]
+        )
         assert {f["Pginbox-Producer"] for f in fields} == {"orders"}
         assert {f["Pginbox-Type"] for f in fields} == {"credit"}
         consumer = make_consumer(ch, db_dsn)

@@ -111,7 +111,16 @@ def test_list_shows_open_entries_as_a_table(entries: Entries) -> None:
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0].split() == [
-        "id", "consumer", "producer", "message_id", "kind", "reason_code", "attempts", "deliveries", "status", "age"
+        "id",
+        "consumer",
+        "producer",
+        "message_id",
+        "kind",
+        "reason_code",
+        "attempts",
+        "deliveries",
+        "status",
+        "age",
     ]
     body = [line.split() for line in lines[2:-1]]
     assert [row[0] for row in body] == [str(entries.conflict), str(entries.missing_2), str(entries.missing_3)]
@@ -163,9 +172,22 @@ def test_show_every_field_without_payload(entries: Entries) -> None:
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert out.startswith(f"quarantine entry {entries.missing_2} (open, failure)")
-    for field in ("consumer", "tenant", "producer", "message_id", "message_type", "reason_code", "error_message",
-                  "attempts", "crashes", "deliveries", "handler_version", "payload_sha256", "created_at",
-                  "decided_by"):
+    for field in (
+        "consumer",
+        "tenant",
+        "producer",
+        "message_id",
+        "message_type",
+        "reason_code",
+        "error_message",
+        "attempts",
+        "crashes",
+        "deliveries",
+        "handler_version",
+        "payload_sha256",
+        "created_at",
+        "decided_by",
+    ):
         assert f"\n  {field} " in out, field
     assert "no account 2" in out and "unknown_account" in out
     assert "audit trail (inbox.quarantine_decision):\n  no decisions yet" in out
@@ -264,7 +286,9 @@ def test_repair_fails_then_succeeds(entries: Entries, conn: psycopg.Connection[A
 
     details = ok_json("quarantine", "show", str(entries.missing_2), dsn=entries.dsn)
     assert [(d["decision"], d["result"]) for d in details["decisions"]] == [
-        ("repair", "repair_failed"), ("repair", "repair_failed"), ("repair", "recovered")
+        ("repair", "repair_failed"),
+        ("repair", "repair_failed"),
+        ("repair", "recovered"),
     ]
     assert details["decisions"][0]["reason_code"] == "unknown_account"
     assert details["entry"]["status"] == "recovered" and details["message"]["status"] == "processed"
@@ -433,14 +457,21 @@ def test_options_are_read_from_the_environment(entries: Entries) -> None:
         return CliRunner().invoke(main, list(args), env=env, catch_exceptions=True)
 
     # PGINBOX_DSN stands for --dsn; PGINBOX_<COMMAND>_<OPTION> for the command's options.
-    result = invoke("quarantine", "list", "--json",
-                    env={"PGINBOX_DSN": entries.dsn, "PGINBOX_QUARANTINE_LIST_CONSUMER": "nobody"})
+    result = invoke(
+        "quarantine", "list", "--json", env={"PGINBOX_DSN": entries.dsn, "PGINBOX_QUARANTINE_LIST_CONSUMER": "nobody"}
+    )
     assert result.exit_code == 0, result.output
     listing = json.loads(result.stdout)
     assert listing["filter"]["consumer"] == "nobody" and listing["entries"] == []
     # The command line wins over the environment.
-    result = invoke("quarantine", "list", "--json", "--consumer", CONSUMER,
-                    env={"PGINBOX_DSN": entries.dsn, "PGINBOX_QUARANTINE_LIST_CONSUMER": "nobody"})
+    result = invoke(
+        "quarantine",
+        "list",
+        "--json",
+        "--consumer",
+        CONSUMER,
+        env={"PGINBOX_DSN": entries.dsn, "PGINBOX_QUARANTINE_LIST_CONSUMER": "nobody"},
+    )
     assert json.loads(result.stdout)["total"] == 3
     flag = invoke("status", env={"PGINBOX_DSN": entries.dsn, "PGINBOX_STATUS_JSON": "1"})
     assert flag.exit_code == 0 and json.loads(flag.stdout)["open_entries"] == 3

@@ -39,8 +39,9 @@ def fails(result: Result, *fragments: str) -> str:
 
 
 def status(conn: Conn, effect_id: str, consumer: str) -> str:
-    row = conn.execute("SELECT status::text FROM inbox.outbox WHERE effect_id = %s AND consumer = %s",
-                       (effect_id, consumer)).fetchone()
+    row = conn.execute(
+        "SELECT status::text FROM inbox.outbox WHERE effect_id = %s AND consumer = %s", (effect_id, consumer)
+    ).fetchone()
     assert row is not None
     return str(row[0])
 
@@ -57,12 +58,14 @@ def effects(db_dsn: str, conn: Conn) -> Effects:
     conn.execute("SELECT inbox.bind_destination('mail', 'a', 'test'), inbox.bind_destination('mail', 'b', 'test')")
     for effect_id, consumer in ((LONG_ID, "a"), (LONG_ID, "b"), ("refund-7", "a")):
         conn.execute("SELECT inbox.enqueue_effect(%s, 'mail', '{}'::jsonb, consumer => %s)", (effect_id, consumer))
-    claimed = conn.execute("SELECT effect_id, lease_token FROM inbox.claim_effects('t', 2, key_aware => true)")\
-        .fetchall()
+    claimed = conn.execute(
+        "SELECT effect_id, lease_token FROM inbox.claim_effects('t', 2, key_aware => true)"
+    ).fetchall()
     assert sorted(r[0] for r in claimed) == [LONG_ID, LONG_ID]
     for effect_id, token in claimed:
-        assert conn.execute("SELECT inbox.fail_effect(%s, %s, %s, false)", (effect_id, token, ERROR_TEXT)).fetchone() \
-            == ("dead",)
+        assert conn.execute(
+            "SELECT inbox.fail_effect(%s, %s, %s, false)", (effect_id, token, ERROR_TEXT)
+        ).fetchone() == ("dead",)
     return Effects(db_dsn, conn)
 
 
@@ -73,8 +76,11 @@ def test_list_prints_whole_ids_and_their_consumer(effects: Effects) -> None:
     assert lines[0].split()[:3] == ["effect_id", "consumer", "destination"]
     assert lines[-1] == "3 of 3 shown (newest first)"
     rows = sorted(tuple(line.split()[:4]) for line in lines[2:-1])
-    assert rows == [(LONG_ID, "a", "mail", "dead"), (LONG_ID, "b", "mail", "dead"),
-                    ("refund-7", "a", "mail", "pending")]
+    assert rows == [
+        (LONG_ID, "a", "mail", "dead"),
+        (LONG_ID, "b", "mail", "dead"),
+        ("refund-7", "a", "mail", "pending"),
+    ]
     assert f"permanent_failure: {ERROR_TEXT}" in result.stdout
 
     only_b = cli("outbox", "list", "--json", dsn=effects.dsn, env={"PGINBOX_OUTBOX_LIST_CONSUMER": "b"})
@@ -122,13 +128,22 @@ def test_redrive_and_discard_take_the_consumer(effects: Effects) -> None:
     assert f"effect {LONG_ID} of consumer a: pending" in redriven.stdout
     assert (status(conn, LONG_ID, "a"), status(conn, LONG_ID, "b")) == ("pending", "dead")
 
-    discarded = cli("outbox", "discard", LONG_ID, "--note", "customer left", dsn=effects.dsn,
-                    env={"PGINBOX_OUTBOX_DISCARD_CONSUMER": "b"})
+    discarded = cli(
+        "outbox",
+        "discard",
+        LONG_ID,
+        "--note",
+        "customer left",
+        dsn=effects.dsn,
+        env={"PGINBOX_OUTBOX_DISCARD_CONSUMER": "b"},
+    )
     assert discarded.exit_code == 0, discarded.output
     assert f"effect {LONG_ID} of consumer b: discarded" in discarded.stdout
     assert (status(conn, LONG_ID, "a"), status(conn, LONG_ID, "b")) == ("pending", "discarded")
-    audit = conn.execute("SELECT consumer, note FROM inbox.outbox_redrive UNION ALL "
-                         "SELECT consumer, note FROM inbox.outbox_discard ORDER BY 1").fetchall()
+    audit = conn.execute(
+        "SELECT consumer, note FROM inbox.outbox_redrive UNION ALL "
+        "SELECT consumer, note FROM inbox.outbox_discard ORDER BY 1"
+    ).fetchall()
     assert audit == [("a", "mailbox emptied"), ("b", "customer left")]
 
 
@@ -155,8 +170,10 @@ def test_list_is_newest_first_and_says_how_many_it_shows(effects: Effects) -> No
     conn = effects.conn
     for n in range(5):
         conn.execute("SELECT inbox.enqueue_effect(%s, 'mail', '{}'::jsonb, consumer => 'a')", (f"late-{n}",))
-        conn.execute("UPDATE inbox.outbox SET created_at = now() + make_interval(mins => %s) "
-                     "WHERE effect_id = %s", (n + 1, f"late-{n}"))
+        conn.execute(
+            "UPDATE inbox.outbox SET created_at = now() + make_interval(mins => %s) WHERE effect_id = %s",
+            (n + 1, f"late-{n}"),
+        )
     limited = cli("outbox", "list", "--limit", "2", dsn=effects.dsn)
     assert limited.exit_code == 0, limited.output
     lines = limited.stdout.splitlines()
@@ -176,8 +193,10 @@ def test_bulk_redrive_by_destination_consumer_reason_and_time(effects: Effects) 
     conn = effects.conn
     conn.execute("SELECT inbox.bind_destination('sms', 'a', 'test')")
     conn.execute("SELECT inbox.enqueue_effect('text-1', 'sms', '{}'::jsonb, consumer => 'a')")
-    conn.execute("UPDATE inbox.outbox SET status = 'dead', dead_reason = 'max_attempts', attempts = 8, "
-                 "created_at = now() - interval '2 hours' WHERE effect_id = 'text-1'")
+    conn.execute(
+        "UPDATE inbox.outbox SET status = 'dead', dead_reason = 'max_attempts', attempts = 8, "
+        "created_at = now() - interval '2 hours' WHERE effect_id = 'text-1'"
+    )
     refused = cli("outbox", "redrive", "--note", "x", dsn=effects.dsn)
     assert refused.exit_code == 2 and "pass an effect ID, or filters" in refused.output, refused.output
 
@@ -190,8 +209,18 @@ def test_bulk_redrive_by_destination_consumer_reason_and_time(effects: Effects) 
     assert old.exit_code == 1, "--until takes a timestamp, not an expression"
     cutoff = conn.execute("SELECT (now() - interval '1 hour')::text").fetchone()
     assert cutoff is not None
-    by_time = cli("outbox", "redrive", "--until", cutoff[0], "--dead-reason", "max_attempts", "--note",
-                  "sms gateway fixed", "--json", dsn=effects.dsn)
+    by_time = cli(
+        "outbox",
+        "redrive",
+        "--until",
+        cutoff[0],
+        "--dead-reason",
+        "max_attempts",
+        "--note",
+        "sms gateway fixed",
+        "--json",
+        dsn=effects.dsn,
+    )
     assert by_time.exit_code == 0, by_time.output
     done = json.loads(by_time.stdout)
     assert (done["selected"], done["redriven"], done["skipped"]) == (1, 1, 0)
@@ -204,11 +233,14 @@ def test_bulk_redrive_by_destination_consumer_reason_and_time(effects: Effects) 
     rest = cli("outbox", "redrive", "--all", "--note", "the rest", "--progress", dsn=effects.dsn)
     assert rest.exit_code == 0, rest.output
     assert "redrove 1 of 1 dead effects" in rest.stdout and "redriven 1 of 1 (0 skipped)" in rest.stderr
-    audit = conn.execute("SELECT effect_id, consumer, note, attempts, dead_reason FROM inbox.outbox_redrive "
-                         "ORDER BY redrive_id").fetchall()
-    assert audit == [("text-1", "a", "sms gateway fixed", 8, "max_attempts"),
-                     (LONG_ID, "a", "smtp back", 1, "permanent_failure"),
-                     (LONG_ID, "b", "the rest", 1, "permanent_failure")]
+    audit = conn.execute(
+        "SELECT effect_id, consumer, note, attempts, dead_reason FROM inbox.outbox_redrive ORDER BY redrive_id"
+    ).fetchall()
+    assert audit == [
+        ("text-1", "a", "sms gateway fixed", 8, "max_attempts"),
+        (LONG_ID, "a", "smtp back", 1, "permanent_failure"),
+        (LONG_ID, "b", "the rest", 1, "permanent_failure"),
+    ]
     nothing = cli("outbox", "redrive", "--all", "--note", "again", dsn=effects.dsn)
     assert nothing.stdout.strip() == "redrove 0 of 0 dead effects; each is audited in inbox.outbox_redrive"
     mixed = cli("outbox", "redrive", LONG_ID, "--destination", "mail", "--note", "x", dsn=effects.dsn)

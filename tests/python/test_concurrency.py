@@ -121,9 +121,7 @@ def test_concurrent_redeliveries_apply_once(db_dsn: str, domain: Conn, style: st
         assert handler_calls(domain) == len(IDS)
 
 
-def test_concurrent_repeatable_read_losers_get_40001_then_duplicate(
-    db_dsn: str, domain: Conn
-) -> None:
+def test_concurrent_repeatable_read_losers_get_40001_then_duplicate(db_dsn: str, domain: Conn) -> None:
     """All snapshots are taken before anyone claims: every loser must get 40001 (never 'failed',
     never a recorded attempt), and its retry of the whole transaction must see a duplicate."""
     body = payload("m-rr", 25)
@@ -166,9 +164,7 @@ def test_concurrent_repeatable_read_losers_get_40001_then_duplicate(
 @pytest.mark.parametrize("a_style", ["claim", "claim_and_apply"])
 @pytest.mark.parametrize("b_style", ["claim", "claim_and_apply"])
 @pytest.mark.parametrize("a_ends", ["COMMIT", "ROLLBACK"])
-def test_stepped_read_committed(
-    db_dsn: str, domain: Conn, a_style: str, b_style: str, a_ends: str
-) -> None:
+def test_stepped_read_committed(db_dsn: str, domain: Conn, a_style: str, b_style: str, a_ends: str) -> None:
     body = payload("m-1", 10)
     with connect(db_dsn) as a, connect(db_dsn) as b, ThreadPoolExecutor(1) as pool:
         a.execute("BEGIN")  # READ COMMITTED

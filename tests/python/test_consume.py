@@ -69,11 +69,20 @@ def test_sigterm_finishes_the_batch_and_health(broker: str, conn: psycopg.Connec
     total = 300
     with channel(broker) as ch:
         ch.publish([Out(f"s{i}", credit(f"s{i}")) for i in range(total)])
-        env = {**os.environ, "PGINBOX_DSN": db_dsn, "PGINBOX_CONSUME_CONSUMER": "billing",
-               "PGINBOX_CONSUME_PREFETCH": "20",
-               **{f"PGINBOX_CONSUME_{k.upper()}": str(v) for k, v in ch.settings().items()}}
-        proc = subprocess.Popen([sys.executable, "-m", "pginbox", "consume", "--health-port", "0"], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env = {
+            **os.environ,
+            "PGINBOX_DSN": db_dsn,
+            "PGINBOX_CONSUME_CONSUMER": "billing",
+            "PGINBOX_CONSUME_PREFETCH": "20",
+            **{f"PGINBOX_CONSUME_{k.upper()}": str(v) for k, v in ch.settings().items()},
+        }
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pginbox", "consume", "--health-port", "0"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             port = None
             deadline = time.monotonic() + 20
@@ -103,8 +112,9 @@ def test_sigterm_finishes_the_batch_and_health(broker: str, conn: psycopg.Connec
         assert all(n == 1 for n in applied.values())
         assert 0 < len(applied) < total
         # everything applied was acked: what the broker still holds is exactly the rest
-        wait_for(lambda: ch.pending() == total - len(applied), "the broker holding exactly the unapplied rest",
-                 timeout=10)
+        wait_for(
+            lambda: ch.pending() == total - len(applied), "the broker holding exactly the unapplied rest", timeout=10
+        )
         # a second run takes the rest, nothing twice
         consumer = make_consumer(ch, db_dsn)
         with ConsumerThread(consumer):
@@ -127,8 +137,9 @@ def test_python_handler_batches(broker: str, conn: psycopg.Connection[Any], db_d
     conn.execute("SELECT inbox.configure_consumer('billing', max_attempts => 2)")
     with channel(broker) as ch:
         ch.publish([Out(f"p{i}", credit(f"p{i}")) for i in range(40)] + [Out("bad", credit("bad", -1))])
-        consumer = make_consumer(ch, db_dsn, handler="test_consume:python_credit", prefetch=20, retry_delay=0.1,
-                                 max_retry_delay=0.2)
+        consumer = make_consumer(
+            ch, db_dsn, handler="test_consume:python_credit", prefetch=20, retry_delay=0.1, max_retry_delay=0.2
+        )
         with ConsumerThread(consumer):
             wait_for(lambda: consumer.stats.outcomes.get("quarantined", 0) == 1, "the refused message quarantined")
             wait_for(lambda: ch.pending() == 0, "every message acked")
@@ -164,8 +175,13 @@ def test_bad_configuration_is_refused_before_connecting(tmp_path: Any) -> None:
     assert (config.prefetch, config.queue, config.dead_letter_target) == (7, "q", "q.dead")
     # the CLI: an option's environment variable wins over the file, the option over both
     env = {**os.environ, "PGINBOX_DSN": "host=127.0.0.1 port=1", "PGINBOX_CONSUME_PREFETCH": "99"}
-    done = subprocess.run([sys.executable, "-m", "pginbox", "consume", "--config", str(toml)], env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "pginbox", "consume", "--config", str(toml)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode != 0 and "prefetch" in done.stderr
     # Redis Streams: a stream, the group defaults to the consumer name, dead letters to <stream>:dead
     config = load_consume_config(None, {"url": "redis://127.0.0.1:6379/0", "consumer": "b", "stream": "orders"})
@@ -200,8 +216,9 @@ def sync_returns_coroutine(cur: psycopg.Cursor[Any], message: Message) -> Any:
 
 
 @pytest.mark.parametrize("prefetch", [1, 10])
-def test_handlers_plain_def_works_and_an_unawaited_coroutine_fails(prefetch: int, conn: psycopg.Connection[Any],
-                                                                   db_dsn: str) -> None:
+def test_handlers_plain_def_works_and_an_unawaited_coroutine_fails(
+    prefetch: int, conn: psycopg.Connection[Any], db_dsn: str
+) -> None:
     setup_domain(conn)
     conn.execute("SELECT inbox.configure_consumer('billing', max_attempts => 2)")
     with channel("memory") as ch:
@@ -251,8 +268,9 @@ def test_wire_contract_refuses_what_it_cannot_read() -> None:
     assert state(**{"Pginbox-Produced-At": "yesterday"}) == "22007"
     # NATS: Pginbox-Message-Id, else what pginbox 0.2 wrote (Nats-Msg-Id)
     nats_sources = {k: IdentitySource.parse(v, k, "nats") for k, v in DEFAULT_SOURCES["nats"].items()}
-    old = parse_message(Delivery(b"{}", {}, {"Pginbox-Producer": "shop", "Nats-Msg-Id": "e1", "Pginbox-Type": "t"},
-                                 False), nats_sources)
+    old = parse_message(
+        Delivery(b"{}", {}, {"Pginbox-Producer": "shop", "Nats-Msg-Id": "e1", "Pginbox-Type": "t"}, False), nats_sources
+    )
     assert old.message_id == "e1"
 
 

@@ -135,9 +135,7 @@ def test_backend_terminated_mid_handler(db_dsn: str, domain: Conn, in_transactio
             return claim_and_apply(victim, "m-1", body)
 
         def sleeping_in_handler() -> bool:
-            row = domain.execute(
-                "SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (pid,)
-            ).fetchone()
+            row = domain.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
             return row is not None and row[0] == "PgSleep"
 
         future = pool.submit(run)
@@ -244,13 +242,9 @@ def test_immediate_stop_under_load(private_cluster: Cluster) -> None:
         twice = {mid: n for mid, n in counts.items() if n > 1}
         assert not twice, f"applied more than once after the crash: {twice}"
         lost = {mid for mid in committed if mid not in counts}
-        assert not lost, (
-            f"committed (acknowledged) but not applied after recovery: {sorted(lost)[:10]}"
-        )
+        assert not lost, f"committed (acknowledged) but not applied after recovery: {sorted(lost)[:10]}"
         unexplained = set(counts) - set(committed) - unknown
-        assert not unexplained, (
-            f"applied without any delivery committing it: {sorted(unexplained)[:10]}"
-        )
+        assert not unexplained, f"applied without any delivery committing it: {sorted(unexplained)[:10]}"
         firsts = {mid: o for mid, o in committed.items() if sum(x in FIRST.values() for x in o) > 1}
         assert not firsts, f"two deliveries both owned first processing: {firsts}"
         assert balance(c) == sum(amount_of(mid) for mid in counts)

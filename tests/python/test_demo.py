@@ -72,9 +72,12 @@ def test_demo_subprocess(db_dsn: str) -> None:
     assert "OUTBOX PROMISE HOLDS" in out  # act 3 (tests/python/test_demo_outbox.py looks closer)
     # Act 1's attempts count up to the quarantine, crashed starts included (it printed attempts=0).
     crash = [line.split("->")[1].strip() for line in out.splitlines() if line.strip().startswith("m-5 ")]
-    assert crash == ["proceed  (attempts=1)", "proceed  (attempts=2)"] + [
-        f"quarantined  (attempts=3, crashed=3, reason=crash_loop, quarantine #{crash[2].rsplit('#', 1)[1][:-1]})"
-    ] * 2, crash
+    assert (
+        crash
+        == ["proceed  (attempts=1)", "proceed  (attempts=2)"]
+        + [f"quarantined  (attempts=3, crashed=3, reason=crash_loop, quarantine #{crash[2].rsplit('#', 1)[1][:-1]})"]
+        * 2
+    ), crash
     assert re.search(r"^\s+delivered\s+\d+ \| applied\s+\d+ \| duplicates", out, re.MULTILINE)  # progress
     applied = counted(out, "applied")
     poison = counted(out, "poison messages quarantined")

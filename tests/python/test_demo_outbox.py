@@ -115,8 +115,10 @@ def test_the_proof_catches_a_leaked_effect_and_a_wrong_key(db_dsn: str) -> None:
     poison = next(m for m in act.messages if m.kind == "poison")
     name, destination = demo_outbox.EFFECTS[poison.message_type][0]
     with psycopg.connect(db_dsn, autocommit=True) as conn:
-        conn.execute("SELECT inbox.enqueue_effect(%s, %s, %s::jsonb)",
-                     (act.expected[(poison.message_id, name)], destination, json.dumps({"leaked": True})))
+        conn.execute(
+            "SELECT inbox.enqueue_effect(%s, %s, %s::jsonb)",
+            (act.expected[(poison.message_id, name)], destination, json.dumps({"leaked": True})),
+        )
     # ... and the sink got one attempt of an effect under another key.
     first = act.sink.requests[0]
     act.sink.requests.append(SinkRequest(first.path, ("fx_other",), first.body, "duplicate"))
@@ -127,8 +129,11 @@ def test_the_proof_catches_a_leaked_effect_and_a_wrong_key(db_dsn: str) -> None:
     text = out.getvalue()
     assert "FAILED effects of messages that never committed: ['fx_" in text
     assert "FAILED effects missing: []; unexpected: ['fx_" in text
-    assert re.search(r"FAILED requests without exactly one key: 0; key not the body's effect's: 1; "
-                     r"effects seen with several keys: \[\('o-\d+', '[a-z.]+'\)\]", text), text
+    assert re.search(
+        r"FAILED requests without exactly one key: 0; key not the body's effect's: 1; "
+        r"effects seen with several keys: \[\('o-\d+', '[a-z.]+'\)\]",
+        text,
+    ), text
     attempts = re.search(r"FAILED (\d+) attempts in inbox.outbox, (\d+) requests at the sink", text)
     assert attempts and int(attempts.group(2)) == int(attempts.group(1)) + 1, text
     assert "OUTBOX PROMISE BROKEN" in text

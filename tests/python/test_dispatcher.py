@@ -175,9 +175,7 @@ def test_late_report_after_reclaim_is_fenced_and_counted(
     assert fenced == [("complete",)]
 
 
-def test_daemon_survives_a_terminated_listen_connection(
-    conn: Conn, make_dispatcher: Callable[..., Dispatcher]
-) -> None:
+def test_daemon_survives_a_terminated_listen_connection(conn: Conn, make_dispatcher: Callable[..., Dispatcher]) -> None:
     recorder = Recorder()
     # a long poll: what arrives within seconds came through the signal or a catch-up claim
     dispatcher = make_dispatcher("daemon", recorder, poll_interval=30.0)
@@ -217,16 +215,31 @@ def test_cli_dispatch_once_with_a_callable(conn: Conn, db_dsn: str, tmp_path: Pa
         "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
     }
     result = subprocess.run(
-        [*_pginbox(), "--dsn", db_dsn, "dispatch", "--once", "--name", "cli",
-         "--callable", "sink=_dispatch_sink:record"],
-        capture_output=True, text=True, env=env, timeout=60,
+        [
+            *_pginbox(),
+            "--dsn",
+            db_dsn,
+            "dispatch",
+            "--once",
+            "--name",
+            "cli",
+            "--callable",
+            "sink=_dispatch_sink:record",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     assert sorted(sink.read_text().split()) == ["cli-1", "cli-2", "cli-3"]
     assert "delivered=3" in result.stdout + result.stderr
     listing = subprocess.run(
         [*_pginbox(), "--dsn", db_dsn, "outbox", "list", "--status", "delivered", "--json"],
-        capture_output=True, text=True, env=env, timeout=60,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
     )
     assert listing.returncode == 0, listing.stderr
     assert sorted(e["effect_id"] for e in json.loads(listing.stdout)["effects"]) == ["cli-1", "cli-2", "cli-3"]
@@ -239,9 +252,21 @@ def _dispatch_once(db_dsn: str, sink: Path, *, name: str = "cron") -> subprocess
         "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
     }
     return subprocess.run(
-        [*_pginbox(), "--dsn", db_dsn, "dispatch", "--once", "--name", name,
-         "--callable", "sink=_dispatch_sink:refuse_bad"],
-        capture_output=True, text=True, env=env, timeout=60,
+        [
+            *_pginbox(),
+            "--dsn",
+            db_dsn,
+            "dispatch",
+            "--once",
+            "--name",
+            name,
+            "--callable",
+            "sink=_dispatch_sink:refuse_bad",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
     )
 
 
@@ -252,9 +277,9 @@ def test_cli_dispatch_once_exits_3_when_effects_went_dead(conn: Conn, db_dsn: st
     conn.execute("SELECT inbox.configure_destination('sink', 1, '10 milliseconds', '20 milliseconds')")
     enqueue(conn, "lost-1")
     # A dispatcher that claimed lost-1 (its only attempt) and vanished: its lease expires.
-    assert conn.execute("SELECT effect_id FROM inbox.claim_effects('vanished', 10, '1 millisecond',"
-                        " key_aware => true)").fetchall() \
-        == [("lost-1",)]
+    assert conn.execute(
+        "SELECT effect_id FROM inbox.claim_effects('vanished', 10, '1 millisecond', key_aware => true)"
+    ).fetchall() == [("lost-1",)]
     time.sleep(0.05)
     enqueue(conn, "bad-1", "ok-1")
     sink = tmp_path / "sink.txt"
@@ -297,9 +322,22 @@ def test_cli_daemon_finishes_in_flight_work_on_sigterm(conn: Conn, db_dsn: str, 
         "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
     }
     with subprocess.Popen(
-        [*_pginbox(), "--dsn", db_dsn, "dispatch", "--name", "daemon", "--poll-interval", "30",
-         "--callable", "sink=_dispatch_sink:slow_record"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        [
+            *_pginbox(),
+            "--dsn",
+            db_dsn,
+            "dispatch",
+            "--name",
+            "daemon",
+            "--poll-interval",
+            "30",
+            "--callable",
+            "sink=_dispatch_sink:slow_record",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     ) as proc:
         try:
             # registered idle: the daemon is up and waiting on its LISTEN session
@@ -325,8 +363,9 @@ def test_cli_outbox_show_and_redrive(conn: Conn, db_dsn: str, make_dispatcher: C
     shown = subprocess.run([*base, "show", "fx-dead", "--json"], capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["dead_reason"] == "permanent_failure"
-    redriven = subprocess.run([*base, "redrive", "fx-dead", "--note", "fixed upstream"], capture_output=True,
-                              text=True, timeout=60)
+    redriven = subprocess.run(
+        [*base, "redrive", "fx-dead", "--note", "fixed upstream"], capture_output=True, text=True, timeout=60
+    )
     assert redriven.returncode == 0, redriven.stderr
     assert "pending" in redriven.stdout
     recorder = Recorder()
@@ -449,8 +488,9 @@ def test_cli_outbox_discard_lets_the_ordering_key_move_on(
     ], refused.stderr  # the database's HINT, under the one error line
     no_note = subprocess.run([*base, "discard", "k-1"], capture_output=True, text=True, timeout=60)
     assert no_note.returncode == 2 and "--note" in no_note.stderr
-    done = subprocess.run([*base, "discard", "k-1", "--note", "customer gone, OPS-12"], capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [*base, "discard", "k-1", "--note", "customer gone, OPS-12"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert "discarded" in done.stdout and "ordering key K moves on" in done.stdout
     assert make_dispatcher("d3", recorder).run_once() == 1
@@ -459,8 +499,9 @@ def test_cli_outbox_discard_lets_the_ordering_key_move_on(
     details = json.loads(shown.stdout)
     assert details["status"] == "discarded" and details["discarded_at"] is not None
     assert [d["note"] for d in details["discards"]] == ["customer gone, OPS-12"]
-    listed = subprocess.run([*base, "list", "--status", "discarded", "--json"], capture_output=True, text=True,
-                            timeout=60)
+    listed = subprocess.run(
+        [*base, "list", "--status", "discarded", "--json"], capture_output=True, text=True, timeout=60
+    )
     assert [e["effect_id"] for e in json.loads(listed.stdout)["effects"]] == ["k-1"]
 
 
@@ -514,14 +555,18 @@ def test_run_once_drains_everything_when_in_flight_capacity_is_full(
     assert dispatcher.in_flight == 0
 
 
-def test_a_failed_claim_is_retried(conn: Conn, make_direct_dispatcher: Callable[..., Dispatcher],
-                                   caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failed_claim_is_retried(
+    conn: Conn, make_direct_dispatcher: Callable[..., Dispatcher], caplog: pytest.LogCaptureFixture
+) -> None:
     enqueue(conn, "after-claim-error-1", "after-claim-error-2")
     recorder = Recorder()
     dispatcher = make_direct_dispatcher("flaky-claim", recorder)
     app = "pginbox-dispatch:flaky-claim"
-    assert wait_until(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
-                                           (app,)).fetchone() == (1,))
+    assert wait_until(
+        lambda: (
+            conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (app,)).fetchone() == (1,)
+        )
+    )
     # the pool's idle connection dies: the next claim on it fails with a database error
     conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s", (app,))
     with caplog.at_level("WARNING", logger="pginbox.dispatcher"):
@@ -562,9 +607,21 @@ def test_cli_dispatch_once_exits_non_zero_when_claims_keep_failing(conn: Conn, n
     enqueue(conn, "never-claimed")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run(
-        [*_pginbox(), "--dsn", no_dispatcher_role, "dispatch", "--once", "--name", "denied",
-         "--callable", "sink=_dispatch_sink:record"],
-        capture_output=True, text=True, env=env, timeout=60,
+        [
+            *_pginbox(),
+            "--dsn",
+            no_dispatcher_role,
+            "dispatch",
+            "--once",
+            "--name",
+            "denied",
+            "--callable",
+            "sink=_dispatch_sink:record",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
     )
     assert result.returncode == 1, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]

@@ -88,7 +88,9 @@ class DispatchProcess:
         with open(self.stdout_path, "w") as out, open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
                 [*pginbox_cmd(), "--dsn", dsn, "dispatch", "--name", name, *extra, *args],
-                stdout=out, stderr=log, env=env,
+                stdout=out,
+                stderr=log,
+                env=env,
             )
 
     @property
@@ -158,8 +160,10 @@ def K(effect_id: str) -> str:
 def enqueue(conn: Conn, *effect_ids: str, key: str | None = None) -> None:
     with conn.transaction():
         for effect_id in effect_ids:
-            conn.execute("SELECT inbox.enqueue_effect(%s, 'sink', %s::jsonb, ordering_key => %s)",
-                         (effect_id, json.dumps({"id": effect_id}), key))
+            conn.execute(
+                "SELECT inbox.enqueue_effect(%s, 'sink', %s::jsonb, ordering_key => %s)",
+                (effect_id, json.dumps({"id": effect_id}), key),
+            )
 
 
 def row_of(conn: Conn, effect_id: str) -> dict[str, Any]:
@@ -263,14 +267,21 @@ def test_sigstop_past_the_lease_then_sigcont_its_late_report_is_fenced_and_count
 
         sink.release(K("fx-paused"))  # the paused dispatcher's request is answered 200 ...
         paused.proc.send_signal(signal.SIGCONT)  # ... and it reports it, too late
-        assert wait_until(lambda: conn.execute(
-            "SELECT count(*) FROM inbox.outbox_fenced_report WHERE effect_id = 'fx-paused' AND report = 'complete'"
-        ).fetchone() == (1,))
+        assert wait_until(
+            lambda: (
+                conn.execute(
+                    "SELECT count(*) FROM inbox.outbox_fenced_report"
+                    " WHERE effect_id = 'fx-paused' AND report = 'complete'"
+                ).fetchone()
+                == (1,)
+            )
+        )
         fenced = conn.execute(
             "SELECT lease_token, application_name, current_status::text FROM inbox.outbox_fenced_report"
             " WHERE effect_id = 'fx-paused' AND report = 'complete'"
         ).fetchone()
         assert fenced == (first_token, "pginbox-dispatch:paused", "delivered")
+
         # The refusal is committed by the report's transaction; the reporter counts it once that
         # call has returned, so the counter can trail the row by a moment.
         def fenced_count() -> float:
@@ -287,8 +298,7 @@ def test_sigstop_past_the_lease_then_sigcont_its_late_report_is_fenced_and_count
         assert other.terminate() == 0
     assert paused.stats()["fenced"] == "1" and paused.stats()["delivered"] == "0"
     assert other.stats()["delivered"] == "1"
-    assert re.search(r"report_fenced .*effect_id=fx-paused destination=sink attempt=1 .*report=complete",
-                     paused.log())
+    assert re.search(r"report_fenced .*effect_id=fx-paused destination=sink attempt=1 .*report=complete", paused.log())
     assert len(sink.requests_for(K("fx-paused"))) == 2 and sink.applied[K("fx-paused")] == 1
 
 
@@ -307,13 +317,15 @@ def test_eight_dispatchers_deliver_ten_thousand_effects_each_once(
             " FROM generate_series(1, %s::int) g",
             (total // 2,),
         )
-        procs = [dispatchers(n, "--config", str(config), "--batch-size", "8", "--concurrency", "4", *FAST)
-                 for n in names]
+        procs = [
+            dispatchers(n, "--config", str(config), "--batch-size", "8", "--concurrency", "4", *FAST) for n in names
+        ]
         # the second half arrives while they run, in small transactions
         for start in range(total // 2 + 1, total + 1, 250):
             conn.execute(
                 "SELECT inbox.enqueue_effect('fx-' || g, 'sink', jsonb_build_object('n', g))"
-                " FROM generate_series(%s::int, %s::int) g", (start, min(start + 249, total)),
+                " FROM generate_series(%s::int, %s::int) g",
+                (start, min(start + 249, total)),
             )
 
         def delivered() -> int:
@@ -359,8 +371,10 @@ def test_out_of_order_commits_on_one_key_reach_the_sink_in_commit_order(
                 key = f"K{round_no}"
                 for i, session in enumerate(sessions):  # enqueued in order 0, 1, 2 ...
                     session.execute("BEGIN")
-                    session.execute("SELECT inbox.enqueue_effect(%s, 'sink', '{}', ordering_key => %s)",
-                                    (f"{key}-enqueued-{i}", key))
+                    session.execute(
+                        "SELECT inbox.enqueue_effect(%s, 'sink', '{}', ordering_key => %s)",
+                        (f"{key}-enqueued-{i}", key),
+                    )
                 for i in commit_order:  # ... committed in another order
                     sessions[i].execute("COMMIT")
                     time.sleep(0.03)  # let a dispatcher see the key mid-way, sometimes
@@ -369,15 +383,23 @@ def test_out_of_order_commits_on_one_key_reach_the_sink_in_commit_order(
             for session in sessions:
                 session.close()
         effects = sum(len(v) for v in expected.values())
-        assert wait_until(lambda: conn.execute(
-            "SELECT count(*) FROM inbox.outbox WHERE status = 'delivered'").fetchone() == (effects,), timeout=60)
+        assert wait_until(
+            lambda: (
+                conn.execute("SELECT count(*) FROM inbox.outbox WHERE status = 'delivered'").fetchone() == (effects,)
+            ),
+            timeout=60,
+        )
         assert [p.terminate() for p in procs] == [0, 0]
     arrivals = sink.arrival_order()
     for key, order in expected.items():
         keys = [K(effect_id) for effect_id in order]
         assert [k for k in arrivals if k in keys] == keys, key
-        by_seq = [r[0] for r in conn.execute(
-            "SELECT effect_id FROM inbox.outbox WHERE ordering_key = %s ORDER BY order_seq", (key,))]
+        by_seq = [
+            r[0]
+            for r in conn.execute(
+                "SELECT effect_id FROM inbox.outbox WHERE ordering_key = %s ORDER BY order_seq", (key,)
+            )
+        ]
         assert by_seq == order, "order_seq is commit order"
     assert len(arrivals) == effects, "no effect was sent twice"
 
@@ -413,8 +435,9 @@ def test_health_endpoint_and_metrics(
         details = json.loads(body)
         assert details["listening"] is True and details["in_flight"] == 0
         assert 0 <= details["last_loop_age_seconds"] < details["stall_after_seconds"]
-        checked = subprocess.run([*pginbox_cmd(), "dispatch-health", "--port", str(port)],
-                                 capture_output=True, text=True, timeout=60)
+        checked = subprocess.run(
+            [*pginbox_cmd(), "dispatch-health", "--port", str(port)], capture_output=True, text=True, timeout=60
+        )
         assert checked.returncode == 0, checked.stderr
         assert json.loads(checked.stdout)["healthy"] is True
 
@@ -443,8 +466,9 @@ def test_health_endpoint_and_metrics(
         assert wait_until(lambda: daemon.health()[0] == 503)
         down = json.loads(daemon.health()[1])
         assert down["listening"] is False and down["healthy"] is False
-        checked = subprocess.run([*pginbox_cmd(), "dispatch-health", "--port", str(port)],
-                                 capture_output=True, text=True, timeout=60)
+        checked = subprocess.run(
+            [*pginbox_cmd(), "dispatch-health", "--port", str(port)], capture_output=True, text=True, timeout=60
+        )
         assert checked.returncode == 1 and json.loads(checked.stdout)["listening"] is False
         conn.execute(f'ALTER ROLE "{role}" LOGIN')
         assert wait_until(lambda: daemon.health()[0] == 200, timeout=20)

@@ -12,8 +12,9 @@ TOOL = ROOT / "python" / "tools" / "check_links.py"
 
 
 def run_tool(*files: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(TOOL), *map(str, files)], capture_output=True, text=True,
-                          timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, str(TOOL), *map(str, files)], capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def test_every_relative_link_and_anchor_of_the_docs_resolves() -> None:

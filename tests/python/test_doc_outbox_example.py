@@ -76,7 +76,7 @@ def read_section() -> Section:
             if fence is None:
                 fence = (line[3:].strip(), number + 1)
             else:
-                blocks.append((fence[0], fence[1], lines[fence[1]:number]))
+                blocks.append((fence[0], fence[1], lines[fence[1] : number]))
                 fence = None
     assert fence is None, f"{PAGE}: unclosed code fence at line {fence[1]}"
     kinds = [kind for kind, _, _ in blocks]
@@ -141,8 +141,24 @@ def run_session(cluster: Cluster, setup: str, chunks: list[Chunk]) -> tuple[list
         script.extend(chunk.lines)
         script.append(f"\\echo {SENTINEL} :USER")
     proc = subprocess.run(
-        [str(cluster.bindir / "psql"), "-X", "-v", "VERBOSITY=verbose", "-v", "SHOW_CONTEXT=never",
-         "-P", "null=∅", "-P", "pager=off", "-d", DATABASE, "-U", FIRST_ROLE, "-f", "-"],
+        [
+            str(cluster.bindir / "psql"),
+            "-X",
+            "-v",
+            "VERBOSITY=verbose",
+            "-v",
+            "SHOW_CONTEXT=never",
+            "-P",
+            "null=∅",
+            "-P",
+            "pager=off",
+            "-d",
+            DATABASE,
+            "-U",
+            FIRST_ROLE,
+            "-f",
+            "-",
+        ],
         input="\n".join(script) + "\n",
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,  # in order: psql flushes stdout before it writes to stderr
@@ -211,7 +227,7 @@ def test_the_example_is_what_psql_prints(cluster: Cluster) -> None:
         page = REPO_ROOT / PAGE
         lines = page.read_text().split("\n")
         start = section.first_line - 1
-        lines[start:start + len(section.transcript)] = actual
+        lines[start : start + len(section.transcript)] = actual
         page.write_text("\n".join(lines))
     diff = difflib.unified_diff(expected, actual, f"{PAGE} (the doc)", "psql (the run)", lineterm="", n=2)
     pytest.fail(
@@ -223,6 +239,7 @@ def test_the_example_is_what_psql_prints(cluster: Cluster) -> None:
 
 def page_lines(diff_line: str, offset: int) -> str:
     """A hunk header of the diff with line numbers of the page rather than of the block."""
+
     def shift(match: re.Match[str]) -> str:
         return f"{match[1]}{int(match[2]) + offset}"
 
@@ -249,8 +266,11 @@ def test_the_parser_tells_statements_from_output() -> None:
     assert [(c.role, c.lines, c.output) for c in chunks] == [
         ("postgres", ("\\c docs_ob docs_ops",), ('You are now connected to database "docs_ob" as user "docs_ops".',)),
         ("docs_ops", ("-- a comment",), ()),
-        ("docs_ops", ("SELECT 1 AS a,", "              2 AS b;  -- the end"),
-         (" a | b", "---+---", " 1 | 2", "(1 row)", "")),
+        (
+            "docs_ops",
+            ("SELECT 1 AS a,", "              2 AS b;  -- the end"),
+            (" a | b", "---+---", " 1 | 2", "(1 row)", ""),
+        ),
         ("docs_ops", ("BEGIN; SELECT 1", "           ;"), ("BEGIN",)),
     ]
     with pytest.raises(AssertionError, match="has no ';'"):
@@ -259,4 +279,3 @@ def test_the_parser_tells_statements_from_output() -> None:
     assert normalize('Asynchronous notification "inbox_outbox" received from server process with PID 3913.') == (
         'Asynchronous notification "inbox_outbox" received from server process with PID <pid>.'
     )
-

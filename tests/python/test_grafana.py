@@ -40,15 +40,22 @@ Exported = dict[str, set[str]]  # sample name -> label names
 SCRAPE_LABELS = frozenset({"instance", "job"})
 #: The views issue 14 asks for: panel title -> metrics its queries must read.
 VIEWS = {
-    "Inbox outcomes": {"pginbox_first_seen_total", "pginbox_duplicates_total", "pginbox_identity_conflicts_total",
-                       "pginbox_client_outcomes_total"},
+    "Inbox outcomes": {
+        "pginbox_first_seen_total",
+        "pginbox_duplicates_total",
+        "pginbox_identity_conflicts_total",
+        "pginbox_client_outcomes_total",
+    },
     "Duplicates by producer": {"pginbox_duplicates_total"},
     "Identity conflicts": {"pginbox_identity_conflicts_total"},
     "Quarantine in / out": {"pginbox_quarantined_total", "pginbox_quarantine_decisions_total"},
     "Outbox lag": {"pginbox_outbox_pending_oldest_age_seconds", "pginbox_dispatcher_lag_seconds_bucket"},
     "Purge lag": {"pginbox_purge_lag_seconds"},
-    "Dispatcher health": {"pginbox_dispatcher_delivered_total", "pginbox_dispatcher_dead_total",
-                          "pginbox_dispatcher_in_flight"},
+    "Dispatcher health": {
+        "pginbox_dispatcher_delivered_total",
+        "pginbox_dispatcher_dead_total",
+        "pginbox_dispatcher_in_flight",
+    },
     "Broker consumer": {"pginbox_consumer_messages_total", "pginbox_consumer_dead_letters_total"},
 }
 PROMETHEUS = {"type": "prometheus", "uid": "${datasource}"}
@@ -130,8 +137,9 @@ def exported(conn: Conn, db_dsn: str) -> Exported:
         consumer = Consumer(config, db_dsn, fetch_timeout=0.2, max_pause=0.5, database_timeout=1.0)
         with ConsumerThread(consumer):
             wait_for(lambda: ch.pending() == 0, "both messages consumed")
-        assert consumer.stats.outcomes.get("applied") == 1 and consumer.stats.outcomes.get("dead_letter") == 1, \
+        assert consumer.stats.outcomes.get("applied") == 1 and consumer.stats.outcomes.get("dead_letter") == 1, (
             consumer.stats.outcomes
+        )
         _scrape(consumer.registry, found)
     return dict(found)
 
@@ -221,8 +229,12 @@ def dashboard_problems(dashboard: dict[str, Any], exported: Exported, alerts: se
         for target in targets:
             if target.get("datasource", PROMETHEUS) != PROMETHEUS:
                 problems.append(f"{where}: a query's datasource must be {PROMETHEUS}")
-            problems += _check_expr(f"{where} {target.get('refId')}", str(target.get("expr", "")),
-                                    str(target.get("legendFormat", "")), exported)
+            problems += _check_expr(
+                f"{where} {target.get('refId')}",
+                str(target.get("expr", "")),
+                str(target.get("legendFormat", "")),
+                exported,
+            )
     for title, metrics in VIEWS.items():
         panel = titles.get(title)
         if panel is None:
@@ -274,8 +286,10 @@ def test_the_check_fails_on_misspellings(exported: Exported) -> None:
         (("Outbox pending and dead", 'destination=~"$destination"', 'destinaton=~"$destination"'), "'destinaton'"),
         (("Handler failures by reason", "{{reason_code}}", "{{reason}}", "legendFormat"), "{{reason}}"),
         (("Purge lag", "pginbox_purge_lag_seconds", "pginbox_purge_lag"), "pginbox_purge_lag is not exported"),
-        (("Identity conflicts", "PginboxIdentityConflicts", "PginboxIdentityConflict", "description"),
-         "alert PginboxIdentityConflict is not"),
+        (
+            ("Identity conflicts", "PginboxIdentityConflicts", "PginboxIdentityConflict", "description"),
+            "alert PginboxIdentityConflict is not",
+        ),
         (("Dispatcher health", "Dispatcher health", "Dispatchers", "title"), "no panel 'Dispatcher health'"),
     ]
     for (title, old, new, *field), expected in cases:

@@ -89,8 +89,13 @@ def traffic(conn: Conn) -> None:
 
 
 def start_serve(dsn: str) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([*PGINBOX, "metrics", "serve", "--port", "0", "--dsn", dsn],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        [*PGINBOX, "metrics", "serve", "--port", "0", "--dsn", dsn],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     assert proc.stderr is not None
     line = proc.stderr.readline()
     match = re.search(r"serving (http://\S+)", line)
@@ -115,8 +120,12 @@ def test_metrics_serve_over_http(conn: Conn, reader_dsn: str) -> None:
         assert value(found, "pginbox_duplicates_total", **shop) == 1
         assert value(found, "pginbox_identity_conflicts_total", **shop) == 1
         assert value(found, "pginbox_unprotected_deliveries_total", **shop) == 1
-        assert value(found, "pginbox_handler_failures_total", consumer="billing", producer="crm",
-                     reason_code="bad_account") == 1
+        assert (
+            value(
+                found, "pginbox_handler_failures_total", consumer="billing", producer="crm", reason_code="bad_account"
+            )
+            == 1
+        )
         assert value(found, "pginbox_quarantine_open", consumer="billing", kind="conflict") == 1
         # A second scrape counts nothing twice; a new duplicate is there at once (no grace for events).
         conn.execute("SELECT inbox.claim('billing', 'shop', 'm1', '{\"a\": 1}')")
@@ -131,18 +140,26 @@ def test_metrics_serve_over_http(conn: Conn, reader_dsn: str) -> None:
 
 def test_stats_json(conn: Conn, db_dsn: str) -> None:
     traffic(conn)
-    done = subprocess.run([*PGINBOX, "stats", "--json", "--dsn", db_dsn], capture_output=True, text=True,
-                          cwd=ROOT, timeout=60, check=False)
+    done = subprocess.run(
+        [*PGINBOX, "stats", "--json", "--dsn", db_dsn],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     shop = next(e for e in summary["by_producer"] if e["producer"] == "shop")
     assert (shop["first_seen"], shop["duplicates"], shop["conflicts"], shop["quarantined"]) == (2, 1, 1, 1)
     assert summary["failures_by_reason"] == [
-        {"consumer": "billing", "producer": "crm", "reason_code": "bad_account", "failures": 1}]
+        {"consumer": "billing", "producer": "crm", "reason_code": "bad_account", "failures": 1}
+    ]
     assert summary["quarantine_open"] == [{"consumer": "billing", "kind": "conflict", "open": 1}]
     assert summary["inbox"]["metrics_counting_enabled"] == 1
-    text = subprocess.run([*PGINBOX, "stats", "--dsn", db_dsn], capture_output=True, text=True, cwd=ROOT,
-                          timeout=60, check=False)
+    text = subprocess.run(
+        [*PGINBOX, "stats", "--dsn", db_dsn], capture_output=True, text=True, cwd=ROOT, timeout=60, check=False
+    )
     assert text.returncode == 0 and "bad_account" in text.stdout and "billing" in text.stdout
 
 
@@ -150,8 +167,14 @@ def test_stats_needs_the_reader_role(conn: Conn, db_dsn: str) -> None:
     """A consumer may not read metrics: one clear line with the SQLSTATE, no traceback, and the
     group role that may (issue 26)."""
     with login_role(conn, db_dsn, "inbox_consumer") as consumer_dsn:
-        done = subprocess.run([*PGINBOX, "stats", "--dsn", consumer_dsn], capture_output=True, text=True, cwd=ROOT,
-                              timeout=60, check=False)
+        done = subprocess.run(
+            [*PGINBOX, "stats", "--dsn", consumer_dsn],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+            check=False,
+        )
     assert done.returncode != 0
     first, *rest = done.stderr.strip().splitlines()
     assert "Traceback" not in done.stderr
@@ -208,13 +231,19 @@ def test_inbox_collector_after_a_real_retry(db_dsn: str, conn: Conn) -> None:
         registry.register(InboxCollector(inbox, consumer=f"billing-{id(inbox)}"))
     found = samples(generate_latest(registry).decode())
     retries = sum(v for (name, _), v in found.items() if name == "pginbox_client_retries_total")
-    errors = sum(v for (name, labels), v in found.items()
-                 if name == "pginbox_client_transient_errors_total" and ("sqlstate", "40001") in labels)
+    errors = sum(
+        v
+        for (name, labels), v in found.items()
+        if name == "pginbox_client_transient_errors_total" and ("sqlstate", "40001") in labels
+    )
     lock_wait = sum(v for (name, _), v in found.items() if name == "pginbox_client_lock_wait_seconds_total")
     assert retries >= 1 and errors == retries
     assert lock_wait > 0
-    applied = sum(v for (name, labels), v in found.items()
-                  if name == "pginbox_client_outcomes_total" and ("outcome", "applied") in labels)
+    applied = sum(
+        v
+        for (name, labels), v in found.items()
+        if name == "pginbox_client_outcomes_total" and ("outcome", "applied") in labels
+    )
     assert applied == 2
     assert conn.execute("SELECT balance FROM account WHERE id = 1").fetchone() == (2,)
 
@@ -281,8 +310,9 @@ def test_rollup_only_at_read_committed(conn: Conn) -> None:
         conn.execute("SELECT inbox.metrics_rollup()")
     conn.execute("ROLLBACK")
     conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-    row = conn.execute("SELECT value FROM inbox.metrics() WHERE metric = 'pginbox_duplicates_total'"
-                       " AND labels ->> 'producer' = 'shop'").fetchone()
+    row = conn.execute(
+        "SELECT value FROM inbox.metrics() WHERE metric = 'pginbox_duplicates_total' AND labels ->> 'producer' = 'shop'"
+    ).fetchone()
     conn.execute("COMMIT")
     assert row == (1.0,)
     assert conn.execute("SELECT count(*) FROM inbox.metric_event").fetchone() == (2,)  # duplicate + failure
@@ -292,13 +322,24 @@ def test_rollup_only_at_read_committed(conn: Conn) -> None:
 
 def test_metrics_configure_and_rollup_commands(conn: Conn, db_dsn: str) -> None:
     def run(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*PGINBOX, "metrics", *argv, "--dsn", db_dsn], capture_output=True, text=True,
-                              cwd=ROOT, timeout=60, check=False)
+        return subprocess.run(
+            [*PGINBOX, "metrics", *argv, "--dsn", db_dsn],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+            check=False,
+        )
 
     done = run("configure", "--no-counting", "--grace", "1 minute", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) | {"updated_at": None, "updated_by": None} == {
-        "counting": False, "rollup_grace": "00:01:00", "rollup_batch": 500000, "updated_at": None, "updated_by": None}
+        "counting": False,
+        "rollup_grace": "00:01:00",
+        "rollup_batch": 500000,
+        "updated_at": None,
+        "updated_by": None,
+    }
     conn.execute("SELECT inbox.claim('billing', 'shop', 'm1', '{}')")
     conn.execute("SELECT inbox.claim('billing', 'shop', 'm1', '{}')")
     assert conn.execute("SELECT count(*) FROM inbox.metric_event").fetchone() == (0,)  # counting is off
@@ -335,9 +376,23 @@ def test_dispatcher_serves_the_database_metrics_when_asked(conn: Conn, db_dsn: s
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        proc = subprocess.Popen([*PGINBOX, "--dsn", db_dsn, "dispatch", "--health-port", str(port), *flag,
-                                 "--callable", "sink=builtins:print"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        proc = subprocess.Popen(
+            [
+                *PGINBOX,
+                "--dsn",
+                db_dsn,
+                "dispatch",
+                "--health-port",
+                str(port),
+                *flag,
+                "--callable",
+                "sink=builtins:print",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
         try:
             deadline = time.monotonic() + 30
             while True:
@@ -362,8 +417,9 @@ def test_dispatcher_serves_the_database_metrics_when_asked(conn: Conn, db_dsn: s
 
 
 def _stats(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([*PGINBOX, "stats", *args, "--dsn", dsn], capture_output=True, text=True, cwd=ROOT,
-                          timeout=60, check=False)
+    done = subprocess.run(
+        [*PGINBOX, "stats", *args, "--dsn", dsn], capture_output=True, text=True, cwd=ROOT, timeout=60, check=False
+    )
     assert done.returncode == 0, done.stderr
     return done
 
@@ -372,8 +428,10 @@ def test_stats_is_honest_about_the_row_estimate(conn: Conn, db_dsn: str) -> None
     """4,000 rows and no ANALYZE yet: stats says there is no estimate (JSON null), not 0; --count
     counts them (also for a reader); after ANALYZE the estimate comes with its time."""
     conn.execute("ALTER TABLE inbox.message SET (autovacuum_enabled = false)")  # no ANALYZE behind our back
-    conn.execute("INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version)"
-                 " SELECT 'billing', '', 'shop', 'm-' || i, '\\x00', 'v1' FROM generate_series(1, 4000) i")
+    conn.execute(
+        "INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version)"
+        " SELECT 'billing', '', 'shop', 'm-' || i, '\\x00', 'v1' FROM generate_series(1, 4000) i"
+    )
     assert conn.execute("SELECT reltuples FROM pg_class WHERE oid = 'inbox.message'::regclass").fetchone() == (-1,)
 
     before = json.loads(_stats(db_dsn, "--json").stdout)["inbox"]

@@ -54,8 +54,9 @@ def order_seq(c: Conn, effect_id: str) -> int:
 
 
 def claim(c: Conn, dispatcher: str = "d1") -> list[tuple[str, int]]:
-    rows = c.execute("SELECT effect_id, lease_token FROM inbox.claim_effects(%s, 10, key_aware => true)",
-                     (dispatcher,)).fetchall()
+    rows = c.execute(
+        "SELECT effect_id, lease_token FROM inbox.claim_effects(%s, 10, key_aware => true)", (dispatcher,)
+    ).fetchall()
     return [(str(r[0]), int(r[1])) for r in rows]
 
 

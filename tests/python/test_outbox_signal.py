@@ -98,8 +98,12 @@ def test_a_dispatcher_idle_between_an_enqueue_and_its_commit_finds_the_effect_by
     claims after short, doubling waits (20 ms, 40 ms, ...) find the effect long before its poll
     interval (here 30 s) would."""
     delivered: list[tuple[str, float]] = []
-    dispatcher = Dispatcher(db_dsn, "race", {"hook": CallableTransport(
-        lambda effect: delivered.append((effect.effect_id, time.monotonic())))}, poll_interval=30.0)
+    dispatcher = Dispatcher(
+        db_dsn,
+        "race",
+        {"hook": CallableTransport(lambda effect: delivered.append((effect.effect_id, time.monotonic())))},
+        poll_interval=30.0,
+    )
     with connect(db_dsn) as producer, ThreadPoolExecutor(max_workers=1) as pool:
         producer.execute("BEGIN")
         assert enqueue(producer, "in-the-window")  # nobody is idle yet: no signal will be sent

@@ -276,8 +276,9 @@ def test_dispatcher_listens_on_the_listen_dsn_and_claims_through_pgbouncer(
 ) -> None:
     sink = Sink()
     # A poll interval far longer than the wait below: a delivery within it came through NOTIFY.
-    dispatcher = Dispatcher(pgbouncer.route(db_dsn), "split", {"sink": CallableTransport(sink)},
-                            poll_interval=60.0, listen_dsn=db_dsn)
+    dispatcher = Dispatcher(
+        pgbouncer.route(db_dsn), "split", {"sink": CallableTransport(sink)}, poll_interval=60.0, listen_dsn=db_dsn
+    )
     with running(dispatcher):
         assert wait_for(lambda: dispatcher.listen_backend_pid is not None, timeout=10)
         time.sleep(0.3)  # idle, waiting on the LISTEN session
@@ -304,8 +305,13 @@ def test_purge_refuses_a_pooled_connection(conn: Conn, db_dsn: str, pgbouncer: P
 
 
 def test_cli_purge_through_pgbouncer_says_what_to_do(db_dsn: str, pgbouncer: PgBouncer) -> None:
-    done = subprocess.run([sys.executable, "-m", "pginbox", "purge", "--dsn", pgbouncer.route(db_dsn)],
-                          capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "pginbox", "purge", "--dsn", pgbouncer.route(db_dsn)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode != 0
     assert "connection pooler" in done.stderr and "directly" in done.stderr
 
@@ -317,14 +323,31 @@ def test_cli_dispatch_reads_the_listen_dsn_from_the_environment(
     """`pginbox dispatch` through PgBouncer: PGINBOX_DISPATCH_LISTEN_DSN gives LISTEN its direct
     connection (/healthz: wakeup listen); without it, wakeup polling with the reason."""
     port = free_port()
-    env = {**os.environ, "PGINBOX_TEST_SINK": str(tmp_path / "sink.txt"),
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PGINBOX_TEST_SINK": str(tmp_path / "sink.txt"),
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
+    }
     if listen_dsn:
         env["PGINBOX_DISPATCH_LISTEN_DSN"] = db_dsn
     else:
         env.pop("PGINBOX_DISPATCH_LISTEN_DSN", None)
-    command = [sys.executable, "-m", "pginbox", "--dsn", pgbouncer.route(db_dsn), "dispatch", "--name", "cli-pooled",
-               "--callable", "sink=_dispatch_sink:record", "--health-port", str(port), "--poll-interval", "0.2"]
+    command = [
+        sys.executable,
+        "-m",
+        "pginbox",
+        "--dsn",
+        pgbouncer.route(db_dsn),
+        "dispatch",
+        "--name",
+        "cli-pooled",
+        "--callable",
+        "sink=_dispatch_sink:record",
+        "--health-port",
+        str(port),
+        "--poll-interval",
+        "0.2",
+    ]
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     health: dict[str, Any] = {}
 
@@ -360,14 +383,23 @@ def test_sqlalchemy_inbox_behind_pgbouncer(db_dsn: str, domain: Conn, one_server
     dsn = one_server.route(db_dsn)
     pollute(dsn, PSYCOPG_NAMES)
     params = conninfo_to_dict(dsn)
-    engine = create_engine(URL.create("postgresql+psycopg", username=str(params["user"]), host="127.0.0.1",
-                                      port=one_server.port, database=str(params["dbname"])))
+    engine = create_engine(
+        URL.create(
+            "postgresql+psycopg",
+            username=str(params["user"]),
+            host="127.0.0.1",
+            port=one_server.port,
+            database=str(params["dbname"]),
+        )
+    )
     inbox = SQLAlchemyInbox(consumer="billing", retry=FAST_RETRY)
     messages = [message(uid(), n) for n in range(1, 8)]
 
     def handler(session: Session, m: Message) -> None:
-        session.execute(text("SELECT apply_credit(:a, :m, :n)"),
-                        {"a": m.payload["account"], "m": m.message_id, "n": m.payload["amount"]})
+        session.execute(
+            text("SELECT apply_credit(:a, :m, :n)"),
+            {"a": m.payload["account"], "m": m.message_id, "n": m.payload["amount"]},
+        )
 
     try:
         with Session(engine) as s:

@@ -127,8 +127,12 @@ class Run:
     def produce(self) -> Produced:
         n = len(self.produced)
         poison = self.rng.random() < 0.04
-        payload: dict[str, Any] = {"message_id": f"m{n:05d}", "amount": self.rng.randint(1, 100), "poison": poison,
-                   "slow": self.rng.random() < 0.02}
+        payload: dict[str, Any] = {
+            "message_id": f"m{n:05d}",
+            "amount": self.rng.randint(1, 100),
+            "poison": poison,
+            "slow": self.rng.random() < 0.02,
+        }
         # Messages reach the consumer an hour after they were produced (a lagging broker), so that
         # the purge's five-minute window can pass over them once their rows are aged (op_purge).
         row = self.admin.execute("SELECT clock_timestamp() - interval '1 hour'").fetchone()
@@ -140,15 +144,20 @@ class Run:
     def claim_and_apply(self, conn: Conn, message: Produced, payload: dict[str, Any]) -> str:
         row = conn.execute(
             "SELECT outcome FROM inbox.claim_and_apply(%s, %s, %s, 'credit', %s, '', %s)",
-            (CONSUMER, PRODUCER, message.message_id, Jsonb(payload), message.produced_at)).fetchone()
+            (CONSUMER, PRODUCER, message.message_id, Jsonb(payload), message.produced_at),
+        ).fetchone()
         assert row is not None
         return str(row[0])
 
     def deliver(self, message: Produced, payload: dict[str, Any] | None = None) -> None:
         try:
             outcome = self.claim_and_apply(self.worker, message, payload or message.payload)
-        except (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, pg_errors.LockNotAvailable,
-                pg_errors.QueryCanceled):
+        except (
+            pg_errors.SerializationFailure,
+            pg_errors.DeadlockDetected,
+            pg_errors.LockNotAvailable,
+            pg_errors.QueryCanceled,
+        ):
             return  # transient: the broker redelivers
         self.answers[message.message_id].append(outcome)
         if outcome == "applied":
@@ -172,8 +181,11 @@ class Run:
             self.deliver(message, {**message.payload, "amount": message.payload["amount"] + 1000})
 
     def op_crash(self) -> None:
-        message = self.produce() if self.rng.random() < 0.5 or not self.produced else \
-            self.rng.choice(list(self.produced.values()))
+        message = (
+            self.produce()
+            if self.rng.random() < 0.5 or not self.produced
+            else self.rng.choice(list(self.produced.values()))
+        )
         conn = self.connect()
         try:
             conn.execute("BEGIN")
@@ -202,18 +214,28 @@ class Run:
     def op_purge(self) -> None:
         # An hour passes for the rows processed so far (redeliveries carry their produced_at, which
         # is never changed), and the consumer has been active for a day: they are old enough.
-        self.admin.execute("UPDATE inbox.message SET processed_at = processed_at - interval '1 hour'"
-                           " WHERE consumer = %s", (CONSUMER,))
+        self.admin.execute(
+            "UPDATE inbox.message SET processed_at = processed_at - interval '1 hour' WHERE consumer = %s", (CONSUMER,)
+        )
         self.admin.execute("DELETE FROM inbox.activity_gap WHERE consumer = %s", (CONSUMER,))
-        self.admin.execute("INSERT INTO inbox.activity_gap (consumer, gap_from, gap_to)"
-                           " VALUES (%s, '-infinity', now() - interval '1 day')", (CONSUMER,))
+        self.admin.execute(
+            "INSERT INTO inbox.activity_gap (consumer, gap_from, gap_to)"
+            " VALUES (%s, '-infinity', now() - interval '1 day')",
+            (CONSUMER,),
+        )
         with self.connect() as conn:
             conn.execute("CALL inbox.purge('rnd', wait_timeout => '30 seconds')")
 
     def op_dispatch(self, flaky: bool = True) -> None:
         self.sink.flaky = flaky
-        with Dispatcher(self.dsn, f"rnd-{self.rng.randrange(1 << 30)}", {"sink": CallableTransport(self.sink.deliver)},
-                        batch_size=50, lease=30.0, poll_interval=0.05) as dispatcher:
+        with Dispatcher(
+            self.dsn,
+            f"rnd-{self.rng.randrange(1 << 30)}",
+            {"sink": CallableTransport(self.sink.deliver)},
+            batch_size=50,
+            lease=30.0,
+            poll_interval=0.05,
+        ) as dispatcher:
             dispatcher.run_once()
 
     # ---------------------------------------------------------------------------- the run
@@ -259,9 +281,12 @@ def test_randomized_run_keeps_the_invariant(conn: Conn, db_dsn: str) -> None:
     ledger: dict[str, list[int]] = defaultdict(list)
     for message_id, amount in conn.execute("SELECT message_id, amount FROM rnd.ledger").fetchall():
         ledger[message_id].append(amount)
-    quarantined = {r[0]: r[1] for r in conn.execute(
-        "SELECT message_id, string_agg(kind, ',') FROM inbox.quarantine WHERE consumer = %s GROUP BY 1",
-        (CONSUMER,)).fetchall()}
+    quarantined = {
+        r[0]: r[1]
+        for r in conn.execute(
+            "SELECT message_id, string_agg(kind, ',') FROM inbox.quarantine WHERE consumer = %s GROUP BY 1", (CONSUMER,)
+        ).fetchall()
+    }
 
     # Duplicated or unexpected effects.
     assert set(ledger) <= set(run.produced), f"applied but never produced: {set(ledger) - set(run.produced)}; {context}"
@@ -270,8 +295,9 @@ def test_randomized_run_keeps_the_invariant(conn: Conn, db_dsn: str) -> None:
     for message_id, amounts in ledger.items():
         message = run.produced[message_id]
         assert not message.poison, f"poison message {message_id} applied; {context}"
-        assert amounts == [run.applied_amount.get(message_id)], \
+        assert amounts == [run.applied_amount.get(message_id)], (
             f"{message_id} applied with another payload than the one answered 'applied'; {context}"
+        )
         if message_id not in run.conflicting:
             assert amounts == [message.payload["amount"]], f"{message_id} applied with another payload; {context}"
         assert run.answers[message_id].count("applied") <= 1, f"{message_id} answered applied twice; {context}"
@@ -281,8 +307,9 @@ def test_randomized_run_keeps_the_invariant(conn: Conn, db_dsn: str) -> None:
         answers = run.answers[message_id]
         if message_id in ledger:
             continue
-        assert message.poison or "expired" in answers or "quarantined" in answers, \
+        assert message.poison or "expired" in answers or "quarantined" in answers, (
             f"{message_id} neither applied nor handed to operators (answers {answers}); {context}"
+        )
         assert message_id in quarantined, f"{message_id} handed over but not in quarantine; {context}"
     # An 'applied' answer always corresponds to a committed ledger row.
     for message_id, answers in run.answers.items():
@@ -290,8 +317,9 @@ def test_randomized_run_keeps_the_invariant(conn: Conn, db_dsn: str) -> None:
             assert message_id in ledger, f"{message_id} answered applied but not in the ledger; {context}"
 
     # The outbox: one effect per applied message, each delivered with its one key, counted once.
-    effects = {r[0]: r[1] for r in conn.execute(
-        "SELECT effect_id, payload ->> 'message_id' FROM inbox.outbox").fetchall()}
+    effects = {
+        r[0]: r[1] for r in conn.execute("SELECT effect_id, payload ->> 'message_id' FROM inbox.outbox").fetchall()
+    }
     expected = {
         conn.execute("SELECT inbox.effect_id(%s, %s, %s, 'notify')", (CONSUMER, PRODUCER, m)).fetchone()[0]: m  # type: ignore[index]
         for m in ledger
@@ -316,6 +344,15 @@ def test_randomized_run_keeps_the_invariant(conn: Conn, db_dsn: str) -> None:
     purged = conn.execute("SELECT sum(rows_purged) FROM inbox.purge_state WHERE consumer = %s", (CONSUMER,)).fetchone()
     assert purged is not None and (purged[0] or 0) > 0, f"the purge deleted nothing; {context}"
     assert any("expired" in a or "duplicate" in a for a in run.answers.values()), context
-    print(json.dumps({"seed": seed, "ops": dict(run.ops), "messages": len(run.produced),
-                      "applied": len(ledger), "requests": len(run.sink.requests),
-                      "answers": dict(Counter(a for answers in run.answers.values() for a in answers))}))
+    print(
+        json.dumps(
+            {
+                "seed": seed,
+                "ops": dict(run.ops),
+                "messages": len(run.produced),
+                "applied": len(ledger),
+                "requests": len(run.sink.requests),
+                "answers": dict(Counter(a for answers in run.answers.values() for a in answers)),
+            }
+        )
+    )

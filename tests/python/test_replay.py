@@ -83,28 +83,38 @@ RUNNER = "pg_stat_activity WHERE application_name = 'pginbox-cli' AND datname = 
 
 
 def message(n: int, **extra: Any) -> dict[str, Any]:
-    return {"producer": "shop", "message_id": f"m-{n:03d}", "tenant": "",
-            "payload": {"account": 1 + n % 5, "amount": 10, "bonus": 1, **extra}}
+    return {
+        "producer": "shop",
+        "message_id": f"m-{n:03d}",
+        "tenant": "",
+        "payload": {"account": 1 + n % 5, "amount": 10, "bonus": 1, **extra},
+    }
 
 
 def deliver_history(conn: Conn, count: int, consumer: str = "billing", **extra: Any) -> list[dict[str, Any]]:
     """Registers credit_v1 and delivers `count` messages through it; returns them as plan items."""
-    conn.execute("SELECT inbox.register_handler(%s, 'credit', 'app.credit_v1(jsonb,inbox.message_context)', 'v1')",
-                 (consumer,))
+    conn.execute(
+        "SELECT inbox.register_handler(%s, 'credit', 'app.credit_v1(jsonb,inbox.message_context)', 'v1')", (consumer,)
+    )
     items = [message(n, **extra) for n in range(1, count + 1)]
     for item in items:
-        conn.execute("INSERT INTO app.event_store VALUES (%s, %s, %s)",
-                     (item["producer"], item["message_id"], json.dumps(item["payload"])))
-        row = conn.execute("SELECT outcome FROM inbox.claim_and_apply(%s, %s, %s, 'credit', %s)",
-                           (consumer, item["producer"], item["message_id"], json.dumps(item["payload"]))).fetchone()
+        conn.execute(
+            "INSERT INTO app.event_store VALUES (%s, %s, %s)",
+            (item["producer"], item["message_id"], json.dumps(item["payload"])),
+        )
+        row = conn.execute(
+            "SELECT outcome FROM inbox.claim_and_apply(%s, %s, %s, 'credit', %s)",
+            (consumer, item["producer"], item["message_id"], json.dumps(item["payload"])),
+        ).fetchone()
         assert row == ("applied",)
     return items
 
 
 def inbox_snapshot(conn: Conn, consumer: str = "billing") -> list[str]:
     """The consumer's inbox rows, every column, as text (byte-identical comparison)."""
-    rows = conn.execute("SELECT m::text FROM inbox.message m WHERE m.consumer = %s ORDER BY m.message_id",
-                        (consumer,)).fetchall()
+    rows = conn.execute(
+        "SELECT m::text FROM inbox.message m WHERE m.consumer = %s ORDER BY m.message_id", (consumer,)
+    ).fetchall()
     return [r[0] for r in rows]
 
 
@@ -131,11 +141,15 @@ def old_enough_to_purge(conn: Conn) -> None:
                         max_offset_rewind => '0', dead_letter_redrive_horizon => '0', producer_retry_horizon => '0',
                         outage_allowance => '0', backup_restore_window => '0', planned_replay_horizon => '0',
                         safety_margin => '0', note => 'test: purge everything older than five minutes')""")
-    conn.execute("UPDATE inbox.message SET processed_at = processed_at - interval '1 hour',"
-                 " produced_at = produced_at - interval '1 hour' WHERE consumer = 'billing'")
+    conn.execute(
+        "UPDATE inbox.message SET processed_at = processed_at - interval '1 hour',"
+        " produced_at = produced_at - interval '1 hour' WHERE consumer = 'billing'"
+    )
     conn.execute("DELETE FROM inbox.activity_gap WHERE consumer = 'billing'")
-    conn.execute("INSERT INTO inbox.activity_gap (consumer, gap_from, gap_to) VALUES ('billing', '-infinity',"
-                 " now() - interval '1 day')")
+    conn.execute(
+        "INSERT INTO inbox.activity_gap (consumer, gap_from, gap_to) VALUES ('billing', '-infinity',"
+        " now() - interval '1 day')"
+    )
     conn.execute("UPDATE inbox.consumer_config SET last_active_at = now() WHERE consumer = 'billing'")
 
 
@@ -163,9 +177,13 @@ def domain(conn: Conn, login_role: Callable[..., str]) -> Conn:
     conn.execute(DOMAIN)
     service = str(conninfo_to_dict(login_role("inbox_consumer"))["user"])
     conn.execute(sql.SQL("GRANT USAGE ON SCHEMA app TO {}, inbox_runner").format(sql.Identifier(service)))
-    hand_to_service(conn, service, "billing",
-                    functions=(FIX, FIX2, "app.credit_v1(jsonb,inbox.message_context)"),
-                    tables=("app.account", "app.credit_log", "app.compensation", "app.event_store", "app.slow"))
+    hand_to_service(
+        conn,
+        service,
+        "billing",
+        functions=(FIX, FIX2, "app.credit_v1(jsonb,inbox.message_context)"),
+        tables=("app.account", "app.credit_log", "app.compensation", "app.event_store", "app.slow"),
+    )
     return conn
 
 
@@ -176,11 +194,17 @@ def test_no_reapplication_rebuilds_a_read_model_elsewhere(domain: Conn) -> None:
     """The recipe of docs/replay.md: a new read model filled from the domain table; nothing in the
     inbox changes (every inbox table compared before and after)."""
     deliver_history(domain, 12)
-    tables = [r[0] for r in domain.execute(
-        "SELECT c.oid::regclass::text FROM pg_class c WHERE c.relnamespace = 'inbox'::regnamespace "
-        "AND c.relkind = 'r' ORDER BY 1").fetchall()]
-    before = {t: domain.execute(f"SELECT coalesce(array_agg(x::text ORDER BY x::text), '{{}}') FROM {t} x").fetchone()
-              for t in tables}
+    tables = [
+        r[0]
+        for r in domain.execute(
+            "SELECT c.oid::regclass::text FROM pg_class c WHERE c.relnamespace = 'inbox'::regnamespace "
+            "AND c.relkind = 'r' ORDER BY 1"
+        ).fetchall()
+    ]
+    before = {
+        t: domain.execute(f"SELECT coalesce(array_agg(x::text ORDER BY x::text), '{{}}') FROM {t} x").fetchone()
+        for t in tables
+    }
 
     # The recipe: a new read model, filled from the event store (or the domain tables), swapped in.
     domain.execute("""
@@ -192,13 +216,17 @@ def test_no_reapplication_rebuilds_a_read_model_elsewhere(domain: Conn) -> None:
     """)
     rebuilt = domain.execute("SELECT sum(credited), sum(messages) FROM app.credits_by_account_v2").fetchone()
     assert rebuilt == (120, 12)
-    after = {t: domain.execute(f"SELECT coalesce(array_agg(x::text ORDER BY x::text), '{{}}') FROM {t} x").fetchone()
-             for t in tables}
+    after = {
+        t: domain.execute(f"SELECT coalesce(array_agg(x::text ORDER BY x::text), '{{}}') FROM {t} x").fetchone()
+        for t in tables
+    }
     assert after == before
     # The history is still a duplicate for the consumer: rebuilding did not reopen redelivery.
     item = message(1)
-    row = domain.execute("SELECT outcome FROM inbox.claim_and_apply('billing', 'shop', 'm-001', 'credit', %s)",
-                         (json.dumps(item["payload"]),)).fetchone()
+    row = domain.execute(
+        "SELECT outcome FROM inbox.claim_and_apply('billing', 'shop', 'm-001', 'credit', %s)",
+        (json.dumps(item["payload"]),),
+    ).fetchone()
     assert row == ("duplicate",)
 
 
@@ -213,6 +241,7 @@ def test_versioned_projection_consumes_the_history_again_under_a_new_identity(do
         CREATE FUNCTION app.project_v2(p jsonb, ctx inbox.message_context) RETURNS void LANGUAGE sql AS
             $$INSERT INTO app.projection VALUES ('v2', ctx.message_id, (p ->> 'amount')::numeric + 1)$$;
     """)
+
     def versioned(version: str) -> str:
         row = domain.execute("SELECT inbox.versioned_consumer('orders-projection', %s)", (version,)).fetchone()
         assert row is not None
@@ -220,21 +249,25 @@ def test_versioned_projection_consumes_the_history_again_under_a_new_identity(do
 
     v1, v2 = versioned("v1"), versioned("v2")
     assert (v1, v2) == ("orders-projection@v1", "orders-projection@v2")
-    domain.execute("SELECT inbox.register_handler(%s, 'credit', 'app.project_v1(jsonb,inbox.message_context)', 'v1')",
-                   (v1,))
+    domain.execute(
+        "SELECT inbox.register_handler(%s, 'credit', 'app.project_v1(jsonb,inbox.message_context)', 'v1')", (v1,)
+    )
     history = [message(n) for n in range(1, 8)]
 
     def deliver(consumer: str, item: dict[str, Any]) -> str:
-        row = domain.execute("SELECT outcome FROM inbox.claim_and_apply(%s, %s, %s, 'credit', %s)",
-                             (consumer, item["producer"], item["message_id"], json.dumps(item["payload"]))).fetchone()
+        row = domain.execute(
+            "SELECT outcome FROM inbox.claim_and_apply(%s, %s, %s, 'credit', %s)",
+            (consumer, item["producer"], item["message_id"], json.dumps(item["payload"])),
+        ).fetchone()
         assert row is not None
         return str(row[0])
 
     assert [deliver(v1, m) for m in history] == ["applied"] * 7
     v1_rows = inbox_snapshot(domain, v1)
 
-    domain.execute("SELECT inbox.register_handler(%s, 'credit', 'app.project_v2(jsonb,inbox.message_context)', 'v2')",
-                   (v2,))
+    domain.execute(
+        "SELECT inbox.register_handler(%s, 'credit', 'app.project_v2(jsonb,inbox.message_context)', 'v2')", (v2,)
+    )
     assert [deliver(v2, m) for m in history] == ["applied"] * 7, "v2 consumes the same history as new messages"
     assert inbox_snapshot(domain, v1) == v1_rows, "v1's inbox rows are untouched"
     assert [deliver(v1, m) for m in history[:3]] == ["duplicate"] * 3, "a redelivery is a duplicate for v1"
@@ -271,9 +304,16 @@ def test_handler_version_changes_during_a_replay_plan(domain: Conn, db_dsn: str)
     thread = threading.Thread(target=runner)
     thread.start()
     # Wait until the runner sleeps inside the handler of its third item, then register fix-2.
-    wait_until(lambda: domain.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'replay-runner' AND wait_event = 'PgSleep'"
-    ).fetchone() == (1,), what="the runner inside a handler")
+    wait_until(
+        lambda: (
+            domain.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE application_name = 'replay-runner' AND wait_event = 'PgSleep'"
+            ).fetchone()
+            == (1,)
+        ),
+        what="the runner inside a handler",
+    )
     time.sleep(0.65)  # into the third item
     with psycopg.connect(db_dsn, autocommit=True) as other:
         other.execute(f"SELECT inbox.register_handler('billing', 'credit', '{FIX2}', 'fix-2')")
@@ -312,8 +352,12 @@ def test_handler_version_changes_during_a_replay_plan(domain: Conn, db_dsn: str)
     assert sum(v for k, v in done.items() if k[1] == "fix-2") == 10 - len(applied_before_stop)
     assert domain.execute("SELECT sum(balance) FROM app.account").fetchone() == (110,)
     assert inbox_snapshot(domain) == original_rows, "the original inbox rows are byte-identical"
-    decisions = [r[0] for r in domain.execute(
-        "SELECT decision FROM inbox.replay_decision WHERE plan_id = %s ORDER BY decision_id", (plan_id,)).fetchall()]
+    decisions = [
+        r[0]
+        for r in domain.execute(
+            "SELECT decision FROM inbox.replay_decision WHERE plan_id = %s ORDER BY decision_id", (plan_id,)
+        ).fetchall()
+    ]
     assert decisions == ["create", "add_items", "stopped_version_changed", "accept_version", "completed"]
     assert domain.execute("SELECT count(*) FROM inbox.retention_hold").fetchone() == (0,), "holds go at completion"
 
@@ -358,25 +402,31 @@ def test_runner_killed_mid_plan_then_resumed_applies_each_once(domain: Conn, db_
     domain.execute("UPDATE app.slow SET seconds = 0.15")
     with subprocess.Popen(
         [*pginbox_command(), "replay", "run", str(plan_id), "--max-items", "1", "--until-done", "--dsn", db_dsn],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     ) as proc:
         wait_until(lambda: len(per_message(domain)) >= 3, what="three items applied")
         if how == "sigkill-client":
             proc.kill()
         else:
             # Inside a handler (pg_sleep): the item's transaction dies with the backend.
-            wait_until(lambda: domain.execute(f"SELECT count(*) FROM {RUNNER} AND wait_event = 'PgSleep'").fetchone()
-                       == (1,), what="the runner inside a handler")
+            wait_until(
+                lambda: domain.execute(f"SELECT count(*) FROM {RUNNER} AND wait_event = 'PgSleep'").fetchone() == (1,),
+                what="the runner inside a handler",
+            )
             terminated = domain.execute(
-                f"SELECT pg_terminate_backend(pid) FROM {RUNNER} AND wait_event = 'PgSleep'").fetchall()
+                f"SELECT pg_terminate_backend(pid) FROM {RUNNER} AND wait_event = 'PgSleep'"
+            ).fetchall()
             assert terminated == [(True,)]
         _, stderr = proc.communicate(timeout=60)
     assert proc.returncode != 0
     if how == "terminate-backend":
         assert "terminat" in stderr.lower() or "connection" in stderr.lower(), stderr
     # A killed client's backend finishes (and commits) the statement it was running: wait for it.
-    wait_until(lambda: domain.execute(f"SELECT count(*) FROM {RUNNER}").fetchone() == (0,),
-               what="the runner's backend to end")
+    wait_until(
+        lambda: domain.execute(f"SELECT count(*) FROM {RUNNER}").fetchone() == (0,), what="the runner's backend to end"
+    )
     partial = per_message(domain)
     assert 3 <= len(partial) < 16 and set(partial.values()) == {1}
     status = replay.plan_status(domain, plan_id)[0].row
@@ -424,8 +474,9 @@ def test_hash_exclude_keys_apply_to_the_check(domain: Conn) -> None:
 def test_holds_keep_the_identities_while_the_plan_needs_them(domain: Conn) -> None:
     items = deliver_history(domain, 6)
     plan_id = new_plan(domain, items[:4])
-    holds = domain.execute("SELECT consumer, tenant, producer, message_id, holder FROM inbox.retention_hold "
-                           "ORDER BY message_id").fetchall()
+    holds = domain.execute(
+        "SELECT consumer, tenant, producer, message_id, holder FROM inbox.retention_hold ORDER BY message_id"
+    ).fetchall()
     assert holds == [("billing", "", "shop", i["message_id"], f"replay:{plan_id}") for i in items[:4]]
     old_enough_to_purge(domain)
     held_rows = inbox_snapshot(domain)[:4]
@@ -450,8 +501,9 @@ def test_cancel_skips_pending_items_and_removes_the_holds(domain: Conn) -> None:
     assert replay.cancel_plan(domain, plan_id, "not needed after all") == "cancelled"
     assert domain.execute("SELECT count(*) FROM inbox.retention_hold").fetchone() == (0,)
     assert inbox_snapshot(domain) == before, "cancelling deletes no inbox row"
-    counts = domain.execute("SELECT status, reason_code, count(*) FROM inbox.replay_item GROUP BY 1, 2 ORDER BY 1"
-                            ).fetchall()
+    counts = domain.execute(
+        "SELECT status, reason_code, count(*) FROM inbox.replay_item GROUP BY 1, 2 ORDER BY 1"
+    ).fetchall()
     assert counts == [("applied", None, 1), ("skipped", "cancelled", 3)]
     with pytest.raises(replay.ReplayError) as refused:
         replay.run_plan(domain, plan_id)
@@ -462,19 +514,26 @@ def test_cancel_skips_pending_items_and_removes_the_holds(domain: Conn) -> None:
 def test_a_failing_item_rolls_back_and_the_plan_goes_on(domain: Conn) -> None:
     items = deliver_history(domain, 5)
     # A sixth message whose payload makes the compensation raise.
-    bad = {"producer": "shop", "message_id": "m-bad", "tenant": "",
-           "payload": {"account": 1, "amount": 10, "bonus": 1, "poison": True}}
-    domain.execute("SELECT inbox.claim_and_apply('billing', 'shop', 'm-bad', 'credit', %s)",
-                   (json.dumps(bad["payload"]),))
+    bad = {
+        "producer": "shop",
+        "message_id": "m-bad",
+        "tenant": "",
+        "payload": {"account": 1, "amount": 10, "bonus": 1, "poison": True},
+    }
+    domain.execute(
+        "SELECT inbox.claim_and_apply('billing', 'shop', 'm-bad', 'credit', %s)", (json.dumps(bad["payload"]),)
+    )
     plan_id = new_plan(domain, [*items[:2], bad, *items[2:]])
     result = replay.run_plan(domain, plan_id, max_items=100)
     assert (result.status, result.applied, result.failed, result.pending) == ("completed", 5, 1, 0)
-    row = domain.execute("SELECT status, reason_code, error_message FROM inbox.replay_item WHERE message_id = 'm-bad'"
-                         ).fetchone()
+    row = domain.execute(
+        "SELECT status, reason_code, error_message FROM inbox.replay_item WHERE message_id = 'm-bad'"
+    ).fetchone()
     assert row == ("failed", "23514", "cannot compensate m-bad")
     assert "m-bad" not in per_message(domain), "the failed item's writes rolled back"
-    assert domain.execute("SELECT count(*) FROM inbox.message WHERE consumer = %s",
-                          (f"replay:{plan_id}",)).fetchone() == (5,), "and its operation id was not claimed"
+    assert domain.execute(
+        "SELECT count(*) FROM inbox.message WHERE consumer = %s", (f"replay:{plan_id}",)
+    ).fetchone() == (5,), "and its operation id was not claimed"
 
 
 # --------------------------------------------------------------------------- the CLI
@@ -483,15 +542,31 @@ def test_a_failing_item_rolls_back_and_the_plan_goes_on(domain: Conn) -> None:
 def test_cli_workflow(domain: Conn, db_dsn: str) -> None:
     items = deliver_history(domain, 4)
     domain.execute(f"SELECT inbox.register_handler('billing', 'credit', '{FIX}', 'fix-1')")
-    created = cli("replay", "create", "cli-plan", "--consumer", "billing", "--message-type", "credit",
-                  "--handler", FIX, "--handler-version", "fix-1", "--note", "bonus", "--dsn", db_dsn)
+    created = cli(
+        "replay",
+        "create",
+        "cli-plan",
+        "--consumer",
+        "billing",
+        "--message-type",
+        "credit",
+        "--handler",
+        FIX,
+        "--handler-version",
+        "fix-1",
+        "--note",
+        "bonus",
+        "--dsn",
+        db_dsn,
+    )
     assert created.exit_code == 0, created.output
     lines = "\n".join(json.dumps(i) for i in items) + "\n"
     added = cli("replay", "add", "cli-plan", "-", "--json", "--dsn", db_dsn, input=lines)
     assert added.exit_code == 0, added.output
     assert json.loads(added.output)["added"] == 4
-    bad = cli("replay", "add", "cli-plan", "--dsn", db_dsn,
-              input=json.dumps({**items[0], "payload": {"other": 1}}) + "\n")
+    bad = cli(
+        "replay", "add", "cli-plan", "--dsn", db_dsn, input=json.dumps({**items[0], "payload": {"other": 1}}) + "\n"
+    )
     assert bad.exit_code == 1 and "IR003" in bad.output.splitlines()[0], bad.output
     assert all(line.startswith("  ") for line in bad.output.strip().splitlines()[1:]), bad.output
 
@@ -504,8 +579,19 @@ def test_cli_workflow(domain: Conn, db_dsn: str) -> None:
     plan = json.loads(status.output)["plans"][0]
     assert (plan["status"], plan["pending"], plan["applied"]) == ("stopped_version_changed", 2, 2)
     assert [d["decision"] for d in plan["decisions"]][-1] == "stopped_version_changed"
-    accepted = cli("replay", "accept-version", "cli-plan", "--handler", FIX2, "--handler-version", "fix-2",
-                   "--note", "reviewed", "--dsn", db_dsn)
+    accepted = cli(
+        "replay",
+        "accept-version",
+        "cli-plan",
+        "--handler",
+        FIX2,
+        "--handler-version",
+        "fix-2",
+        "--note",
+        "reviewed",
+        "--dsn",
+        db_dsn,
+    )
     assert accepted.exit_code == 0, accepted.output
     done = cli("replay", "run", "cli-plan", "--until-done", "--dsn", db_dsn)
     assert done.exit_code == 0 and "completed" in done.output, done.output
@@ -526,16 +612,26 @@ def test_cli_run_counts_this_runs_failed_and_skipped_items_by_reason(domain: Con
     """`replay run` says why: this run's skipped items per reason, explained, and its failed items
     per reason code; a later run does not count the earlier run's items again."""
     items = deliver_history(domain, 4)
-    bad = {"producer": "shop", "message_id": "m-bad", "tenant": "",
-           "payload": {"account": 1, "amount": 10, "bonus": 1, "poison": True}}
-    domain.execute("SELECT inbox.claim_and_apply('billing', 'shop', 'm-bad', 'credit', %s)",
-                   (json.dumps(bad["payload"]),))
+    bad = {
+        "producer": "shop",
+        "message_id": "m-bad",
+        "tenant": "",
+        "payload": {"account": 1, "amount": 10, "bonus": 1, "poison": True},
+    }
+    domain.execute(
+        "SELECT inbox.claim_and_apply('billing', 'shop', 'm-bad', 'credit', %s)", (json.dumps(bad["payload"]),)
+    )
     plan_id = new_plan(domain, [])  # registers fix-1
     # Processed with the pinned version already (fix-1 is the registered handler now): skipped.
-    same = {"producer": "shop", "message_id": "m-same", "tenant": "",
-            "payload": {"account": 2, "amount": 1, "bonus": 1}}
-    domain.execute("SELECT inbox.claim_and_apply('billing', 'shop', 'm-same', 'credit', %s)",
-                   (json.dumps(same["payload"]),))
+    same = {
+        "producer": "shop",
+        "message_id": "m-same",
+        "tenant": "",
+        "payload": {"account": 2, "amount": 1, "bonus": 1},
+    }
+    domain.execute(
+        "SELECT inbox.claim_and_apply('billing', 'shop', 'm-same', 'credit', %s)", (json.dumps(same["payload"]),)
+    )
     assert replay.add_items(domain, plan_id, [items[0], same, items[1], bad, items[2], items[3]]) == 6
 
     first = cli("replay", "run", str(plan_id), "--max-items", "3", "--dsn", db_dsn)
@@ -544,7 +640,8 @@ def test_cli_run_counts_this_runs_failed_and_skipped_items_by_reason(domain: Con
     assert "this run applied 2, failed 0, skipped 1 (1 call(s))" in lines[0]
     assert lines[1:] == [
         "  skipped same_version: 1 (the message was processed with the pinned version already: it has that "
-        "version's effect)"]
+        "version's effect)"
+    ]
     assert first.stderr == ""  # no progress when stderr is not a terminal
 
     second = cli("replay", "run", str(plan_id), "--max-items", "1", "--until-done", "--json", "--dsn", db_dsn)
@@ -575,7 +672,8 @@ def test_cli_run_shows_progress_on_a_terminal_only(domain: Conn, db_dsn: str) ->
     drawn = frames(shown)
     progress = [f for f in drawn if f.startswith(f"replay plan {plan_id}: ") and " items" in f and "call" in f]
     assert [p.split(", ")[0] for p in progress if "items/s" in p] == [
-        f"replay plan {plan_id}: {n} of 4 items ({n * 100 // 4}%)" for n in (1, 2, 3, 4)], drawn
+        f"replay plan {plan_id}: {n} of 4 items ({n * 100 // 4}%)" for n in (1, 2, 3, 4)
+    ], drawn
     assert any("left" in p for p in progress), progress
     assert "\r\x1b[K" in shown
     assert drawn[-1].startswith(f"replay plan {plan_id}: completed; this run applied 4"), drawn
@@ -591,8 +689,11 @@ def test_a_hold_taken_while_the_purge_runs_keeps_the_row(domain: Conn, db_dsn: s
     domain.execute(f"SELECT inbox.register_handler('billing', 'credit', '{FIX}', 'fix-1')")
     plan_id = replay.create_plan(domain, "race", "billing", "credit", FIX, "fix-1", "hold during a purge")
     old_enough_to_purge(domain)
-    with psycopg.connect(db_dsn, autocommit=True) as older, psycopg.connect(db_dsn, autocommit=True) as adder, \
-            psycopg.connect(db_dsn, autocommit=True) as purger:
+    with (
+        psycopg.connect(db_dsn, autocommit=True) as older,
+        psycopg.connect(db_dsn, autocommit=True) as adder,
+        psycopg.connect(db_dsn, autocommit=True) as purger,
+    ):
         older.execute("BEGIN")
         older.execute("SELECT 1")  # a transaction from before the announcement: the purge waits for it
         purger.execute("SELECT * FROM inbox.announce_purge('billing')")

@@ -79,12 +79,17 @@ def apply(conn: psycopg.Connection[Any], message_id: str, produced_days_ago: flo
 def age(conn: psycopg.Connection[Any], days: float, *, active_days: float = 60.0) -> None:
     """Every message of CONSUMER was produced and processed `days` ago; the consumer has been
     active (claiming, no gap) for the last `active_days` days."""
-    conn.execute("UPDATE inbox.message SET processed_at = now() - make_interval(secs => %s * 86400),"
-                 " produced_at = now() - make_interval(secs => %s * 86400) WHERE consumer = %s",
-                 (days, days, CONSUMER))
+    conn.execute(
+        "UPDATE inbox.message SET processed_at = now() - make_interval(secs => %s * 86400),"
+        " produced_at = now() - make_interval(secs => %s * 86400) WHERE consumer = %s",
+        (days, days, CONSUMER),
+    )
     conn.execute("DELETE FROM inbox.activity_gap WHERE consumer = %s", (CONSUMER,))
-    conn.execute("INSERT INTO inbox.activity_gap (consumer, gap_from, gap_to)"
-                 " VALUES (%s, '-infinity', now() - make_interval(secs => %s * 86400))", (CONSUMER, active_days))
+    conn.execute(
+        "INSERT INTO inbox.activity_gap (consumer, gap_from, gap_to)"
+        " VALUES (%s, '-infinity', now() - make_interval(secs => %s * 86400))",
+        (CONSUMER, active_days),
+    )
     conn.execute("UPDATE inbox.consumer_config SET last_active_at = now() WHERE consumer = %s", (CONSUMER,))
 
 
@@ -103,8 +108,9 @@ def purge_sql(dsn: str, batch_size: int = 5000) -> retention.PurgeReport:
 
 
 def produced_at_of(conn: psycopg.Connection[Any], message_id: str) -> Any:
-    return conn.execute("SELECT produced_at FROM inbox.message WHERE consumer = %s AND message_id = %s",
-                        (CONSUMER, message_id)).fetchone()[0]  # type: ignore[index]
+    return conn.execute(
+        "SELECT produced_at FROM inbox.message WHERE consumer = %s AND message_id = %s", (CONSUMER, message_id)
+    ).fetchone()[0]  # type: ignore[index]
 
 
 # ---------------------------------------------------------------------------- the article's case
@@ -120,15 +126,18 @@ def test_inbox_retention_expires_before_a_simulated_redrive(db: psycopg.Connecti
 
     # The redrive: same identity, same payload, its original produced_at.
     for _ in range(2):
-        row = db.execute(APPLY, {"consumer": CONSUMER, "producer": PRODUCER, "id": "order-1",
-                                 "produced_at": produced}).fetchone()
+        row = db.execute(
+            APPLY, {"consumer": CONSUMER, "producer": PRODUCER, "id": "order-1", "produced_at": produced}
+        ).fetchone()
         assert row == ("expired",)
     assert ledger(db) == {"order-1": 1}
-    entry = db.execute("SELECT kind, status, reason_code, deliveries, message_type, payload IS NOT NULL"
-                       " FROM inbox.quarantine").fetchall()
+    entry = db.execute(
+        "SELECT kind, status, reason_code, deliveries, message_type, payload IS NOT NULL FROM inbox.quarantine"
+    ).fetchall()
     assert entry == [("expired", "open", "expired", 2, "credit", True)]
-    assert db.execute("SELECT status::text FROM inbox.message").fetchall() == [("quarantined",)], \
+    assert db.execute("SELECT status::text FROM inbox.message").fetchall() == [("quarantined",)], (
         "the claim row became the entry's hold"
+    )
     status = retention.retention_status(db, CONSUMER)[0]
     assert status["expired_total"] == 2 and status["rows_purged"] == 1 and status["watermark"] > produced
     # The hold catches every later delivery, even one without a produced_at to check (0.2.0).
@@ -165,14 +174,16 @@ def test_status_counts_expired_entries(db: psycopg.Connection[Any], db_dsn: str)
     age(db, 30)
     produced = produced_at_of(db, "st-1")
     assert purge_sql(db_dsn).rows_deleted == 1
-    assert db.execute(APPLY, {"consumer": CONSUMER, "producer": PRODUCER, "id": "st-1",
-                              "produced_at": produced}).fetchone() == ("expired",)
+    assert db.execute(
+        APPLY, {"consumer": CONSUMER, "producer": PRODUCER, "id": "st-1", "produced_at": produced}
+    ).fetchone() == ("expired",)
     result = CliRunner().invoke(main, ["status", "--json", "--dsn", db_dsn])
     assert result.exit_code == 0, result.output
     status = json.loads(result.stdout)
     assert status["quarantine"]["open"] == {"conflict": 0, "failure": 0, "expired": 1}
-    assert [(c["consumer"], c["open"], c["conflicts"], c["failures"], c["expired"])
-            for c in status["open_by_consumer"]] == [(CONSUMER, 1, 0, 0, 1)]
+    assert [
+        (c["consumer"], c["open"], c["conflicts"], c["failures"], c["expired"]) for c in status["open_by_consumer"]
+    ] == [(CONSUMER, 1, 0, 0, 1)]
     text = CliRunner().invoke(main, ["status", "--dsn", db_dsn]).stdout
     assert "  open         1  (conflict 0, failure 0, expired 1)" in text
     header, _, row = text.split("open quarantine entries: 1\n", 1)[1].splitlines()[:3]
@@ -193,35 +204,45 @@ def test_operator_decisions_on_an_expired_entry(db: psycopg.Connection[Any], db_
         results[mid] = db.execute(
             "SELECT outcome, quarantine_id FROM inbox.claim_and_apply(%s, %s, %s, 'credit',"
             " jsonb_build_object('id', %s::text, 'amount', 1), '', %s)",
-            (CONSUMER, PRODUCER, mid, mid, produced)).fetchone()
+            (CONSUMER, PRODUCER, mid, mid, produced),
+        ).fetchone()
     assert {k: v[0] for k, v in results.items()} == dict.fromkeys(results, "expired")
 
     # discard: closed without effect; the identity is discarded, so redeliveries are duplicates
     # (0.2.0, as for an exhausted entry).
     db.execute("SELECT inbox.discard(%s, 'already applied before the purge')", (results["old-1"][1],))
-    again = db.execute("SELECT outcome, quarantine_id FROM inbox.claim_and_apply(%s, %s, 'old-1', 'credit',"
-                       " jsonb_build_object('id', 'old-1', 'amount', 1), '', %s)",
-                       (CONSUMER, PRODUCER, produced)).fetchone()
+    again = db.execute(
+        "SELECT outcome, quarantine_id FROM inbox.claim_and_apply(%s, %s, 'old-1', 'credit',"
+        " jsonb_build_object('id', 'old-1', 'amount', 1), '', %s)",
+        (CONSUMER, PRODUCER, produced),
+    ).fetchone()
     assert again == ("duplicate", None)
-    assert db.execute("SELECT status, deliveries FROM inbox.quarantine WHERE quarantine_id = %s",
-                      (results["old-1"][1],)).fetchone() == ("discarded", 1)
+    assert db.execute(
+        "SELECT status, deliveries FROM inbox.quarantine WHERE quarantine_id = %s", (results["old-1"][1],)
+    ).fetchone() == ("discarded", 1)
 
     # release: the operator says it is new; its next delivery is processed normally, once.
     db.execute("SELECT inbox.release(%s, 'new message, producer clock was wrong')", (results["never-seen"][1],))
     for expected in ("applied", "duplicate"):
-        assert db.execute("SELECT outcome FROM inbox.claim_and_apply(%s, %s, 'never-seen', 'credit',"
-                          " jsonb_build_object('id', 'never-seen', 'amount', 1), '', %s)",
-                          (CONSUMER, PRODUCER, produced)).fetchone() == (expected,)
+        assert db.execute(
+            "SELECT outcome FROM inbox.claim_and_apply(%s, %s, 'never-seen', 'credit',"
+            " jsonb_build_object('id', 'never-seen', 'amount', 1), '', %s)",
+            (CONSUMER, PRODUCER, produced),
+        ).fetchone() == (expected,)
 
     # repair: the operator vouches it is new; it is claimed and applied now, and stays once.
-    assert db.execute("SELECT outcome FROM inbox.repair(%s, 'new after all')",
-                      (results["never-seen-2"][1],)).fetchone() == ("applied",)
-    assert db.execute("SELECT outcome FROM inbox.claim_and_apply(%s, %s, 'never-seen-2', 'credit',"
-                      " jsonb_build_object('id', 'never-seen-2', 'amount', 1), '', %s)",
-                      (CONSUMER, PRODUCER, produced)).fetchone() == ("duplicate",)
+    assert db.execute(
+        "SELECT outcome FROM inbox.repair(%s, 'new after all')", (results["never-seen-2"][1],)
+    ).fetchone() == ("applied",)
+    assert db.execute(
+        "SELECT outcome FROM inbox.claim_and_apply(%s, %s, 'never-seen-2', 'credit',"
+        " jsonb_build_object('id', 'never-seen-2', 'amount', 1), '', %s)",
+        (CONSUMER, PRODUCER, produced),
+    ).fetchone() == ("duplicate",)
     # old-2 stays held: nothing applied it a second time.
-    assert db.execute("SELECT status FROM inbox.quarantine WHERE quarantine_id = %s",
-                      (results["old-2"][1],)).fetchone() == ("open",)
+    assert db.execute(
+        "SELECT status FROM inbox.quarantine WHERE quarantine_id = %s", (results["old-2"][1],)
+    ).fetchone() == ("open",)
     assert ledger(db) == {"old-1": 1, "old-2": 1, "never-seen": 1, "never-seen-2": 1}
 
 
@@ -230,11 +251,15 @@ def test_holds_quarantine_and_pending_outbox_survive(db: psycopg.Connection[Any]
     for i in range(6):
         assert apply(db, f"m{i}", 0) == "applied"
     age(db, 30)
-    db.execute("INSERT INTO inbox.retention_hold (consumer, tenant, producer, message_id, holder)"
-               " VALUES (%s, '', %s, 'm0', 'replay:7')", (CONSUMER, PRODUCER))
+    db.execute(
+        "INSERT INTO inbox.retention_hold (consumer, tenant, producer, message_id, holder)"
+        " VALUES (%s, '', %s, 'm0', 'replay:7')",
+        (CONSUMER, PRODUCER),
+    )
     # m1: an identity conflict is open on it (the row itself is processed).
-    assert db.execute("SELECT outcome FROM inbox.claim(%s, %s, 'm1', '{\"other\": 1}')",
-                      (CONSUMER, PRODUCER)).fetchone() == ("conflict",)
+    assert db.execute(
+        "SELECT outcome FROM inbox.claim(%s, %s, 'm1', '{\"other\": 1}')", (CONSUMER, PRODUCER)
+    ).fetchone() == ("conflict",)
     # m2: held by quarantine (failures) — status 'quarantined'.
     db.execute("UPDATE inbox.message SET status = 'quarantined' WHERE message_id = 'm2'")
     # m3: discarded identity.
@@ -271,25 +296,36 @@ def test_consumer_back_from_downtime_does_not_purge(db: psycopg.Connection[Any],
     # Processed 20 days ago (older than the 17-day window in wall time), then the consumer was down
     # for the last 10 days: only 10 active days have passed since.
     age(db, 20, active_days=60)
-    db.execute("UPDATE inbox.consumer_config SET last_active_at = now() - interval '10 days' WHERE consumer = %s",
-               (CONSUMER,))
+    db.execute(
+        "UPDATE inbox.consumer_config SET last_active_at = now() - interval '10 days' WHERE consumer = %s", (CONSUMER,)
+    )
     on_start = purge_sql(db_dsn)
     assert on_start.rows_deleted == 0, "purged on start after downtime"
     assert on_start.status in ("done", "inactive")
     # It resumes: the first claim's heartbeat records the gap.
     assert apply(db, "after-restart", 0) == "applied"
-    gaps = db.execute("SELECT gap_to - gap_from > interval '9 days' FROM inbox.activity_gap"
-                      " WHERE consumer = %s AND gap_from > '-infinity'", (CONSUMER,)).fetchall()
+    gaps = db.execute(
+        "SELECT gap_to - gap_from > interval '9 days' FROM inbox.activity_gap"
+        " WHERE consumer = %s AND gap_from > '-infinity'",
+        (CONSUMER,),
+    ).fetchall()
     assert gaps == [(True,)]
-    assert db.execute("SELECT last_active_at > now() - interval '1 minute' FROM inbox.consumer_config"
-                      " WHERE consumer = %s", (CONSUMER,)).fetchone() == (True,)
+    assert db.execute(
+        "SELECT last_active_at > now() - interval '1 minute' FROM inbox.consumer_config WHERE consumer = %s",
+        (CONSUMER,),
+    ).fetchone() == (True,)
     right_after = purge_sql(db_dsn)
     assert right_after.rows_deleted == 0, "purged right after the consumer resumed"
     # Eight more active days later (move the gap back), the rows are 17+ active days old: purged.
-    db.execute("UPDATE inbox.activity_gap SET gap_from = gap_from - interval '8 days',"
-               " gap_to = gap_to - interval '8 days' WHERE consumer = %s AND gap_from > '-infinity'", (CONSUMER,))
-    db.execute("UPDATE inbox.message SET processed_at = processed_at - interval '8 days',"
-               " produced_at = produced_at - interval '8 days' WHERE message_id LIKE 'd%%'")
+    db.execute(
+        "UPDATE inbox.activity_gap SET gap_from = gap_from - interval '8 days',"
+        " gap_to = gap_to - interval '8 days' WHERE consumer = %s AND gap_from > '-infinity'",
+        (CONSUMER,),
+    )
+    db.execute(
+        "UPDATE inbox.message SET processed_at = processed_at - interval '8 days',"
+        " produced_at = produced_at - interval '8 days' WHERE message_id LIKE 'd%%'"
+    )
     later = purge_sql(db_dsn)
     assert later.rows_deleted == 5
     assert_at_most_once(db)
@@ -297,8 +333,9 @@ def test_consumer_back_from_downtime_does_not_purge(db: psycopg.Connection[Any],
 
 def test_heartbeat_never_waits(db: psycopg.Connection[Any], db_dsn: str) -> None:
     """A claim whose heartbeat row is locked by another claim's open transaction goes on."""
-    db.execute("UPDATE inbox.consumer_config SET last_active_at = now() - interval '1 hour' WHERE consumer = %s",
-               (CONSUMER,))
+    db.execute(
+        "UPDATE inbox.consumer_config SET last_active_at = now() - interval '1 hour' WHERE consumer = %s", (CONSUMER,)
+    )
     with psycopg.connect(db_dsn) as first, psycopg.connect(db_dsn) as second:
         first.execute("SET lock_timeout = '2s'")
         second.execute("SET lock_timeout = '2s'")
@@ -318,7 +355,8 @@ def _old_message(db: psycopg.Connection[Any], message_id: str) -> Any:
 
 @pytest.mark.parametrize("isolation", ["read committed", "repeatable read"])
 def test_redelivery_from_before_the_announcement_sees_the_row(
-        db: psycopg.Connection[Any], db_dsn: str, isolation: str) -> None:
+    db: psycopg.Connection[Any], db_dsn: str, isolation: str
+) -> None:
     """A transaction running when the watermark is announced is waited for: it finds the row."""
     produced = _old_message(db, "race-1")
     with psycopg.connect(db_dsn) as redelivery, psycopg.connect(db_dsn, autocommit=True) as purger:
@@ -327,17 +365,20 @@ def test_redelivery_from_before_the_announcement_sees_the_row(
         assert [r[1] for r in purger.execute("SELECT * FROM inbox.announce_purge(%s)", (CONSUMER,))] == ["announced"]
         batch = purger.execute("SELECT status, rows_deleted FROM inbox.purge_batch(%s)", (CONSUMER,)).fetchall()
         assert batch == [("waiting", 0)], "the purge must wait for the transaction from before"
-        row = redelivery.execute(APPLY, {"consumer": CONSUMER, "producer": PRODUCER, "id": "race-1",
-                                         "produced_at": produced}).fetchone()
+        row = redelivery.execute(
+            APPLY, {"consumer": CONSUMER, "producer": PRODUCER, "id": "race-1", "produced_at": produced}
+        ).fetchone()
         assert row == ("duplicate",)
         assert purger.execute("SELECT status FROM inbox.purge_batch(%s)", (CONSUMER,)).fetchall() == [("waiting",)]
         redelivery.commit()
-        assert purger.execute("SELECT status, rows_deleted FROM inbox.purge_batch(%s)",
-                              (CONSUMER,)).fetchall() == [("purged", 1)]
+        assert purger.execute("SELECT status, rows_deleted FROM inbox.purge_batch(%s)", (CONSUMER,)).fetchall() == [
+            ("purged", 1)
+        ]
         purger.execute("SELECT inbox.purge_unlock(%s)", (CONSUMER,))
         redelivery.execute(f"SET TRANSACTION ISOLATION LEVEL {isolation}")
-        row = redelivery.execute(APPLY, {"consumer": CONSUMER, "producer": PRODUCER, "id": "race-1",
-                                         "produced_at": produced}).fetchone()
+        row = redelivery.execute(
+            APPLY, {"consumer": CONSUMER, "producer": PRODUCER, "id": "race-1", "produced_at": produced}
+        ).fetchone()
         assert row == ("expired",)
         redelivery.commit()
     assert ledger(db) == {"race-1": 1}
@@ -354,15 +395,21 @@ def test_redelivery_blocked_by_the_delete_sees_the_watermark(db: psycopg.Connect
 
         def redeliver() -> None:
             with psycopg.connect(db_dsn) as c:
-                result.append(c.execute(APPLY, {"consumer": CONSUMER, "producer": PRODUCER, "id": "race-2",
-                                                "produced_at": produced}).fetchone())
+                result.append(
+                    c.execute(
+                        APPLY, {"consumer": CONSUMER, "producer": PRODUCER, "id": "race-2", "produced_at": produced}
+                    ).fetchone()
+                )
 
         t = threading.Thread(target=redeliver)
         t.start()
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not db.execute(
+        while (
+            time.monotonic() < deadline
+            and not db.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
-        ).fetchone()[0]:  # type: ignore[index]
+            ).fetchone()[0]  # type: ignore[index]
+        ):
             time.sleep(0.02)
         purger.commit()
         t.join(10)
@@ -391,10 +438,12 @@ def test_purge_racing_live_claim_and_apply(db: psycopg.Connection[Any], db_dsn: 
                 i = 0
                 while not stop.is_set():
                     old = f"old-{(i * 7 + n * 131) % 2000 + 1}"
-                    out = c.execute(APPLY, {"consumer": CONSUMER, "producer": PRODUCER, "id": old,
-                                            "produced_at": produced}).fetchone()[0]  # type: ignore[index]
-                    new = c.execute(APPLY, {"consumer": CONSUMER, "producer": PRODUCER, "id": f"new-{n}-{i}",
-                                            "produced_at": None}).fetchone()[0]  # type: ignore[index]
+                    out = c.execute(
+                        APPLY, {"consumer": CONSUMER, "producer": PRODUCER, "id": old, "produced_at": produced}
+                    ).fetchone()[0]  # type: ignore[index]
+                    new = c.execute(
+                        APPLY, {"consumer": CONSUMER, "producer": PRODUCER, "id": f"new-{n}-{i}", "produced_at": None}
+                    ).fetchone()[0]  # type: ignore[index]
                     with lock:
                         outcomes[f"old:{out}"] = outcomes.get(f"old:{out}", 0) + 1
                         outcomes[f"new:{new}"] = outcomes.get(f"new:{new}", 0) + 1
@@ -433,8 +482,13 @@ def test_two_purgers_at_once(db: psycopg.Connection[Any], db_dsn: str) -> None:
             assert second.execute("SELECT status FROM inbox.purge_batch(%s)", (CONSUMER,)).fetchall() == [("busy",)]
             called = second.execute("CALL inbox.purge(%s)", (CONSUMER,)).fetchone()
             assert called == (0, "busy")
-        done = subprocess.run([*_cli_script(), "purge", "--dsn", db_dsn, "--consumer", CONSUMER],
-                              capture_output=True, text=True, timeout=60, check=False)
+        done = subprocess.run(
+            [*_cli_script(), "purge", "--dsn", db_dsn, "--consumer", CONSUMER],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
         assert "another purger is running" in done.stdout
         assert db.execute("SELECT count(*) FROM inbox.message").fetchone() == (1,)
@@ -452,8 +506,13 @@ def test_purge_gives_up_when_an_old_transaction_stays(db: psycopg.Connection[Any
             assert report.status == "timeout" and report.rows_deleted == 0
             with pytest.raises(psycopg.errors.LockNotAvailable, match="still run after"):
                 c.execute("CALL inbox.purge(%s, wait_timeout => '0.2 s')", (CONSUMER,))
-        done = subprocess.run([*_cli_script(), "purge", "--dsn", db_dsn, "--wait-timeout", "0.3"],
-                              capture_output=True, text=True, timeout=60, check=False)
+        done = subprocess.run(
+            [*_cli_script(), "purge", "--dsn", db_dsn, "--wait-timeout", "0.3"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert done.returncode == 75 and "gave up" in done.stderr
         idle.rollback()
     assert db.execute("SELECT count(*) FROM inbox.message").fetchone() == (1,)
@@ -464,15 +523,26 @@ def test_cron_path_pginbox_purge(db: psycopg.Connection[Any], db_dsn: str) -> No
     for i in range(3):
         assert apply(db, f"c{i}", 0) == "applied"
     age(db, 30)
-    done = subprocess.run([*_cli_script(), "purge", "--dsn", db_dsn, "--json", "--batch-size", "2"],
-                          capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [*_cli_script(), "purge", "--dsn", db_dsn, "--json", "--batch-size", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert '"rows_deleted": 3' in done.stdout and '"status": "purged"' in done.stdout
-    again = subprocess.run([*_cli_script(), "purge", "--dsn", db_dsn], capture_output=True, text=True,
-                           timeout=60, check=False)
+    again = subprocess.run(
+        [*_cli_script(), "purge", "--dsn", db_dsn], capture_output=True, text=True, timeout=60, check=False
+    )
     assert again.returncode == 0 and "nothing to purge" in again.stdout
-    missing = subprocess.run([*_cli_script(), "purge", "--dsn", db_dsn, "--consumer", "nobody"],
-                             capture_output=True, text=True, timeout=60, check=False)
+    missing = subprocess.run(
+        [*_cli_script(), "purge", "--dsn", db_dsn, "--consumer", "nobody"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert missing.returncode == 3 and "no retention policy" in missing.stdout
     # CALL inbox.purge is what pg_cron runs.
     assert apply(db, "c9", 0) == "applied"
@@ -485,9 +555,11 @@ def old_messages(conn: psycopg.Connection[Any], n: int) -> None:
     """n processed messages of CONSUMER, old enough to purge (one applied, the others written
     directly: fast)."""
     assert apply(conn, "old-0", 0) == "applied"  # the consumer's first claim: it is active from now on
-    conn.execute("INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version,"
-                 " processed_at) SELECT %s, '', %s, 'old-' || i, '\\x00', 'v1', now() FROM generate_series(1, %s) i",
-                 (CONSUMER, PRODUCER, n - 1))
+    conn.execute(
+        "INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version,"
+        " processed_at) SELECT %s, '', %s, 'old-' || i, '\\x00', 'v1', now() FROM generate_series(1, %s) i",
+        (CONSUMER, PRODUCER, n - 1),
+    )
     age(conn, 30)
 
 
@@ -511,17 +583,25 @@ def test_purge_shows_progress_on_a_terminal_only(db: psycopg.Connection[Any], db
     assert cron.stdout.startswith(f"{CONSUMER}: purged 500 rows in 5 batches")
     assert messages_left(db) == 2000
 
-    quiet = subprocess.run([*purge_cmd, "--max-batches", "2"], capture_output=True, text=True, timeout=60,
-                           check=False, env={**os.environ, "PGINBOX_PURGE_QUIET": "1"})
+    quiet = subprocess.run(
+        [*purge_cmd, "--max-batches", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PGINBOX_PURGE_QUIET": "1"},
+    )
     assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "", "")
     assert messages_left(db) == 1800
 
-    logged = subprocess.run([*purge_cmd, "--max-batches", "3", "--progress"], capture_output=True, text=True,
-                            timeout=60, check=False)
+    logged = subprocess.run(
+        [*purge_cmd, "--max-batches", "3", "--progress"], capture_output=True, text=True, timeout=60, check=False
+    )
     assert logged.returncode == 0, logged.stderr
     lines = logged.stderr.splitlines()
     assert [line.split(", ")[:2] for line in lines] == [
-        [f"{CONSUMER}: {n * 100:,} of ~1,800 rows ({n * 100 * 100 // 1800}%)", f"batch {n}"] for n in (1, 2, 3)]
+        [f"{CONSUMER}: {n * 100:,} of ~1,800 rows ({n * 100 * 100 // 1800}%)", f"batch {n}"] for n in (1, 2, 3)
+    ]
     assert "\r" not in logged.stderr
     assert messages_left(db) == 1500
 
@@ -538,8 +618,7 @@ def test_purge_shows_progress_on_a_terminal_only(db: psycopg.Connection[Any], db
         assert other.execute("SELECT inbox.purge_lock(%s)", (CONSUMER,)).fetchone() == (True,)
 
 
-def test_a_stop_request_cancels_the_purge_and_keeps_what_it_deleted(db: psycopg.Connection[Any],
-                                                                     db_dsn: str) -> None:
+def test_a_stop_request_cancels_the_purge_and_keeps_what_it_deleted(db: psycopg.Connection[Any], db_dsn: str) -> None:
     old_messages(db, 1000)
     stop = threading.Event()
     seen: list[retention.PurgeProgress] = []
@@ -550,8 +629,15 @@ def test_a_stop_request_cancels_the_purge_and_keeps_what_it_deleted(db: psycopg.
             stop.set()
 
     with psycopg.connect(db_dsn, autocommit=True) as c:
-        report = retention.purge_consumer(c, CONSUMER, batch_size=100, pause=0.5, stop=stop, progress=progress,
-                                          estimate=retention.estimate_rows_to_go(c, CONSUMER))
+        report = retention.purge_consumer(
+            c,
+            CONSUMER,
+            batch_size=100,
+            pause=0.5,
+            stop=stop,
+            progress=progress,
+            estimate=retention.estimate_rows_to_go(c, CONSUMER),
+        )
         assert report.status == "purged" and "stopped" in report.details
         assert c.execute("SELECT inbox._purge_lock_held(%s)", (CONSUMER,)).fetchone() == (False,)
     assert report.rows_deleted == 200 == 1000 - messages_left(db)
@@ -561,11 +647,34 @@ def test_a_stop_request_cancels_the_purge_and_keeps_what_it_deleted(db: psycopg.
 
 def test_retention_show_and_set_cli(db: psycopg.Connection[Any], db_dsn: str) -> None:
     runner = CliRunner()
-    res = runner.invoke(main, ["retention", "set", "audit", "--dsn", db_dsn, "--broker-retention", "3 days",
-                               "--max-offset-rewind", "0", "--dead-letter-redrive-horizon", "0",
-                               "--producer-retry-horizon", "0", "--outage-allowance", "1 day",
-                               "--backup-restore-window", "0", "--planned-replay-horizon", "30 days",
-                               "--safety-margin", "1 hour", "--note", "replays a month back"])
+    res = runner.invoke(
+        main,
+        [
+            "retention",
+            "set",
+            "audit",
+            "--dsn",
+            db_dsn,
+            "--broker-retention",
+            "3 days",
+            "--max-offset-rewind",
+            "0",
+            "--dead-letter-redrive-horizon",
+            "0",
+            "--producer-retry-horizon",
+            "0",
+            "--outage-allowance",
+            "1 day",
+            "--backup-restore-window",
+            "0",
+            "--planned-replay-horizon",
+            "30 days",
+            "--safety-margin",
+            "1 hour",
+            "--note",
+            "replays a month back",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "31 days 01:00:00" in res.output and "planned_replay_horizon" in res.output
     res = runner.invoke(main, ["retention", "show", "--dsn", db_dsn, "--json"])
@@ -576,11 +685,34 @@ def test_retention_show_and_set_cli(db: psycopg.Connection[Any], db_dsn: str) ->
     assert '"retention_window": "31 days 01:00:00"' in res.output
     shown = runner.invoke(main, ["retention", "show", "--dsn", db_dsn])
     assert shown.exit_code == 0 and "31 days 01:00:00" in shown.output and ", 1:00:00" not in shown.output
-    res = runner.invoke(main, ["retention", "set", "audit", "--dsn", db_dsn, "--broker-retention", "-1 day",
-                               "--max-offset-rewind", "0", "--dead-letter-redrive-horizon", "0",
-                               "--producer-retry-horizon", "0", "--outage-allowance", "0",
-                               "--backup-restore-window", "0", "--planned-replay-horizon", "0",
-                               "--safety-margin", "0", "--note", "x"])
+    res = runner.invoke(
+        main,
+        [
+            "retention",
+            "set",
+            "audit",
+            "--dsn",
+            db_dsn,
+            "--broker-retention",
+            "-1 day",
+            "--max-offset-rewind",
+            "0",
+            "--dead-letter-redrive-horizon",
+            "0",
+            "--producer-retry-horizon",
+            "0",
+            "--outage-allowance",
+            "0",
+            "--backup-restore-window",
+            "0",
+            "--planned-replay-horizon",
+            "0",
+            "--safety-margin",
+            "0",
+            "--note",
+            "x",
+        ],
+    )
     assert res.exit_code == 1 and "broker_retention must not be negative" in res.output
     assert db.execute("SELECT count(*) FROM inbox.retention_policy_change WHERE consumer = 'audit'").fetchone() == (1,)
 
@@ -599,17 +731,53 @@ def test_dispatch_purge_every(db: psycopg.Connection[Any], db_dsn: str, sink_mod
     # Outbox housekeeping rides along: delivered effects older than --keep-delivered go, younger stay.
     for effect in ("fx-old", "fx-new"):
         db.execute("SELECT inbox.enqueue_effect(%s, 'sink', '{}')", (effect,))
-    once = subprocess.run([*_cli_script(), "dispatch", "--dsn", db_dsn, "--once", "--purge-every", "1",
-                           "--keep-delivered", "3600", "--callable", "sink=retention_sink:deliver"],
-                          capture_output=True, text=True, timeout=60, check=False, env=sink_module)
+    once = subprocess.run(
+        [
+            *_cli_script(),
+            "dispatch",
+            "--dsn",
+            db_dsn,
+            "--once",
+            "--purge-every",
+            "1",
+            "--keep-delivered",
+            "3600",
+            "--callable",
+            "sink=retention_sink:deliver",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=sink_module,
+    )
     assert once.returncode == 0, once.stderr
     assert db.execute("SELECT count(*) FROM inbox.message").fetchone() == (0,)
     assert db.execute("SELECT effect_id, status::text FROM inbox.outbox ORDER BY 1").fetchall() == [
-        ("fx-new", "delivered"), ("fx-old", "delivered")]
+        ("fx-new", "delivered"),
+        ("fx-old", "delivered"),
+    ]
     db.execute("UPDATE inbox.outbox SET delivered_at = now() - interval '2 hours' WHERE effect_id = 'fx-old'")
-    again = subprocess.run([*_cli_script(), "dispatch", "--dsn", db_dsn, "--once", "--purge-every", "1",
-                            "--keep-delivered", "3600", "--callable", "sink=retention_sink:deliver"],
-                           capture_output=True, text=True, timeout=60, check=False, env=sink_module)
+    again = subprocess.run(
+        [
+            *_cli_script(),
+            "dispatch",
+            "--dsn",
+            db_dsn,
+            "--once",
+            "--purge-every",
+            "1",
+            "--keep-delivered",
+            "3600",
+            "--callable",
+            "sink=retention_sink:deliver",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=sink_module,
+    )
     assert again.returncode == 0, again.stderr
     assert db.execute("SELECT effect_id FROM inbox.outbox").fetchall() == [("fx-new",)]
     assert "purge outbox" in again.stderr and "rows=1" in again.stderr
@@ -618,9 +786,22 @@ def test_dispatch_purge_every(db: psycopg.Connection[Any], db_dsn: str, sink_mod
     assert apply(db, "q9", 0) == "applied"
     age(db, 30)
     db.execute("UPDATE inbox.purge_state SET announced_before = NULL, purged_before = NULL")
-    proc = subprocess.Popen([*_cli_script(), "dispatch", "--dsn", db_dsn, "--purge-every", "1",
-                             "--callable", "sink=retention_sink:deliver"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=sink_module)
+    proc = subprocess.Popen(
+        [
+            *_cli_script(),
+            "dispatch",
+            "--dsn",
+            db_dsn,
+            "--purge-every",
+            "1",
+            "--callable",
+            "sink=retention_sink:deliver",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=sink_module,
+    )
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and db.execute("SELECT count(*) FROM inbox.message").fetchone() != (0,):
@@ -656,8 +837,10 @@ def test_pg_cron_runs_the_purge(private_cluster: Any) -> None:
         for i in range(3):
             assert apply(c, f"cron-{i}", 0) == "applied"
         age(c, 30)
-        c.execute("SELECT cron.schedule('pginbox-purge-billing', '* * * * *',"
-                  " $$CALL inbox.purge('billing', max_batches => 200)$$)")
+        c.execute(
+            "SELECT cron.schedule('pginbox-purge-billing', '* * * * *',"
+            " $$CALL inbox.purge('billing', max_batches => 200)$$)"
+        )
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and c.execute("SELECT count(*) FROM inbox.message").fetchone() != (0,):
             time.sleep(1)
@@ -671,8 +854,18 @@ def test_pg_cron_runs_the_purge(private_cluster: Any) -> None:
 def test_intervals_print_as_postgresql_prints_them(db: psycopg.Connection[Any]) -> None:
     from pginbox.cli.output import pg_interval
 
-    texts = ["11 days", "1 day", "00:05:00", "1 day 02:00:00", "-1 days", "-1 days -02:00:00", "00:00:00",
-             "00:00:00.5", "365 days 23:59:59.000001", "-00:00:01"]
+    texts = [
+        "11 days",
+        "1 day",
+        "00:05:00",
+        "1 day 02:00:00",
+        "-1 days",
+        "-1 days -02:00:00",
+        "00:00:00",
+        "00:00:00.5",
+        "365 days 23:59:59.000001",
+        "-00:00:01",
+    ]
     rows = db.execute("SELECT v::interval::text, v::interval FROM unnest(%s::text[]) v", (texts,)).fetchall()
     assert [r[0] for r in rows] == texts, "each is PostgreSQL's own spelling"
     assert [pg_interval(r[1]) for r in rows] == texts

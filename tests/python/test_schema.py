@@ -320,7 +320,7 @@ SELECT inbox.register_handler('smoke', 'm', 'public.smoke_handler(jsonb)', 'v1')
 """
 
 
-@pytest.mark.parametrize("to_change", plan_targets()[plan_targets().index("apply@v0.1.0"):-1])
+@pytest.mark.parametrize("to_change", plan_targets()[plan_targets().index("apply@v0.1.0") : -1])
 def test_reverting_the_later_changes_leaves_working_claims(db_dsn: str, to_change: str) -> None:
     """`sqitch revert --to X` for every X from `apply` on: the claim paths of what is left must
     still work (later modules hook into them; their reverts must put the hooks back), and
@@ -329,12 +329,14 @@ def test_reverting_the_later_changes_leaves_working_claims(db_dsn: str, to_chang
     with psycopg.connect(db_dsn, autocommit=True) as conn:
         conn.execute(SMOKE)
         outcomes = [
-            conn.execute("SELECT outcome FROM inbox.claim('smoke', 'p', %s, '{\"n\": 1}', produced_at => now())",
-                         (mid,)).fetchone()
+            conn.execute(
+                "SELECT outcome FROM inbox.claim('smoke', 'p', %s, '{\"n\": 1}', produced_at => now())", (mid,)
+            ).fetchone()
             for mid in ("a", "a")
         ] + [
-            conn.execute("SELECT outcome FROM inbox.claim_and_apply('smoke', 'p', 'b', 'm', '{\"n\": 2}', '', now())")
-            .fetchone()
+            conn.execute(
+                "SELECT outcome FROM inbox.claim_and_apply('smoke', 'p', 'b', 'm', '{\"n\": 2}', '', now())"
+            ).fetchone()
             for _ in range(2)
         ]
         assert outcomes == [("claimed",), ("duplicate",), ("applied",), ("duplicate",)]
@@ -356,8 +358,9 @@ GRANTS_AT_THEIR_RELEASE = ("reader_grants",)
 
 
 def reworkable_changes() -> list[str]:
-    return [c for c in plan_changes()
-            if c not in NOT_REWORKABLE + GRANTS_AT_THEIR_RELEASE and not c.endswith("_tables")]
+    return [
+        c for c in plan_changes() if c not in NOT_REWORKABLE + GRANTS_AT_THEIR_RELEASE and not c.endswith("_tables")
+    ]
 
 
 def test_functions_changes_deploy_again_over_themselves(db_dsn: str) -> None:

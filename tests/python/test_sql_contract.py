@@ -63,8 +63,9 @@ def db(conn: Conn) -> Conn:
 
 
 def apply(conn: Conn, message_id: str, payload: dict[str, Any], produced_at: Any = None) -> tuple[str, str | None]:
-    row = conn.execute(APPLY, {"consumer": CONSUMER, "id": message_id, "payload": Jsonb(payload),
-                               "produced_at": produced_at}).fetchone()
+    row = conn.execute(
+        APPLY, {"consumer": CONSUMER, "id": message_id, "payload": Jsonb(payload), "produced_at": produced_at}
+    ).fetchone()
     assert row is not None
     return row[0], row[1]
 
@@ -83,8 +84,10 @@ def uid() -> str:
 
 
 def enum_labels(conn: Conn, type_name: str) -> tuple[str, ...]:
-    rows = conn.execute("SELECT e.enumlabel FROM pg_catalog.pg_enum e WHERE e.enumtypid = %s::regtype"
-                        " ORDER BY e.enumsortorder", (type_name,)).fetchall()
+    rows = conn.execute(
+        "SELECT e.enumlabel FROM pg_catalog.pg_enum e WHERE e.enumtypid = %s::regtype ORDER BY e.enumsortorder",
+        (type_name,),
+    ).fetchall()
     return tuple(r[0] for r in rows)
 
 
@@ -94,7 +97,8 @@ def check_values(conn: Conn, table: str, column: str) -> tuple[str, ...]:
         "SELECT pg_catalog.pg_get_constraintdef(c.oid) FROM pg_catalog.pg_constraint c"
         "  JOIN pg_catalog.pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = ANY (c.conkey)"
         " WHERE c.conrelid = %s::regclass AND c.contype = 'c' AND a.attname = %s AND cardinality(c.conkey) = 1",
-        (table, column)).fetchall()
+        (table, column),
+    ).fetchall()
     assert len(rows) == 1, rows
     return tuple(re.findall(r"'((?:[^']|'')*)'::text", rows[0][0]))
 
@@ -107,8 +111,10 @@ def test_statuses_and_kinds_match_the_catalog(conn: Conn) -> None:
 
 
 def test_retention_scenarios_are_the_policy_arguments(conn: Conn) -> None:
-    row = conn.execute("SELECT p.proargnames, p.proargmodes FROM pg_catalog.pg_proc p"
-                       " WHERE p.oid = 'inbox.set_retention_policy'::regproc").fetchone()
+    row = conn.execute(
+        "SELECT p.proargnames, p.proargmodes FROM pg_catalog.pg_proc p"
+        " WHERE p.oid = 'inbox.set_retention_policy'::regproc"
+    ).fetchone()
     assert row is not None
     names, modes = row
     inputs = [n for n, mode in zip(names, modes or ["i"] * len(names), strict=True) if mode in ("i", "b")]
@@ -134,12 +140,16 @@ def test_batch_limit(db: Conn) -> None:
 
 
 def test_report_limit(conn: Conn) -> None:
-    query = ("SELECT count(*) FROM inbox.complete_effects(array_fill('fx'::text, ARRAY[%s]),"
-             " array_fill(1::bigint, ARRAY[%s]))")
+    query = (
+        "SELECT count(*) FROM inbox.complete_effects(array_fill('fx'::text, ARRAY[%s]),"
+        " array_fill(1::bigint, ARRAY[%s]))"
+    )
     assert conn.execute(query, (REPORT_LIMIT, REPORT_LIMIT)).fetchone() == (REPORT_LIMIT,)  # all fenced
     refused(conn, query, (REPORT_LIMIT + 1, REPORT_LIMIT + 1), "54000")
-    fail = ("SELECT count(*) FROM inbox.fail_effects(array_fill('fx'::text, ARRAY[%s]),"
-            " array_fill(1::bigint, ARRAY[%s]), array_fill('e'::text, ARRAY[%s]), array_fill(true, ARRAY[%s]))")
+    fail = (
+        "SELECT count(*) FROM inbox.fail_effects(array_fill('fx'::text, ARRAY[%s]),"
+        " array_fill(1::bigint, ARRAY[%s]), array_fill('e'::text, ARRAY[%s]), array_fill(true, ARRAY[%s]))"
+    )
     refused(conn, fail, (REPORT_LIMIT + 1,) * 4, "54000")
 
 
@@ -157,19 +167,31 @@ def test_excerpts_and_errors_are_cut_where_the_webhook_cuts(conn: Conn) -> None:
     claim = "SELECT effect_id, lease_token FROM inbox.claim_effects('contract', 2, key_aware => true)"
     leases = dict(conn.execute(claim).fetchall())
     long = "é" * (EXCERPT_CHARS + 500)
-    conn.execute("SELECT inbox.complete_effects(ARRAY[%s], ARRAY[%s::bigint], ARRAY[200], ARRAY[%s], ARRAY[5])",
-                 ("fx-done", leases["fx-done"], long))
-    conn.execute("SELECT inbox.fail_effects(ARRAY[%s], ARRAY[%s::bigint], ARRAY[%s], ARRAY[true], NULL, ARRAY[%s])",
-                 ("fx-failed", leases["fx-failed"], long, long))
-    rows = conn.execute("SELECT effect_id, length(last_response_excerpt), length(last_error) FROM inbox.outbox"
-                        " ORDER BY effect_id").fetchall()
+    conn.execute(
+        "SELECT inbox.complete_effects(ARRAY[%s], ARRAY[%s::bigint], ARRAY[200], ARRAY[%s], ARRAY[5])",
+        ("fx-done", leases["fx-done"], long),
+    )
+    conn.execute(
+        "SELECT inbox.fail_effects(ARRAY[%s], ARRAY[%s::bigint], ARRAY[%s], ARRAY[true], NULL, ARRAY[%s])",
+        ("fx-failed", leases["fx-failed"], long, long),
+    )
+    rows = conn.execute(
+        "SELECT effect_id, length(last_response_excerpt), length(last_error) FROM inbox.outbox ORDER BY effect_id"
+    ).fetchall()
     assert rows == [("fx-done", EXCERPT_CHARS, None), ("fx-failed", EXCERPT_CHARS, EXCERPT_CHARS)]
 
 
-@pytest.mark.parametrize(("consumer", "tenant", "effect_id"), [
-    ("billing", "", "fx_1"), ("a", "bc", "d"), ("ab", "c", "d"), ("", "", ""), ("café", "ü", "ключ-€"),
-    ("billing@v2", "acme", "fx_" + "f" * 64),
-])
+@pytest.mark.parametrize(
+    ("consumer", "tenant", "effect_id"),
+    [
+        ("billing", "", "fx_1"),
+        ("a", "bc", "d"),
+        ("ab", "c", "d"),
+        ("", "", ""),
+        ("café", "ü", "ключ-€"),
+        ("billing@v2", "acme", "fx_" + "f" * 64),
+    ],
+)
 def test_idempotency_key_is_computed_alike(conn: Conn, consumer: str, tenant: str, effect_id: str) -> None:
     """pginbox.transports.effect.idempotency_key (what a destination can check a key with) equals
     inbox.idempotency_key, byte lengths of non-ASCII text included."""
@@ -178,8 +200,10 @@ def test_idempotency_key_is_computed_alike(conn: Conn, consumer: str, tenant: st
 
 
 def test_reason_code_length(db: Conn) -> None:
-    query = ("SELECT outcome FROM inbox.record_failure(consumer => %s, producer => 'p', message_id => %s,"
-             " payload => '{}', reason_code => %s, error_message => 'e', message_type => 'm')")
+    query = (
+        "SELECT outcome FROM inbox.record_failure(consumer => %s, producer => 'p', message_id => %s,"
+        " payload => '{}', reason_code => %s, error_message => 'e', message_type => 'm')"
+    )
     assert db.execute(query, (CONSUMER, uid(), "r" * REASON_MAX_BYTES)).fetchone() == ("failed",)
     assert db.execute(query, (CONSUMER, uid(), "é" * (REASON_MAX_BYTES // 2))).fetchone() == ("failed",)
     refused(db, query, (CONSUMER, uid(), "r" * (REASON_MAX_BYTES + 1)), "22023")
@@ -211,8 +235,30 @@ def test_reason_code_rule(db: Conn, constraint: str | None) -> None:
 
 
 TRANSIENT_PROBES = [
-    "40001", "40P01", "40002", "40003", "55P03", "55000", "55006", "57014", "57P01", "57P04", "08000", "08006",
-    "08P01", "53000", "53100", "53200", "53300", "53400", "54000", "23505", "22023", "25P02", "42501", "P0001",
+    "40001",
+    "40P01",
+    "40002",
+    "40003",
+    "55P03",
+    "55000",
+    "55006",
+    "57014",
+    "57P01",
+    "57P04",
+    "08000",
+    "08006",
+    "08P01",
+    "53000",
+    "53100",
+    "53200",
+    "53300",
+    "53400",
+    "54000",
+    "23505",
+    "22023",
+    "25P02",
+    "42501",
+    "P0001",
     "XX000",
 ]
 
@@ -265,17 +311,23 @@ def test_ack_means_a_redelivery_would_not_run_the_handler(db: Conn) -> None:
 def expired_produced_at(conn: Conn) -> Any:
     """A produced_at before the consumer's purge watermark: a policy, a message processed 30 days
     ago by a consumer active all along, and its purge (as test_retention does it)."""
-    conn.execute("SELECT inbox.set_retention_policy('contract', '', broker_retention => '1 day',"
-                 " max_offset_rewind => '0', dead_letter_redrive_horizon => '0', producer_retry_horizon => '0',"
-                 " outage_allowance => '0', backup_restore_window => '0', planned_replay_horizon => '0',"
-                 " safety_margin => '1 hour', note => 'contract test')")
+    conn.execute(
+        "SELECT inbox.set_retention_policy('contract', '', broker_retention => '1 day',"
+        " max_offset_rewind => '0', dead_letter_redrive_horizon => '0', producer_retry_horizon => '0',"
+        " outage_allowance => '0', backup_restore_window => '0', planned_replay_horizon => '0',"
+        " safety_margin => '1 hour', note => 'contract test')"
+    )
     old = uid()
     assert apply(conn, old, {})[0] == "applied"
-    conn.execute("UPDATE inbox.message SET processed_at = now() - interval '30 days',"
-                 " produced_at = now() - interval '30 days' WHERE consumer = 'contract'")
+    conn.execute(
+        "UPDATE inbox.message SET processed_at = now() - interval '30 days',"
+        " produced_at = now() - interval '30 days' WHERE consumer = 'contract'"
+    )
     conn.execute("DELETE FROM inbox.activity_gap WHERE consumer = 'contract'")
-    conn.execute("INSERT INTO inbox.activity_gap (consumer, gap_from, gap_to)"
-                 " VALUES ('contract', '-infinity', now() - interval '60 days')")
+    conn.execute(
+        "INSERT INTO inbox.activity_gap (consumer, gap_from, gap_to)"
+        " VALUES ('contract', '-infinity', now() - interval '60 days')"
+    )
     conn.execute("UPDATE inbox.consumer_config SET last_active_at = now() WHERE consumer = 'contract'")
     report = retention.purge_consumer(conn, CONSUMER, wait_timeout=20)
     assert report.status == "purged", report
@@ -284,4 +336,3 @@ def expired_produced_at(conn: Conn) -> Any:
     row = conn.execute("SELECT now() - interval '31 days'").fetchone()
     assert row is not None
     return row[0]
-

@@ -55,8 +55,13 @@ class Entry(Base):
 
 def url_for(dsn: str) -> URL:
     p = {k: v for k, v in conninfo_to_dict(dsn).items() if v is not None}
-    return URL.create("postgresql+psycopg", username=str(p.get("user")), host=str(p.get("host")),
-                      port=int(str(p.get("port"))), database=str(p.get("dbname")))
+    return URL.create(
+        "postgresql+psycopg",
+        username=str(p.get("user")),
+        host=str(p.get("host")),
+        port=int(str(p.get("port"))),
+        database=str(p.get("dbname")),
+    )
 
 
 def engine_for(dsn: str) -> Engine:
@@ -92,8 +97,9 @@ def credit(session: Session, m: Message) -> None:
     wallet = session.get(Wallet, 1)
     assert wallet is not None
     wallet.balance += m.payload["amount"]
-    session.add(Entry(wallet_id=1, message_id=m.message_id, amount=m.payload["amount"],
-                      reference=m.payload.get("reference")))
+    session.add(
+        Entry(wallet_id=1, message_id=m.message_id, amount=m.payload["amount"], reference=m.payload.get("reference"))
+    )
 
 
 def entries(engine: Engine) -> dict[str, int]:
@@ -211,7 +217,8 @@ def test_transient_errors_are_retried_and_never_recorded(engine: Engine, domain:
         session.flush()
         if calls == 1:
             session.connection().exec_driver_sql(
-                "DO $$ BEGIN RAISE EXCEPTION 'simulated' USING ERRCODE = '40001'; END $$")
+                "DO $$ BEGIN RAISE EXCEPTION 'simulated' USING ERRCODE = '40001'; END $$"
+            )
 
     def always(session: Session, msg: Message) -> None:
         session.connection().exec_driver_sql("DO $$ BEGIN RAISE EXCEPTION 'simulated' USING ERRCODE = '40P01'; END $$")
@@ -220,7 +227,8 @@ def test_transient_errors_are_retried_and_never_recorded(engine: Engine, domain:
         result = inbox.handle(s, m, flaky)
         with pytest.raises(RetriesExhausted) as caught:
             SQLAlchemyInbox(consumer="billing", retry=RetryPolicy(max_attempts=2, base_delay=0.001)).handle(
-                s, message("gives-up"), always)
+                s, message("gives-up"), always
+            )
     assert result.outcome is Outcome.APPLIED and result.retries == 1 and calls == 2
     assert caught.value.attempts == 2 and caught.value.sqlstate == "40P01"
     assert failed_attempts(domain, m.message_id) == 0 and failed_attempts(domain, "gives-up") == 0

@@ -77,8 +77,9 @@ async def credit(session: AsyncSession, m: Message) -> None:
     wallet = await session.get(Wallet, 1, with_for_update=True)
     assert wallet is not None
     wallet.balance += m.payload["amount"]
-    session.add(Entry(wallet_id=1, message_id=m.message_id, amount=m.payload["amount"],
-                      reference=m.payload.get("reference")))
+    session.add(
+        Entry(wallet_id=1, message_id=m.message_id, amount=m.payload["amount"], reference=m.payload.get("reference"))
+    )
 
 
 async def entries(engine: AsyncEngine) -> dict[str, int]:
@@ -200,17 +201,20 @@ async def test_transient_errors_are_retried_and_never_recorded(engine: AsyncEngi
         await session.flush()
         if calls == 1:
             await (await session.connection()).exec_driver_sql(
-                "DO $$ BEGIN RAISE EXCEPTION 'simulated' USING ERRCODE = '40001'; END $$")
+                "DO $$ BEGIN RAISE EXCEPTION 'simulated' USING ERRCODE = '40001'; END $$"
+            )
 
     async def always(session: AsyncSession, msg: Message) -> None:
         await (await session.connection()).exec_driver_sql(
-            "DO $$ BEGIN RAISE EXCEPTION 'simulated' USING ERRCODE = '40P01'; END $$")
+            "DO $$ BEGIN RAISE EXCEPTION 'simulated' USING ERRCODE = '40P01'; END $$"
+        )
 
     async with AsyncSession(engine) as s:
         result = await inbox.handle(s, m, flaky)
         with pytest.raises(RetriesExhausted) as caught:
             await AsyncSQLAlchemyInbox(consumer="billing", retry=RetryPolicy(max_attempts=2, base_delay=0.001)).handle(
-                s, message("gives-up"), always)
+                s, message("gives-up"), always
+            )
     assert result.outcome is Outcome.APPLIED and result.retries == 1 and calls == 2
     assert caught.value.attempts == 2 and caught.value.sqlstate == "40P01"
     assert failed_attempts(domain, m.message_id) == 0 and failed_attempts(domain, "gives-up") == 0

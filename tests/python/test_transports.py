@@ -521,9 +521,18 @@ def test_effect_headers_never_override_configured_or_dispatcher_headers(server: 
     """Effects enqueued before 0.2.0 were not checked: their headers still cannot take over the request."""
     base, rec = server
     configured = {"Authorization": "Bearer configured", "X-Api-Key": "configured"}
-    hostile = {"Host": "evil.example", "authorization": "Bearer effect", "x-api-key": "effect",
-               "Content-Length": "1", "Transfer-Encoding": "chunked", "Connection": "close", "Upgrade": "h2c",
-               "Cookie": "s=1", "Idempotency-Key": "spoof", "X-Trace": "kept"}
+    hostile = {
+        "Host": "evil.example",
+        "authorization": "Bearer effect",
+        "x-api-key": "effect",
+        "Content-Length": "1",
+        "Transfer-Encoding": "chunked",
+        "Connection": "close",
+        "Upgrade": "h2c",
+        "Cookie": "s=1",
+        "Idempotency-Key": "spoof",
+        "X-Trace": "kept",
+    }
     with webhook(base + "/ok", headers=configured) as t:
         assert t.deliver(effect("eff-hdr", headers=hostile)).delivered
     sent = {k.lower(): v for k, v in rec.requests[0]["headers"].items()}
@@ -539,8 +548,12 @@ def test_cross_origin_redirect_drops_every_configured_header_unless_marked(serve
     base, rec = server
     allow = ["127.0.0.1", "localhost"]
     configured = {"X-Api-Key": "secret", "X-Tenant": "acme", "Authorization": "Bearer t"}
-    with webhook(base + "/redirect-other-origin", headers=configured, allow_hosts=allow,
-                 forward_on_redirect=["x-tenant", "Authorization"]) as t:
+    with webhook(
+        base + "/redirect-other-origin",
+        headers=configured,
+        allow_hosts=allow,
+        forward_on_redirect=["x-tenant", "Authorization"],
+    ) as t:
         assert t.deliver(effect("eff-xo", headers={"X-Trace": "abc"})).delivered
     first, hop = rec.requests
     assert first["headers"]["X-Api-Key"] == "secret"
@@ -553,8 +566,11 @@ def test_cross_origin_redirect_drops_every_configured_header_unless_marked(serve
 
 def test_forward_on_redirect_from_the_file_and_the_environment(tmp_path: Path) -> None:
     cfg = tmp_path / "pginbox.toml"
-    cfg.write_text('[destinations.a]\nurl = "http://127.0.0.1:9/a"\nforward_on_redirect = ["X-Tenant"]\n'
-                   '[destinations.b]\nurl = "http://127.0.0.1:9/b"\n', encoding="utf-8")
+    cfg.write_text(
+        '[destinations.a]\nurl = "http://127.0.0.1:9/a"\nforward_on_redirect = ["X-Tenant"]\n'
+        '[destinations.b]\nurl = "http://127.0.0.1:9/b"\n',
+        encoding="utf-8",
+    )
     dests = load_config(cfg, environ={"PGINBOX_DEST_B_FORWARD_ON_REDIRECT": "X-One, x-two"}, use_entry_points=False)
     a, b = dests["a"], dests["b"]
     assert isinstance(a, WebhookTransport) and isinstance(b, WebhookTransport)

@@ -62,8 +62,11 @@ def setup_billing(conn: Conn, login_role: Callable[..., str]) -> tuple[str, str,
     reader = login_role("inbox_reader")
     billing_role = role_of(billing)
     conn.execute(DOMAIN)
-    conn.execute(sql.SQL("GRANT USAGE ON SCHEMA app TO {0}; GRANT INSERT, SELECT, UPDATE ON ALL TABLES IN SCHEMA app"
-                         " TO {0}").format(sql.Identifier(billing_role)))
+    conn.execute(
+        sql.SQL(
+            "GRANT USAGE ON SCHEMA app TO {0}; GRANT INSERT, SELECT, UPDATE ON ALL TABLES IN SCHEMA app TO {0}"
+        ).format(sql.Identifier(billing_role))
+    )
     # Operators name the handler (they see its schema only); repair and replay call it through
     # inbox_runner, and it runs with the consumer's rights.
     conn.execute(sql.SQL("GRANT USAGE ON SCHEMA app TO {}, inbox_runner").format(sql.Identifier(role_of(operator))))
@@ -73,10 +76,12 @@ def setup_billing(conn: Conn, login_role: Callable[..., str]) -> tuple[str, str,
 
 
 def counts(conn: Conn) -> tuple[int, int, int, int]:
-    return (scalar(conn, "SELECT count(*) FROM inbox.message WHERE consumer = 'billing'"),
-            scalar(conn, "SELECT count(*) FROM inbox.attempt WHERE consumer = 'billing'"),
-            scalar(conn, "SELECT count(*) FROM inbox.quarantine WHERE consumer = 'billing'"),
-            scalar(conn, "SELECT count(*) FROM app.handler_runs"))
+    return (
+        scalar(conn, "SELECT count(*) FROM inbox.message WHERE consumer = 'billing'"),
+        scalar(conn, "SELECT count(*) FROM inbox.attempt WHERE consumer = 'billing'"),
+        scalar(conn, "SELECT count(*) FROM inbox.quarantine WHERE consumer = 'billing'"),
+        scalar(conn, "SELECT count(*) FROM app.handler_runs"),
+    )
 
 
 APPLY = "SELECT outcome FROM inbox.claim_and_apply('billing', 'shop', %s, 'credit', %s, '', %s::timestamptz)"
@@ -97,8 +102,8 @@ def test_another_consumer_role_cannot_act_as_billing(conn: Conn, login_role: Cal
             "SELECT inbox.claim('billing', 'shop', 'order-A', '{}')",
             "SELECT inbox.claim_bytea('billing', 'shop', 'order-A', '\\x00')",
             "SELECT inbox.claim_and_apply('billing', 'shop', 'order-A', 'credit', '{\"account\": 1, \"amount\": 5}')",
-            "SELECT * FROM inbox.claim_and_apply_batch('billing', '[{\"producer\": \"shop\","
-            " \"message_id\": \"order-A\", \"message_type\": \"credit\", \"payload\": {}}]')",
+            'SELECT * FROM inbox.claim_and_apply_batch(\'billing\', \'[{"producer": "shop",'
+            ' "message_id": "order-A", "message_type": "credit", "payload": {}}]\')',
             "SELECT inbox.record_failure('billing', 'shop', 'order-A', '{}', 'X1')",
             "SELECT inbox.record_start('billing', 'shop', 'order-A')",
         ]
@@ -127,8 +132,10 @@ def test_tenant_bindings_and_unknown_consumers(conn: Conn, login_role: Callable[
             svc.execute("SELECT inbox.claim('biling', 'shop', 'm1', '{}')")
         # Versioned names are covered by the base binding.
         versioned = scalar(svc, "SELECT inbox.versioned_consumer('billing', 'v2')")
-        assert scalar(svc, "SELECT outcome FROM inbox.claim(%s, 'shop', 'm1', '{}', tenant => 'acme')",
-                      (versioned,)) == "claimed"
+        assert (
+            scalar(svc, "SELECT outcome FROM inbox.claim(%s, 'shop', 'm1', '{}', tenant => 'acme')", (versioned,))
+            == "claimed"
+        )
     # Superusers pass an unbound consumer, unless strict_consumers is on.
     assert scalar(conn, "SELECT outcome FROM inbox.claim('scratch', 'p', 'm', '{}')") == "claimed"
     conn.execute("SELECT inbox.configure_security(strict_consumers => true, note => 'test')")
@@ -162,13 +169,21 @@ def test_repair_never_runs_with_more_rights_than_the_consumer(conn: Conn, login_
     conn.execute("SELECT inbox.configure_consumer('billing', max_attempts => 1)")
     # The attacker cannot plant a failure with a payload of its own choosing.
     with connect(attacker) as evil, pytest.raises(errors.InsufficientPrivilege):
-        evil.execute("SELECT inbox.record_failure('billing', 'shop', 'order-X',"
-                     " '{\"account\": 8, \"amount\": 1000000}', 'X1', message_type => 'credit')")
+        evil.execute(
+            "SELECT inbox.record_failure('billing', 'shop', 'order-X',"
+            " '{\"account\": 8, \"amount\": 1000000}', 'X1', message_type => 'credit')"
+        )
     # billing's own failure is quarantined; the handler is SECURITY INVOKER, so repair would run it
     # with the operator's rights: refused.
     with connect(billing) as svc:
-        assert scalar(svc, "SELECT outcome FROM inbox.record_failure('billing', 'shop', 'order-B',"
-                           " '{\"account\": 2, \"amount\": 7}', 'X1', message_type => 'credit')") == "quarantined"
+        assert (
+            scalar(
+                svc,
+                "SELECT outcome FROM inbox.record_failure('billing', 'shop', 'order-B',"
+                " '{\"account\": 2, \"amount\": 7}', 'X1', message_type => 'credit')",
+            )
+            == "quarantined"
+        )
     entry = scalar(conn, "SELECT quarantine_id FROM inbox.quarantine WHERE message_id = 'order-B'")
     assert scalar(conn, "SELECT recorded_by FROM inbox.quarantine WHERE quarantine_id = %s", (entry,)) == billing_role
     with connect(operator) as ops:
@@ -176,9 +191,13 @@ def test_repair_never_runs_with_more_rights_than_the_consumer(conn: Conn, login_
             ops.execute("SELECT inbox.repair(%s, 'fixed')", (entry,))
         assert scalar(conn, "SELECT count(*) FROM app.handler_runs") == 0
         # Owned by billing's role as SECURITY DEFINER, it runs with billing's rights, whoever repairs.
-        conn.execute(sql.SQL("ALTER FUNCTION app.credit(jsonb, inbox.message_context) SECURITY DEFINER"
-                             " SET search_path = app, pg_temp; ALTER FUNCTION app.credit(jsonb, inbox.message_context)"
-                             " OWNER TO {}").format(sql.Identifier(billing_role)))
+        conn.execute(
+            sql.SQL(
+                "ALTER FUNCTION app.credit(jsonb, inbox.message_context) SECURITY DEFINER"
+                " SET search_path = app, pg_temp; ALTER FUNCTION app.credit(jsonb, inbox.message_context)"
+                " OWNER TO {}"
+            ).format(sql.Identifier(billing_role))
+        )
         repaired = ops.execute("SELECT outcome, error_message FROM inbox.repair(%s, 'fixed')", (entry,)).fetchone()
         assert repaired == ("applied", None)
     assert conn.execute("SELECT run_by, message_id FROM app.handler_runs").fetchall() == [(billing_role, "order-B")]
@@ -201,11 +220,16 @@ def test_a_handler_rewritten_by_its_owner_cannot_escape_to_the_operators_rights(
             PERFORM set_config('role', 'none', true);
             INSERT INTO app.stolen SELECT q.payload FROM inbox.quarantine q;
         END $$""")
-    conn.execute(sql.SQL("ALTER FUNCTION app.credit(jsonb, inbox.message_context) OWNER TO {}")
-                 .format(sql.Identifier(billing_role)))
+    conn.execute(
+        sql.SQL("ALTER FUNCTION app.credit(jsonb, inbox.message_context) OWNER TO {}").format(
+            sql.Identifier(billing_role)
+        )
+    )
     with connect(billing) as svc:
-        svc.execute("SELECT inbox.record_failure('billing', 'shop', 'order-C', '{\"account\": 3, \"amount\": 1}', 'X1',"
-                    " message_type => 'credit')")
+        svc.execute(
+            "SELECT inbox.record_failure('billing', 'shop', 'order-C', '{\"account\": 3, \"amount\": 1}', 'X1',"
+            " message_type => 'credit')"
+        )
     entry = scalar(conn, "SELECT quarantine_id FROM inbox.quarantine WHERE message_id = 'order-C'")
     with connect(operator) as ops:
         result = ops.execute("SELECT outcome, error_message FROM inbox.repair(%s, 'try')", (entry,)).fetchone()
@@ -220,8 +244,10 @@ def test_a_handler_rewritten_by_its_owner_cannot_escape_to_the_operators_rights(
 def test_replay_consumer_names_are_reserved(conn: Conn, login_role: Callable[..., str]) -> None:
     billing, _, _, _ = setup_billing(conn, login_role)
     with connect(billing) as svc:
-        for statement in ("SELECT inbox.claim('replay:1', 'shop', 'op-1', '{}')",
-                          "SELECT inbox.record_start('replay:1', 'shop', 'op-1')"):
+        for statement in (
+            "SELECT inbox.claim('replay:1', 'shop', 'op-1', '{}')",
+            "SELECT inbox.record_start('replay:1', 'shop', 'op-1')",
+        ):
             with pytest.raises(errors.InsufficientPrivilege, match="belong to replay plans"):
                 svc.execute(statement)
     # Not even a superuser, and nobody can bind such a name.
@@ -243,8 +269,11 @@ RETENTION = """SELECT inbox.set_retention_policy('billing', '', broker_retention
 def age_everything(conn: Conn, days: int) -> None:
     """Every billing row was processed `days` ago (its produced_at moves with it) by a consumer
     active all along, so the purge may forget it."""
-    conn.execute("UPDATE inbox.message SET processed_at = processed_at - make_interval(days => %s),"
-                 " produced_at = produced_at - make_interval(days => %s) WHERE consumer = 'billing'", (days, days))
+    conn.execute(
+        "UPDATE inbox.message SET processed_at = processed_at - make_interval(days => %s),"
+        " produced_at = produced_at - make_interval(days => %s) WHERE consumer = 'billing'",
+        (days, days),
+    )
     conn.execute("DELETE FROM inbox.activity_gap WHERE consumer = 'billing'")
     conn.execute("INSERT INTO inbox.activity_gap VALUES ('billing', '-infinity', now() - interval '90 days')")
 
@@ -259,8 +288,10 @@ def test_a_producer_clock_ahead_of_the_database_is_refused(conn: Conn, login_rol
     with connect(billing) as svc:
         for ahead in ("'infinity'", "'9999-01-01'", "now() + interval '1 day'", "now() + interval '61 minutes'"):
             with pytest.raises(errors.DatetimeFieldOverflow, match="ahead of the database clock"):
-                svc.execute("SELECT inbox.claim_and_apply('billing', 'shop', 'future-1', 'credit',"
-                            f" '{{\"account\": 1, \"amount\": 1}}', '', {ahead})")
+                svc.execute(
+                    "SELECT inbox.claim_and_apply('billing', 'shop', 'future-1', 'credit',"
+                    f" '{{\"account\": 1, \"amount\": 1}}', '', {ahead})"
+                )
             with pytest.raises(errors.DatetimeFieldOverflow):
                 svc.execute(f"SELECT inbox.claim('billing', 'shop', 'future-1', '{{}}', produced_at => {ahead})")
         assert scalar(conn, "SELECT count(*) FROM inbox.message WHERE message_id = 'future-1'") == 0
@@ -296,8 +327,15 @@ def test_the_watermark_never_moves_back(conn: Conn, login_role: Callable[..., st
     second = scalar(conn, "SELECT watermark FROM inbox.purge_state WHERE consumer = 'billing'")
     assert second >= first
     with connect(billing) as svc:
-        assert apply(svc, "skewed", {"account": 1, "amount": 1},
-                     scalar(conn, "SELECT %s::timestamptz - interval '30 days'", (produced,))) == "expired"
+        assert (
+            apply(
+                svc,
+                "skewed",
+                {"account": 1, "amount": 1},
+                scalar(conn, "SELECT %s::timestamptz - interval '30 days'", (produced,)),
+            )
+            == "expired"
+        )
     assert scalar(conn, "SELECT count(*) FROM app.ledger WHERE message_id = 'skewed'") == 1
 
 
@@ -312,9 +350,13 @@ def test_readers_see_reason_codes_not_payload_traces(conn: Conn, login_role: Cal
         assert apply(svc, "pii-1", {"note": "SSN 078-05-1120", "account": 1, "amount": 5}) == "failed"
     with connect(reader) as read:
         assert scalar(read, "SELECT reason_code FROM inbox.attempt WHERE message_id = 'pii-1'") == "22P02"
-        for column, table in (("error_message", "attempt"), ("payload_sha256", "attempt"),
-                              ("payload_sha256", "message"), ("error_message", "quarantine"),
-                              ("payload_sha256", "quarantine")):
+        for column, table in (
+            ("error_message", "attempt"),
+            ("payload_sha256", "attempt"),
+            ("payload_sha256", "message"),
+            ("error_message", "quarantine"),
+            ("payload_sha256", "quarantine"),
+        ):
             with pytest.raises(errors.InsufficientPrivilege):
                 read.execute(sql.SQL("SELECT {} FROM inbox.{}").format(sql.Identifier(column), sql.Identifier(table)))
         with pytest.raises(errors.InsufficientPrivilege):
@@ -398,8 +440,10 @@ def test_a_handler_made_security_definer_after_registration_is_refused(
     conn: Conn, login_role: Callable[..., str]
 ) -> None:
     billing, _, _, _ = setup_billing(conn, login_role)
-    conn.execute("ALTER FUNCTION app.credit(jsonb, inbox.message_context) SECURITY DEFINER;"
-                 " ALTER FUNCTION app.credit(jsonb, inbox.message_context) OWNER TO postgres")
+    conn.execute(
+        "ALTER FUNCTION app.credit(jsonb, inbox.message_context) SECURITY DEFINER;"
+        " ALTER FUNCTION app.credit(jsonb, inbox.message_context) OWNER TO postgres"
+    )
     with connect(billing) as svc, pytest.raises(errors.InsufficientPrivilege, match="SECURITY DEFINER"):
         apply(svc, "sd-1", {"account": 5, "amount": 1})
     assert counts(conn) == (0, 0, 0, 0)
@@ -414,13 +458,19 @@ def test_a_replay_plan_checks_its_handler_at_every_run(conn: Conn, login_role: C
     with connect(billing) as svc:
         assert apply(svc, "rp-1", {"account": 3, "amount": 5}) == "applied"
     with connect(operator) as op:
-        plan = scalar(op, "SELECT plan_id FROM inbox.create_replay_plan('rp', 'billing', 'credit',"
-                          " 'app.credit(jsonb, inbox.message_context)', 'v1', 'trust test')")
-        op.execute("SELECT inbox.add_replay_items(%s, %s)",
-                   (plan, json.dumps([{"producer": "shop", "message_id": "rp-1",
-                                       "payload": {"account": 3, "amount": 5}}])))
-    conn.execute("ALTER FUNCTION app.credit(jsonb, inbox.message_context) SECURITY DEFINER;"
-                 " ALTER FUNCTION app.credit(jsonb, inbox.message_context) OWNER TO postgres")
+        plan = scalar(
+            op,
+            "SELECT plan_id FROM inbox.create_replay_plan('rp', 'billing', 'credit',"
+            " 'app.credit(jsonb, inbox.message_context)', 'v1', 'trust test')",
+        )
+        op.execute(
+            "SELECT inbox.add_replay_items(%s, %s)",
+            (plan, json.dumps([{"producer": "shop", "message_id": "rp-1", "payload": {"account": 3, "amount": 5}}])),
+        )
+    conn.execute(
+        "ALTER FUNCTION app.credit(jsonb, inbox.message_context) SECURITY DEFINER;"
+        " ALTER FUNCTION app.credit(jsonb, inbox.message_context) OWNER TO postgres"
+    )
     with connect(operator) as op, pytest.raises(errors.InsufficientPrivilege, match="SECURITY DEFINER"):
         op.execute("SELECT inbox.run_replay_plan(%s, 10)", (plan,))
     assert scalar(conn, "SELECT count(*) FROM app.ledger WHERE message_id = 'rp-1'") == 1

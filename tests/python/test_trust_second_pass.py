@@ -72,8 +72,9 @@ def hostile_service(conn: Conn, login_role: Callable[..., str]) -> tuple[str, st
             PERFORM inbox.enqueue_effect('svc2-own', 'svc2-hook', '{"ok": true}', consumer => 'svc2');
             INSERT INTO app.svc2_log VALUES ('enqueued as svc2');
         END $$""")
-    conn.execute(sql.SQL("ALTER FUNCTION app.svc2_handler(jsonb, inbox.message_context) OWNER TO {0}")
-                 .format(ident(role)))
+    conn.execute(
+        sql.SQL("ALTER FUNCTION app.svc2_handler(jsonb, inbox.message_context) OWNER TO {0}").format(ident(role))
+    )
     conn.execute("SELECT inbox.bind_consumer('svc2', %s::regrole, note => 'the second service')", (role,))
     conn.execute("SELECT inbox.register_handler('svc2', 'job', 'app.svc2_handler(jsonb, inbox.message_context)', 'v1')")
     conn.execute("SELECT inbox.configure_consumer('svc2', max_attempts => 1)")
@@ -88,8 +89,10 @@ def test_a_hostile_handler_repaired_by_an_operator_acts_only_as_its_own_consumer
     billing, _, operator, _ = setup_billing(conn, login_role)
     svc2, _ = hostile_service(conn, login_role)
     with connect(svc2) as svc:
-        assert scalar(svc, "SELECT outcome FROM inbox.claim_and_apply('svc2', 'shop', 'job-1', 'job',"
-                           " '{\"fail\": true}')") == "quarantined"
+        assert (
+            scalar(svc, "SELECT outcome FROM inbox.claim_and_apply('svc2', 'shop', 'job-1', 'job', '{\"fail\": true}')")
+            == "quarantined"
+        )
     entry = scalar(conn, "SELECT quarantine_id FROM inbox.quarantine WHERE consumer = 'svc2'")
     conn.execute("UPDATE inbox.quarantine SET payload = '{}' WHERE quarantine_id = %s", (entry,))  # the fixed input
     with connect(operator) as ops:
@@ -104,8 +107,14 @@ def test_a_hostile_handler_repaired_by_an_operator_acts_only_as_its_own_consumer
     assert scalar(conn, "SELECT count(*) FROM inbox.operator_run") == 0
     # billing's next message is billing's to apply, once.
     with connect(billing) as svc:
-        assert scalar(svc, "SELECT outcome FROM inbox.claim_and_apply('billing', 'shop', 'order-next', 'credit',"
-                           " '{\"account\": 1, \"amount\": 1}')") == "applied"
+        assert (
+            scalar(
+                svc,
+                "SELECT outcome FROM inbox.claim_and_apply('billing', 'shop', 'order-next', 'credit',"
+                ' \'{"account": 1, "amount": 1}\')',
+            )
+            == "applied"
+        )
     assert scalar(conn, "SELECT count(*) FROM app.ledger WHERE message_id = 'order-next'") == 1
 
 
@@ -116,9 +125,11 @@ def test_an_operator_who_also_holds_the_consumer_role_cannot_act_as_an_unbound_c
     both = login_role("inbox_operator", "inbox_consumer")
     with connect(both) as session:
         session.execute("SELECT set_config('inbox.operator_run', 'billing', false)")
-        for attack in ("SELECT inbox.claim('billing', 'shop', 'x1', '{}')",
-                       "SELECT inbox.claim_and_apply('billing', 'shop', 'x1', 'credit', '{\"account\": 1}')",
-                       "SELECT inbox.record_failure('billing', 'shop', 'x1', '{}', 'X1')"):
+        for attack in (
+            "SELECT inbox.claim('billing', 'shop', 'x1', '{}')",
+            "SELECT inbox.claim_and_apply('billing', 'shop', 'x1', 'credit', '{\"account\": 1}')",
+            "SELECT inbox.record_failure('billing', 'shop', 'x1', '{}', 'X1')",
+        ):
             with pytest.raises(errors.InsufficientPrivilege, match="may not act as consumer 'billing'"):
                 session.execute(attack)
     assert scalar(conn, "SELECT count(*) FROM inbox.message WHERE consumer = 'billing'") == 0
@@ -160,10 +171,14 @@ def test_a_pooled_login_is_held_to_the_role_it_set(conn: Conn, db_dsn: str) -> N
     try:
         for key in ("acme", "globex"):
             conn.execute(sql.SQL("CREATE ROLE {0} NOLOGIN IN ROLE inbox_consumer").format(ident(names[key])))
-            conn.execute("SELECT inbox.bind_consumer('shop-events', %s::regrole, ARRAY[%s], 'tenant role')",
-                         (names[key], key))
-        conn.execute(sql.SQL("CREATE ROLE {0} LOGIN NOINHERIT IN ROLE {1}, {2}")
-                     .format(ident(names["auth"]), ident(names["acme"]), ident(names["globex"])))
+            conn.execute(
+                "SELECT inbox.bind_consumer('shop-events', %s::regrole, ARRAY[%s], 'tenant role')", (names[key], key)
+            )
+        conn.execute(
+            sql.SQL("CREATE ROLE {0} LOGIN NOINHERIT IN ROLE {1}, {2}").format(
+                ident(names["auth"]), ident(names["acme"]), ident(names["globex"])
+            )
+        )
         params = {k: v for k, v in conninfo_to_dict(db_dsn).items() if v is not None}
         with psycopg.connect(make_conninfo("", **(params | {"user": names["auth"]}))) as auth:
             with auth.transaction():
@@ -189,29 +204,48 @@ def test_a_tenant_scoped_role_cannot_preempt_another_tenants_effect(conn: Conn, 
     acme = login_role("inbox_consumer")
     globex = login_role("inbox_consumer")
     for login, tenant in ((acme, "acme"), (globex, "globex")):
-        conn.execute("SELECT inbox.bind_consumer('billing', %s::regrole, ARRAY[%s], 'tenant service')",
-                     (role_of(login), tenant))
+        conn.execute(
+            "SELECT inbox.bind_consumer('billing', %s::regrole, ARRAY[%s], 'tenant service')", (role_of(login), tenant)
+        )
     conn.execute("SELECT inbox.bind_destination('billing-hook', 'billing', 'the webhook')")
     stolen = scalar(conn, "SELECT inbox.effect_id('billing', 'shop', 'order-7', 'notify', 'globex')")
     with connect(acme) as evil:
         for forged in ("globex", None):
             with pytest.raises(errors.InsufficientPrivilege):
-                evil.execute("SELECT inbox.enqueue_effect(%s, 'billing-hook', '{\"transfer\": 999999}',"
-                             " consumer => 'billing', tenant => %s)", (stolen, forged))
+                evil.execute(
+                    "SELECT inbox.enqueue_effect(%s, 'billing-hook', '{\"transfer\": 999999}',"
+                    " consumer => 'billing', tenant => %s)",
+                    (stolen, forged),
+                )
         # Under its own tenant the id is its own: it cannot reach globex's effect.
-        evil.execute("SELECT inbox.enqueue_effect(%s, 'billing-hook', '{\"transfer\": 999999}', consumer => 'billing',"
-                     " tenant => 'acme')", (stolen,))
+        evil.execute(
+            "SELECT inbox.enqueue_effect(%s, 'billing-hook', '{\"transfer\": 999999}', consumer => 'billing',"
+            " tenant => 'acme')",
+            (stolen,),
+        )
     with connect(globex) as svc:
-        assert scalar(svc, "SELECT inbox.enqueue_effect(%s, 'billing-hook', '{\"notify\": \"order-7\"}',"
-                           " consumer => 'billing', tenant => 'globex')", (stolen,)) is True
-    keys = dict(conn.execute("SELECT tenant, idempotency_key FROM inbox.claim_effects('d', 10, key_aware => true)"
-                             " WHERE effect_id = %s", (stolen,)).fetchall())
+        assert (
+            scalar(
+                svc,
+                "SELECT inbox.enqueue_effect(%s, 'billing-hook', '{\"notify\": \"order-7\"}',"
+                " consumer => 'billing', tenant => 'globex')",
+                (stolen,),
+            )
+            is True
+        )
+    keys = dict(
+        conn.execute(
+            "SELECT tenant, idempotency_key FROM inbox.claim_effects('d', 10, key_aware => true) WHERE effect_id = %s",
+            (stolen,),
+        ).fetchall()
+    )
     assert set(keys) == {"acme", "globex"} and keys["acme"] != keys["globex"]
     assert keys["globex"] == scalar(conn, "SELECT inbox.idempotency_key('billing', 'globex', %s)", (stolen,))
 
 
-def test_two_consumers_sharing_a_jetstream_destination_both_arrive(conn: Conn, db_dsn: str,
-                                                                    login_role: Callable[..., str]) -> None:
+def test_two_consumers_sharing_a_jetstream_destination_both_arrive(
+    conn: Conn, db_dsn: str, login_role: Callable[..., str]
+) -> None:
     """JetStream deduplicates on Nats-Msg-Id. 0.2.0 sent the bare effect id: one consumer enqueued
     another's future id first and the real message was dropped as a duplicate while the outbox
     recorded it delivered. Since 0.3.0 each consumer's effects go out under keys of their own."""
@@ -230,8 +264,9 @@ def test_two_consumers_sharing_a_jetstream_destination_both_arrive(conn: Conn, d
         conn.execute("SELECT inbox.bind_destination('events', %s, 'shared')", (consumer,))
     future = scalar(conn, "SELECT inbox.effect_id('billing', 'shop', 'order-9', 'shipped')")
     conn.execute("SELECT inbox.enqueue_effect(%s, 'events', '{\"from\": \"crm\"}', consumer => 'crm')", (future,))
-    conn.execute("SELECT inbox.enqueue_effect(%s, 'events', '{\"from\": \"billing\"}', consumer => 'billing')",
-                 (future,))
+    conn.execute(
+        "SELECT inbox.enqueue_effect(%s, 'events', '{\"from\": \"billing\"}', consumer => 'billing')", (future,)
+    )
     with channel("nats") as ch:
         transport = JetStreamTransport(NATS_URL, subject=ch.subject, producer="shop", destination="events")
         try:
@@ -245,8 +280,10 @@ def test_two_consumers_sharing_a_jetstream_destination_both_arrive(conn: Conn, d
             try:
                 js = nc.jetstream()
                 info = await js.stream_info(ch.stream)
-                return [json.loads((await js.get_msg(ch.stream, seq)).data or b"null")
-                        for seq in range(1, info.state.messages + 1)]
+                return [
+                    json.loads((await js.get_msg(ch.stream, seq)).data or b"null")
+                    for seq in range(1, info.state.messages + 1)
+                ]
             finally:
                 await nc.close()
 
@@ -266,13 +303,15 @@ def test_guessable_lock_keys_held_by_an_attacker_stall_nothing(conn: Conn, login
         dead_letter_redrive_horizon => '0', producer_retry_horizon => '0', outage_allowance => '0',
         backup_restore_window => '0', planned_replay_horizon => '0', safety_margin => '1 hour', note => 'test')""")
     with connect(attacker) as evil:
-        evil.execute("SELECT pg_advisory_lock(1886282358, hashtext('customer-42'))")   # 0.2.0's ordering key lock
-        evil.execute("SELECT pg_advisory_lock(1886940770, hashtext('billing'))")       # 0.2.0's purge lock
+        evil.execute("SELECT pg_advisory_lock(1886282358, hashtext('customer-42'))")  # 0.2.0's ordering key lock
+        evil.execute("SELECT pg_advisory_lock(1886940770, hashtext('billing'))")  # 0.2.0's purge lock
         with connect(billing) as svc:
             svc.execute("SET lock_timeout = '3s'")
             with svc.transaction():
-                svc.execute("SELECT inbox.enqueue_effect('e1', 'billing-hook', '{}', ordering_key => 'customer-42',"
-                            " consumer => 'billing')")
+                svc.execute(
+                    "SELECT inbox.enqueue_effect('e1', 'billing-hook', '{}', ordering_key => 'customer-42',"
+                    " consumer => 'billing')"
+                )
         assert scalar(conn, "SELECT order_seq IS NOT NULL FROM inbox.outbox WHERE effect_id = 'e1'") is True
         assert scalar(conn, "SELECT status FROM inbox.announce_purge('billing')") != "busy"
 
@@ -290,8 +329,9 @@ def test_an_anonymous_effect_holding_back_the_purge_is_named(conn: Conn) -> None
     conn.execute("SET inbox.consumer = ''")
     conn.execute("SELECT inbox.enqueue_effect('anon-1', 'hook', '{}')")
     conn.execute("UPDATE inbox.outbox SET created_at = now() - interval '5 days'")
-    conn.execute("UPDATE inbox.message SET processed_at = now() - interval '3 days',"
-                 " produced_at = now() - interval '3 days'")
+    conn.execute(
+        "UPDATE inbox.message SET processed_at = now() - interval '3 days', produced_at = now() - interval '3 days'"
+    )
     conn.execute("UPDATE inbox.consumer_config SET last_active_at = now()")
     conn.execute("DELETE FROM inbox.activity_gap WHERE consumer = 'c'")
     conn.execute("INSERT INTO inbox.activity_gap VALUES ('c', '-infinity', now() - interval '30 days')")
@@ -311,16 +351,29 @@ OPERATIONS = ("claim", "claim_and_apply", "batch", "record_failure", "record_sta
 def service_state(conn: Conn, consumer: str) -> list[Any]:
     """What a consumer's service can observe of its own outcomes."""
     return [
-        conn.execute("SELECT tenant, producer, message_id, encode(payload_sha256, 'hex'), status::text, handler_version"
-                     " FROM inbox.message WHERE consumer = %s ORDER BY 1, 2, 3", (consumer,)).fetchall(),
-        conn.execute("SELECT tenant, producer, message_id, started, failed, reason_code FROM inbox.attempt"
-                     " WHERE consumer = %s ORDER BY 1, 2, 3", (consumer,)).fetchall(),
-        conn.execute("SELECT tenant, producer, message_id, kind, status, deliveries, attempts FROM inbox.quarantine"
-                     " WHERE consumer = %s ORDER BY 1, 2, 3, 4", (consumer,)).fetchall(),
-        conn.execute("SELECT effect_id, tenant, payload, ordering_key, order_seq IS NOT NULL FROM inbox.outbox"
-                     " WHERE consumer = %s ORDER BY 1, 2", (consumer,)).fetchall(),
-        conn.execute("SELECT message_id, amount FROM app.ledger WHERE message_id LIKE %s ORDER BY 1, 2",
-                     (consumer + ":%",)).fetchall(),
+        conn.execute(
+            "SELECT tenant, producer, message_id, encode(payload_sha256, 'hex'), status::text, handler_version"
+            " FROM inbox.message WHERE consumer = %s ORDER BY 1, 2, 3",
+            (consumer,),
+        ).fetchall(),
+        conn.execute(
+            "SELECT tenant, producer, message_id, started, failed, reason_code FROM inbox.attempt"
+            " WHERE consumer = %s ORDER BY 1, 2, 3",
+            (consumer,),
+        ).fetchall(),
+        conn.execute(
+            "SELECT tenant, producer, message_id, kind, status, deliveries, attempts FROM inbox.quarantine"
+            " WHERE consumer = %s ORDER BY 1, 2, 3, 4",
+            (consumer,),
+        ).fetchall(),
+        conn.execute(
+            "SELECT effect_id, tenant, payload, ordering_key, order_seq IS NOT NULL FROM inbox.outbox"
+            " WHERE consumer = %s ORDER BY 1, 2",
+            (consumer,),
+        ).fetchall(),
+        conn.execute(
+            "SELECT message_id, amount FROM app.ledger WHERE message_id LIKE %s ORDER BY 1, 2", (consumer + ":%",)
+        ).fetchall(),
     ]
 
 
@@ -331,20 +384,34 @@ def random_call(rng: random.Random, consumer: str, tenant: str) -> tuple[str, tu
     if op == "claim":
         return ("SELECT inbox.claim(%s, 'shop', %s, %s::jsonb, tenant => %s)", (consumer, message, payload, tenant))
     if op in ("claim_and_apply", "redeliver"):
-        return ("SELECT inbox.claim_and_apply(%s, 'shop', %s, 'credit', %s::jsonb, %s)",
-                (consumer, message, payload, tenant))
+        return (
+            "SELECT inbox.claim_and_apply(%s, 'shop', %s, 'credit', %s::jsonb, %s)",
+            (consumer, message, payload, tenant),
+        )
     if op == "batch":
-        items = [{"producer": "shop", "message_id": f"{consumer}:m{rng.randrange(6)}", "message_type": "credit",
-                  "tenant": tenant, "payload": {"account": 1, "amount": 1}} for _ in range(3)]
+        items = [
+            {
+                "producer": "shop",
+                "message_id": f"{consumer}:m{rng.randrange(6)}",
+                "message_type": "credit",
+                "tenant": tenant,
+                "payload": {"account": 1, "amount": 1},
+            }
+            for _ in range(3)
+        ]
         return ("SELECT * FROM inbox.claim_and_apply_batch(%s, %s::jsonb)", (consumer, json.dumps(items)))
     if op == "record_failure":
-        return ("SELECT inbox.record_failure(%s, 'shop', %s, %s::jsonb, 'X1', tenant => %s, message_type => 'credit')",
-                (consumer, message, payload, tenant))
+        return (
+            "SELECT inbox.record_failure(%s, 'shop', %s, %s::jsonb, 'X1', tenant => %s, message_type => 'credit')",
+            (consumer, message, payload, tenant),
+        )
     if op == "record_start":
         return ("SELECT inbox.record_start(%s, 'shop', %s, tenant => %s)", (consumer, message, tenant))
     effect = f"fx-{rng.randrange(4)}"
-    return ("SELECT inbox.enqueue_effect(%s, 'hook', %s::jsonb, ordering_key => 'k', consumer => %s, tenant => %s)",
-            (effect, json.dumps({"effect": effect}), consumer, tenant))
+    return (
+        "SELECT inbox.enqueue_effect(%s, 'hook', %s::jsonb, ordering_key => 'k', consumer => %s, tenant => %s)",
+        (effect, json.dumps({"effect": effect}), consumer, tenant),
+    )
 
 
 @pytest.mark.slow
@@ -370,11 +437,16 @@ def test_randomized_two_roles_cannot_change_each_others_outcomes(pg_base: str, t
                 admin.execute(DOMAIN_FOR_RANDOM)
                 for key, role in roles.items():
                     admin.execute(sql.SQL("CREATE ROLE {0} LOGIN IN ROLE inbox_consumer").format(ident(role)))
-                    admin.execute(sql.SQL("GRANT USAGE ON SCHEMA app TO {0};"
-                                          " GRANT INSERT, SELECT ON app.ledger TO {0}").format(ident(role)))
+                    admin.execute(
+                        sql.SQL("GRANT USAGE ON SCHEMA app TO {0}; GRANT INSERT, SELECT ON app.ledger TO {0}").format(
+                            ident(role)
+                        )
+                    )
                     admin.execute("SELECT inbox.bind_consumer(%s, %s::regrole, ARRAY['t'], 'random')", (key, role))
-                    admin.execute("SELECT inbox.register_handler(%s, 'credit',"
-                                  " 'app.credit(jsonb, inbox.message_context)', 'v1')", (key,))
+                    admin.execute(
+                        "SELECT inbox.register_handler(%s, 'credit', 'app.credit(jsonb, inbox.message_context)', 'v1')",
+                        (key,),
+                    )
                     admin.execute("SELECT inbox.configure_consumer(%s, max_attempts => 3)", (key,))
                     admin.execute("SELECT inbox.bind_destination('hook', %s, 'random')", (key,))
             params = {k: v for k, v in conninfo_to_dict(dsn).items() if v is not None}
@@ -388,9 +460,11 @@ def test_randomized_two_roles_cannot_change_each_others_outcomes(pg_base: str, t
                         a.execute(*calls_a_own[i // 2])
                     if attacked and i % 2 == 1:
                         query_a, args_a = next(attacks)
-                        a.execute("SELECT set_config('inbox.consumer', 'b', false),"
-                                  " set_config('inbox.tenant', 't', false),"
-                                  " set_config('inbox.operator_run', 'b', false)")
+                        a.execute(
+                            "SELECT set_config('inbox.consumer', 'b', false),"
+                            " set_config('inbox.tenant', 't', false),"
+                            " set_config('inbox.operator_run', 'b', false)"
+                        )
                         with pytest.raises((errors.InsufficientPrivilege, errors.UndefinedObject)):
                             a.execute(query_a, args_a)
             with psycopg.connect(dsn, autocommit=True) as admin:

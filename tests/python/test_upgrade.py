@@ -780,8 +780,11 @@ def check_nothing_lost(dsn: str, roles: Roles, released: Released, client: Clien
         assert {c: watermarks.get(c) for c in released.watermarks} == released.watermarks
         # What the release purged is bounded for the exact expiry of 0.3.0: by its watermark, or by the
         # time of the upgrade when that is earlier; the purged deliveries above are expired by it.
-        bounds = dict(admin.execute(
-            "SELECT consumer, purged_produced_max FROM inbox.purge_state WHERE rows_purged > 0").fetchall())
+        bounds = dict(
+            admin.execute(
+                "SELECT consumer, purged_produced_max FROM inbox.purge_state WHERE rows_purged > 0"
+            ).fetchall()
+        )
         assert bounds, "the release purged nothing: the watermark went untested"
         for consumer, bound in bounds.items():
             assert bound is not None and bound <= watermarks[consumer], (consumer, bound)
@@ -832,8 +835,9 @@ def deliver_everything(dsn: str, roles: Roles, released: Released) -> None:
     def drain(conn: psycopg.Connection[Any], name: str, key_aware: bool) -> None:
         for _ in range(100):
             with conn.cursor(row_factory=dict_row) as cur:
-                rows = cur.execute("SELECT * FROM inbox.claim_effects(%s, 100, key_aware => %s)",
-                                   (name, key_aware)).fetchall()
+                rows = cur.execute(
+                    "SELECT * FROM inbox.claim_effects(%s, 100, key_aware => %s)", (name, key_aware)
+                ).fetchall()
             if not rows:
                 return
             for row in rows:

@@ -30,17 +30,26 @@ def run(argv: list[str], cwd: Path, env: dict[str, str], check: bool = True) -> 
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, str]]]:
     """(the `pginbox` script of a fresh venv with the wheel installed, a clean environment)."""
     root = tmp_path_factory.mktemp("wheel")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PGINBOX_SQITCH_DIR", "VIRTUAL_ENV", "PYTHONPATH", "DATABASE_URL", "PGINBOX_DSN")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PGINBOX_SQITCH_DIR", "VIRTUAL_ENV", "PYTHONPATH", "DATABASE_URL", "PGINBOX_DSN")
+    }
     build = root / "dist"
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(build),
-         str(REPO_ROOT / "python")], cwd=root, env=env)
+    run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(build), str(REPO_ROOT / "python")],
+        cwd=root,
+        env=env,
+    )
     wheels = list(build.glob("pginbox-*.whl"))
     assert len(wheels) == 1, wheels
     venv = root / "venv"
     run([sys.executable, "-m", "venv", str(venv)], cwd=root, env=env)
-    run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheels[0])],
-        cwd=root, env=env)
+    run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheels[0])],
+        cwd=root,
+        env=env,
+    )
     yield venv / "bin" / "pginbox", env
 
 
@@ -78,11 +87,12 @@ def test_the_installed_package_deploys_upgrades_and_guards_the_schema(
     with psycopg.connect(empty_db, autocommit=True) as conn:
         assert conn.execute("SELECT release FROM inbox.schema_release()").fetchone() == ("0.1.0",)
         conn.execute("SELECT inbox.claim('billing', 'shop', 'm-1', '{}')")
-    run([str(pginbox), "--dsn", empty_db, "deploy"], cwd=elsewhere, env=env)      # the upgrade, in place
+    run([str(pginbox), "--dsn", empty_db, "deploy"], cwd=elsewhere, env=env)  # the upgrade, in place
     run([str(pginbox), "--dsn", empty_db, "verify"], cwd=elsewhere, env=env)
     with psycopg.connect(empty_db, autocommit=True) as conn:
-        assert conn.execute("SELECT outcome FROM inbox.claim('billing', 'shop', 'm-1', '{}')").fetchone() \
-            == ("duplicate",)
+        assert conn.execute("SELECT outcome FROM inbox.claim('billing', 'shop', 'm-1', '{}')").fetchone() == (
+            "duplicate",
+        )
     status = run([str(pginbox), "--dsn", empty_db, "status"], cwd=elsewhere, env=env)
     assert "release 0.3.0" in status.stdout
 
@@ -101,9 +111,14 @@ def test_the_installed_package_deploys_upgrades_and_guards_the_schema(
 
     # The plain SQL script of the whole deploy, applied with psql, is what Sqitch deploys.
     script = run([str(pginbox), "schema", "sql"], cwd=elsewhere, env=env).stdout
-    assert "\"sqitch\".\"changes\"" in script and "inbox.schema_release" in script and "version.sql" in script
-    applied = subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", empty_db], input=script,
-                             capture_output=True, text=True, check=False)
+    assert '"sqitch"."changes"' in script and "inbox.schema_release" in script and "version.sql" in script
+    applied = subprocess.run(
+        ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", empty_db],
+        input=script,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert applied.returncode == 0, applied.stderr
     status = run([str(pginbox), "--dsn", empty_db, "status"], cwd=elsewhere, env=env)
     assert "Nothing to deploy" in status.stdout or "up-to-date" in status.stdout, status.stdout

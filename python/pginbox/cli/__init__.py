@@ -66,8 +66,14 @@ def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> N
     help="libpq connection string or URL (required, except for `demo`, which uses the private demo cluster).",
 )
 @click.option("-v", "--verbose", is_flag=True, help="Show details and tracebacks on errors.")
-@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
-              help="Show the package version and the schema release it deploys, and exit.")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the package version and the schema release it deploys, and exit.",
+)
 @click.pass_context
 def main(ctx: click.Context, dsn: str | None, verbose: bool) -> None:
     """pginbox: deploy and inspect the SQL inbox package (schema inbox)."""
@@ -77,8 +83,24 @@ def main(ctx: click.Context, dsn: str | None, verbose: bool) -> None:
 
 
 for _command in (
-    deploy, verify, revert, schema_group, status, doctor, quarantine_group, outbox_group, dispatch, dispatch_health,
-    consume, replay_group, purge_command, retention_group, stats, metrics_group, demo, cluster_group,
+    deploy,
+    verify,
+    revert,
+    schema_group,
+    status,
+    doctor,
+    quarantine_group,
+    outbox_group,
+    dispatch,
+    dispatch_health,
+    consume,
+    replay_group,
+    purge_command,
+    retention_group,
+    stats,
+    metrics_group,
+    demo,
+    cluster_group,
 ):
     main.add_command(_command)
 read_options_from_environment(main)

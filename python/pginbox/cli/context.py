@@ -96,9 +96,11 @@ def _schema_missing(exc: BaseException) -> PginboxError | None:
     if not isinstance(exc, psycopg.Error):
         return None
     primary = (exc.diag.message_primary or "") if exc.diag else ""
-    if exc.sqlstate == "3F000" or (exc.sqlstate in ("42P01", "42883") and 'inbox.' in primary):
-        return PginboxError("schema inbox is not deployed in this database: deploy it with "
-                            "`pginbox deploy --dsn <dsn>`", sqlstate=exc.sqlstate)
+    if exc.sqlstate == "3F000" or (exc.sqlstate in ("42P01", "42883") and "inbox." in primary):
+        return PginboxError(
+            "schema inbox is not deployed in this database: deploy it with `pginbox deploy --dsn <dsn>`",
+            sqlstate=exc.sqlstate,
+        )
     return None
 
 
@@ -192,8 +194,9 @@ def database(ctx: click.Context, command_dsn: str | None, *, demo_cluster: bool 
 def connect(ctx: click.Context, command_dsn: str | None) -> psycopg.Connection[tuple[Any, ...]]:
     """An autocommit connection for the operator commands. No prepared statements: they are not hot
     paths, and so they work through a transaction pooler (PgBouncer: docs/pgbouncer.md)."""
-    return psycopg.connect(database(ctx, command_dsn), autocommit=True, application_name="pginbox-cli",
-                           prepare_threshold=None)
+    return psycopg.connect(
+        database(ctx, command_dsn), autocommit=True, application_name="pginbox-cli", prepare_threshold=None
+    )
 
 
 def _env_name(prefix: str, option: click.Option) -> str:

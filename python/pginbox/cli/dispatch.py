@@ -73,16 +73,20 @@ class _Destinations:
         try:
             fresh = _transports(self.config, self.callables)
         except Exception as exc:  # a broken file must not stop a running dispatcher
-            log.error(f"reload_failed dispatcher={dispatcher.name} error={type(exc).__name__}: {exc} "
-                      "(the destinations stay as they were)")
+            log.error(
+                f"reload_failed dispatcher={dispatcher.name} error={type(exc).__name__}: {exc} "
+                "(the destinations stay as they were)"
+            )
             return
         added = sorted(set(fresh) - set(self.current))
         removed = sorted(set(self.current) - set(fresh))
         self.current = fresh
         self.built.extend(fresh.values())
         dispatcher.replace_transports(fresh)
-        log.info(f"reloaded dispatcher={dispatcher.name} destinations={','.join(sorted(fresh))} "
-                 f"added={','.join(added) or '-'} removed={','.join(removed) or '-'}")
+        log.info(
+            f"reloaded dispatcher={dispatcher.name} destinations={','.join(sorted(fresh))} "
+            f"added={','.join(added) or '-'} removed={','.join(removed) or '-'}"
+        )
 
     def close(self) -> None:
         for transport in self.built:  # the broker transports hold connections and a loop
@@ -130,8 +134,9 @@ def _dead_effects(dsn: str) -> set[tuple[str, str, int]] | None:
         return None
 
 
-def _died_during_run(before: set[tuple[str, str, int]] | None, after: set[tuple[str, str, int]] | None,
-                     reported: int) -> int:
+def _died_during_run(
+    before: set[tuple[str, str, int]] | None, after: set[tuple[str, str, int]] | None, reported: int
+) -> int:
     """How many effects went dead during this run: those dead now that were not dead (with the same
     attempts) before it, which includes effects whose last lease expired (turned dead by a claim,
     not by a report); at least the dead reports of this dispatcher."""
@@ -156,42 +161,104 @@ def _run(dispatcher: Dispatcher, purger: PeriodicPurger | None, *, once: bool) -
 
 @click.command()
 @dsn_option
-@click.option("--listen-dsn", default=None, metavar="DSN",
-              help="A direct connection (not through PgBouncer) for LISTEN, and for --purge-every; "
-                   "the claims use --dsn. Behind a pooler without it the dispatcher polls (see /healthz).")
+@click.option(
+    "--listen-dsn",
+    default=None,
+    metavar="DSN",
+    help="A direct connection (not through PgBouncer) for LISTEN, and for --purge-every; "
+    "the claims use --dsn. Behind a pooler without it the dispatcher polls (see /healthz).",
+)
 @click.option("--once", is_flag=True, help="Deliver everything due, then exit (for cron and tests).")
 @click.option("--name", default=None, help="Dispatcher name (unique per process) [default: pginbox-<host>-<pid>].")
 @click.option("--batch-size", type=click.IntRange(1, CLAIM_LIMIT), default=100, show_default=True)
-@click.option("--lease", type=click.FloatRange(0.001, LEASE_MAX_SECONDS), default=30.0, show_default=True,
-              help="Lease, seconds.")
-@click.option("--concurrency", type=click.IntRange(1, 1000), default=8, show_default=True,
-              help="In-flight deliveries per destination.")
-@click.option("--poll-interval", type=click.FloatRange(0.01, 3600), default=1.0, show_default=True,
-              help="Longest wait between claims when idle (the NOTIFY signal usually comes first), seconds.")
-@click.option("--delivery-timeout", type=click.FloatRange(0.001, 86400), default=None,
-              help="A delivery running longer is reported as an ambiguous, retryable failure, seconds.")
-@click.option("--callable", "callables", multiple=True, metavar="DEST=MODULE:FUNCTION",
-              help="Deliver destination DEST by calling MODULE:FUNCTION(effect) (repeatable).")
-@click.option("--config", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-              help="TOML file of destinations (pginbox.transports).")
-@click.option("--health-port", type=click.IntRange(0, 65535), default=None,
-              help="Serve GET /healthz and GET /metrics (Prometheus) on this port (0: any free port, logged).")
-@click.option("--health-host", default="127.0.0.1", show_default=True,
-              help="Address the health endpoint binds to (it has no authentication).")
-@click.option("--purge-every", type=click.FloatRange(1, 86400 * 7), default=None, metavar="SECONDS",
-              help="Also purge every consumer with a retention policy this often (with --once: once, at the end).")
-@click.option("--database-metrics", is_flag=True, default=False,
-              help="Also serve inbox.metrics() at the health endpoint's /metrics (the role needs inbox_reader).")
-@click.option("--defer-after", type=click.FloatRange(1, 3600), default=30.0, show_default=True, metavar="SECONDS",
-              help="An effect whose destination is not ready (no transport configured, the broker cannot route "
-                   "yet) waits this long, no attempt spent, before it is tried again.")
-@click.option("--keep-delivered", type=click.FloatRange(0, None), default=7 * 86400.0, show_default=True,
-              metavar="SECONDS",
-              help="With --purge-every: also delete delivered and discarded effects older than this, in batches.")
-@click.option("--shard-dsn", "shard_dsns", multiple=True, type=SHARD_DSN, metavar="DSN",
-              help="Serve these shard databases from this process instead of --dsn (repeatable; docs/scaling.md): "
-                   "one dispatcher per shard, each with at most min(max(batch-size, concurrency), 16) + 2 "
-                   "connections to its shard.")
+@click.option(
+    "--lease", type=click.FloatRange(0.001, LEASE_MAX_SECONDS), default=30.0, show_default=True, help="Lease, seconds."
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 1000),
+    default=8,
+    show_default=True,
+    help="In-flight deliveries per destination.",
+)
+@click.option(
+    "--poll-interval",
+    type=click.FloatRange(0.01, 3600),
+    default=1.0,
+    show_default=True,
+    help="Longest wait between claims when idle (the NOTIFY signal usually comes first), seconds.",
+)
+@click.option(
+    "--delivery-timeout",
+    type=click.FloatRange(0.001, 86400),
+    default=None,
+    help="A delivery running longer is reported as an ambiguous, retryable failure, seconds.",
+)
+@click.option(
+    "--callable",
+    "callables",
+    multiple=True,
+    metavar="DEST=MODULE:FUNCTION",
+    help="Deliver destination DEST by calling MODULE:FUNCTION(effect) (repeatable).",
+)
+@click.option(
+    "--config",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="TOML file of destinations (pginbox.transports).",
+)
+@click.option(
+    "--health-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve GET /healthz and GET /metrics (Prometheus) on this port (0: any free port, logged).",
+)
+@click.option(
+    "--health-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the health endpoint binds to (it has no authentication).",
+)
+@click.option(
+    "--purge-every",
+    type=click.FloatRange(1, 86400 * 7),
+    default=None,
+    metavar="SECONDS",
+    help="Also purge every consumer with a retention policy this often (with --once: once, at the end).",
+)
+@click.option(
+    "--database-metrics",
+    is_flag=True,
+    default=False,
+    help="Also serve inbox.metrics() at the health endpoint's /metrics (the role needs inbox_reader).",
+)
+@click.option(
+    "--defer-after",
+    type=click.FloatRange(1, 3600),
+    default=30.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="An effect whose destination is not ready (no transport configured, the broker cannot route "
+    "yet) waits this long, no attempt spent, before it is tried again.",
+)
+@click.option(
+    "--keep-delivered",
+    type=click.FloatRange(0, None),
+    default=7 * 86400.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --purge-every: also delete delivered and discarded effects older than this, in batches.",
+)
+@click.option(
+    "--shard-dsn",
+    "shard_dsns",
+    multiple=True,
+    type=SHARD_DSN,
+    metavar="DSN",
+    help="Serve these shard databases from this process instead of --dsn (repeatable; docs/scaling.md): "
+    "one dispatcher per shard, each with at most min(max(batch-size, concurrency), 16) + 2 "
+    "connections to its shard.",
+)
 @click.pass_context
 def dispatch(
     ctx: click.Context,
@@ -223,11 +290,15 @@ def dispatch(
 
     state = ctx.find_object(State)
     if shard_dsns:
-        for flag, value in (("--health-port", health_port), ("--listen-dsn", listen_dsn),
-                            ("--database-metrics", database_metrics or None)):
+        for flag, value in (
+            ("--health-port", health_port),
+            ("--listen-dsn", listen_dsn),
+            ("--database-metrics", database_metrics or None),
+        ):
             if value is not None:
-                raise click.UsageError(f"{flag} serves one database: with --shard-dsn, run one process per shard "
-                                       "for it (docs/scaling.md)")
+                raise click.UsageError(
+                    f"{flag} serves one database: with --shard-dsn, run one process per shard for it (docs/scaling.md)"
+                )
         transports = _transports(config, callables)
         logging.basicConfig(
             level=logging.DEBUG if state is not None and state.verbose else logging.INFO,
@@ -236,14 +307,22 @@ def dispatch(
         base = name or f"pginbox-{socket.gethostname()}-{os.getpid()}"
         shards = [database(ctx, shard_dsn) for shard_dsn in shard_dsns]
         dispatchers = [
-            Dispatcher(shard_dsn, f"{base}-shard{i}", transports, batch_size=batch_size, lease=lease,
-                       concurrency_per_destination=concurrency, poll_interval=poll_interval,
-                       delivery_timeout=delivery_timeout)
+            Dispatcher(
+                shard_dsn,
+                f"{base}-shard{i}",
+                transports,
+                batch_size=batch_size,
+                lease=lease,
+                concurrency_per_destination=concurrency,
+                poll_interval=poll_interval,
+                delivery_timeout=delivery_timeout,
+            )
             for i, shard_dsn in enumerate(shards)
         ]
         purgers = [
             PeriodicPurger(shard_dsn, purge_every, keep_delivered=datetime.timedelta(seconds=keep_delivered))
-            if purge_every is not None else None
+            if purge_every is not None
+            else None
             for shard_dsn in shards
         ]
         try:
@@ -260,14 +339,18 @@ def dispatch(
                     close()
         for shard_dsn, one in zip(shards, dispatchers, strict=True):
             stats = one.stats.as_dict()
-            click.echo(f"shard={mask_dsn(shard_dsn)} " + " ".join(f"{k}={'-' if v is None else v}"
-                                                                 for k, v in stats.items()))
+            click.echo(
+                f"shard={mask_dsn(shard_dsn)} " + " ".join(f"{k}={'-' if v is None else v}" for k, v in stats.items())
+            )
         if failures:
             raise click.ClickException("; ".join(failures))
         died = sum(one.stats.dead for one in dispatchers)
         if once and died:
-            click.echo(f"pginbox dispatch: {died} effect{'s' if died != 1 else ''} went dead during this run; "
-                       "see `pginbox outbox list --status dead` on each shard", err=True)
+            click.echo(
+                f"pginbox dispatch: {died} effect{'s' if died != 1 else ''} went dead during this run; "
+                "see `pginbox outbox list --status dead` on each shard",
+                err=True,
+            )
             raise click.exceptions.Exit(EXIT_EFFECTS_DEAD)
         return
 
@@ -278,15 +361,23 @@ def dispatch(
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     dispatcher = Dispatcher(
-        dsn, name or f"pginbox-{socket.gethostname()}-{os.getpid()}", destinations.current, batch_size=batch_size,
-        lease=lease, concurrency_per_destination=concurrency, poll_interval=poll_interval,
-        delivery_timeout=delivery_timeout, extra_collectors=[DatabaseCollector(dsn)] if database_metrics else (),
-        listen_dsn=listen_dsn, defer_after=defer_after,
+        dsn,
+        name or f"pginbox-{socket.gethostname()}-{os.getpid()}",
+        destinations.current,
+        batch_size=batch_size,
+        lease=lease,
+        concurrency_per_destination=concurrency,
+        poll_interval=poll_interval,
+        delivery_timeout=delivery_timeout,
+        extra_collectors=[DatabaseCollector(dsn)] if database_metrics else (),
+        listen_dsn=listen_dsn,
+        defer_after=defer_after,
     )
     purger = None
     if purge_every is not None:
-        purger = PeriodicPurger(listen_dsn or dsn, purge_every,
-                                keep_delivered=datetime.timedelta(seconds=keep_delivered))
+        purger = PeriodicPurger(
+            listen_dsn or dsn, purge_every, keep_delivered=datetime.timedelta(seconds=keep_delivered)
+        )
     health = None
     dead_before = _dead_effects(dsn) if once else None
     with _stopped_by_signals(dispatcher, destinations):
@@ -306,14 +397,21 @@ def dispatch(
     deferring = dispatcher.stats.deferring_now()
     if once and deferring:
         waiting = ", ".join(f"{destination} ({reason})" for destination, reason in deferring.items())
-        click.echo(f"pginbox dispatch: effects wait, no attempt spent, for destinations not ready: {waiting}; "
-                   "see `pginbox doctor` (a transport to configure, a queue or stream to provision)", err=True)
+        click.echo(
+            f"pginbox dispatch: effects wait, no attempt spent, for destinations not ready: {waiting}; "
+            "see `pginbox doctor` (a transport to configure, a queue or stream to provision)",
+            err=True,
+        )
     if once:
-        died = _died_during_run(dead_before, _dead_effects(dsn) if dead_before is not None else None,
-                                dispatcher.stats.dead)
+        died = _died_during_run(
+            dead_before, _dead_effects(dsn) if dead_before is not None else None, dispatcher.stats.dead
+        )
         if died:
-            click.echo(f"pginbox dispatch: {died} effect{'s' if died != 1 else ''} went dead during this run; "
-                       "see `pginbox outbox list --status dead`, then redrive or discard them", err=True)
+            click.echo(
+                f"pginbox dispatch: {died} effect{'s' if died != 1 else ''} went dead during this run; "
+                "see `pginbox outbox list --status dead`, then redrive or discard them",
+                err=True,
+            )
             raise click.exceptions.Exit(EXIT_EFFECTS_DEAD)
 
 
@@ -344,8 +442,10 @@ def _run_shards(dispatchers: list[Dispatcher], purgers: list[PeriodicPurger | No
         except Exception as exc:  # reported below; the other shards go on
             failures.append(f"{one.name}: {exc}")
 
-    threads = [threading.Thread(target=work, args=(one, purger), name=f"shard-{one.name}", daemon=True)
-               for one, purger in zip(dispatchers, purgers, strict=True)]
+    threads = [
+        threading.Thread(target=work, args=(one, purger), name=f"shard-{one.name}", daemon=True)
+        for one, purger in zip(dispatchers, purgers, strict=True)
+    ]
     with _stopped_by_signals(cast("Dispatcher", _All(dispatchers))):
         for thread in threads:
             thread.start()

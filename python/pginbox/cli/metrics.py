@@ -1,10 +1,10 @@
 """`pginbox stats` and `pginbox metrics serve | rollup | configure`.
 
-    pginbox stats [--count] [--json]                a readable summary of inbox.metrics()
-    pginbox metrics serve [--port 9188] [--host 127.0.0.1]
-                                                    Prometheus text format at /metrics
-    pginbox metrics rollup [--max-rows N]           fold new first deliveries and events now (cron)
-    pginbox metrics configure [--counting/--no-counting] [--grace 5min] [--batch N]
+pginbox stats [--count] [--json]                a readable summary of inbox.metrics()
+pginbox metrics serve [--port 9188] [--host 127.0.0.1]
+                                                Prometheus text format at /metrics
+pginbox metrics rollup [--max-rows N]           fold new first deliveries and events now (cron)
+pginbox metrics configure [--counting/--no-counting] [--grace 5min] [--batch N]
 """
 
 from __future__ import annotations
@@ -69,25 +69,38 @@ def summarize(rows: list[MetricRow]) -> dict[str, Any]:
         column = _BY_PRODUCER.get(row.metric)
         if column is not None:
             key = (lab.get("consumer", ""), lab.get("producer", ""))
-            entry = producers.setdefault(key, {"consumer": key[0], "producer": key[1]}
-                                         | dict.fromkeys(_BY_PRODUCER.values(), 0))
+            entry = producers.setdefault(
+                key, {"consumer": key[0], "producer": key[1]} | dict.fromkeys(_BY_PRODUCER.values(), 0)
+            )
             entry[column] += int(row.value)
         retention_column = _RETENTION.get(row.metric)
         if retention_column is not None:
             key = (lab.get("consumer", ""), lab.get("producer", ""))
-            ret = retention.setdefault(key, {"consumer": key[0], "producer": key[1]}
-                                       | dict.fromkeys(_RETENTION.values()))
+            ret = retention.setdefault(
+                key, {"consumer": key[0], "producer": key[1]} | dict.fromkeys(_RETENTION.values())
+            )
             ret[retention_column] = (
                 datetime.datetime.fromtimestamp(row.value, datetime.UTC).isoformat()
-                if retention_column == "last_purge_at" else row.value)
+                if retention_column == "last_purge_at"
+                else row.value
+            )
         if row.metric == "pginbox_inbox_oldest_age_seconds":
             oldest[(lab.get("consumer", ""), lab.get("producer", ""))] = round(row.value, 3)
         if row.metric == "pginbox_handler_failures_total":
-            failures.append({"consumer": lab.get("consumer"), "producer": lab.get("producer"),
-                             "reason_code": lab.get("reason_code"), "failures": int(row.value)})
+            failures.append(
+                {
+                    "consumer": lab.get("consumer"),
+                    "producer": lab.get("producer"),
+                    "reason_code": lab.get("reason_code"),
+                    "failures": int(row.value),
+                }
+            )
         elif row.metric == "pginbox_quarantine_open":
-            quarantine_open[(lab["consumer"], lab["kind"])] = {"consumer": lab["consumer"], "kind": lab["kind"],
-                                                               "open": int(row.value)}
+            quarantine_open[(lab["consumer"], lab["kind"])] = {
+                "consumer": lab["consumer"],
+                "kind": lab["kind"],
+                "open": int(row.value),
+            }
         elif row.metric == "pginbox_outbox_pending":
             outbox[lab["destination"]]["pending"] = int(row.value)
         elif row.metric == "pginbox_outbox_pending_oldest_age_seconds":
@@ -106,8 +119,10 @@ def summarize(rows: list[MetricRow]) -> dict[str, Any]:
         "retention": [retention[k] for k in sorted(retention)],
         "failures_by_reason": sorted(failures, key=lambda e: (e["consumer"], e["producer"], e["reason_code"])),
         "quarantine_open": [quarantine_open[k] for k in sorted(quarantine_open)],
-        "outbox": [{"destination": d} | {"pending": 0, "oldest_pending_age_seconds": None, "dead": 0} | outbox[d]
-                   for d in sorted(outbox)],
+        "outbox": [
+            {"destination": d} | {"pending": 0, "oldest_pending_age_seconds": None, "dead": 0} | outbox[d]
+            for d in sorted(outbox)
+        ],
         "storage_bytes": dict(sorted(storage.items())),
         "inbox": inbox,
     }
@@ -135,8 +150,10 @@ def _rows_line(inbox: dict[str, Any]) -> list[str]:
     else:
         lines = []
     if inbox["inbox_rows_estimate"] is None:
-        lines.append("  inbox_rows_estimate: no estimate (inbox.message not analyzed yet: run ANALYZE inbox.message, "
-                     "or pass --count)")
+        lines.append(
+            "  inbox_rows_estimate: no estimate (inbox.message not analyzed yet: run ANALYZE inbox.message, "
+            "or pass --count)"
+        )
     else:
         at = inbox["inbox_rows_estimate_at"]
         when = f"ANALYZE/VACUUM at {at[:19].replace('T', ' ')}" if at else "time of the estimate unknown"
@@ -146,8 +163,12 @@ def _rows_line(inbox: dict[str, Any]) -> list[str]:
 
 @click.command(name="stats")
 @dsn_option
-@click.option("--count", "count_rows", is_flag=True,
-              help="Count the rows of inbox.message exactly (reads the whole table) besides the estimate.")
+@click.option(
+    "--count",
+    "count_rows",
+    is_flag=True,
+    help="Count the rows of inbox.message exactly (reads the whole table) besides the estimate.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.pass_context
 def stats(ctx: click.Context, command_dsn: str | None, count_rows: bool, as_json: bool) -> None:
@@ -162,29 +183,61 @@ def stats(ctx: click.Context, command_dsn: str | None, count_rows: bool, as_json
         return
     columns = ["consumer", "producer", *_BY_PRODUCER.values()]
     click.echo("Messages by consumer and producer (first_seen trails by the rollup grace):")
-    click.echo(table([*columns, "oldest"],
-                      [[*(e[c] for c in columns), _age(e.get("oldest_age_seconds"))] for e in summary["by_producer"]])
-               if summary["by_producer"] else "  none yet")
+    click.echo(
+        table(
+            [*columns, "oldest"],
+            [[*(e[c] for c in columns), _age(e.get("oldest_age_seconds"))] for e in summary["by_producer"]],
+        )
+        if summary["by_producer"]
+        else "  none yet"
+    )
     if summary["failures_by_reason"]:
         click.echo("\nHandler failures by reason code:")
-        click.echo(table(["consumer", "producer", "reason_code", "failures"],
-                          [[e["consumer"], e["producer"], e["reason_code"], e["failures"]]
-                           for e in summary["failures_by_reason"]]))
+        click.echo(
+            table(
+                ["consumer", "producer", "reason_code", "failures"],
+                [
+                    [e["consumer"], e["producer"], e["reason_code"], e["failures"]]
+                    for e in summary["failures_by_reason"]
+                ],
+            )
+        )
     if summary["retention"]:
         click.echo("\nRetention (producer '' = the consumer's default policy):")
-        click.echo(table(["consumer", "producer", "window", "purge_lag", "last_purge_at", "rows_purged"],
-                          [[e["consumer"], e["producer"], _age(e["retention_window_seconds"]),
-                            _age(e["purge_lag_seconds"]), e["last_purge_at"],
-                            None if e["rows_purged"] is None else int(e["rows_purged"])]
-                           for e in summary["retention"]]))
+        click.echo(
+            table(
+                ["consumer", "producer", "window", "purge_lag", "last_purge_at", "rows_purged"],
+                [
+                    [
+                        e["consumer"],
+                        e["producer"],
+                        _age(e["retention_window_seconds"]),
+                        _age(e["purge_lag_seconds"]),
+                        e["last_purge_at"],
+                        None if e["rows_purged"] is None else int(e["rows_purged"]),
+                    ]
+                    for e in summary["retention"]
+                ],
+            )
+        )
     click.echo("\nOpen quarantine:")
-    click.echo(table(["consumer", "kind", "open"], [[e["consumer"], e["kind"], e["open"]]
-                                                    for e in summary["quarantine_open"]])
-               if summary["quarantine_open"] else "  none")
+    click.echo(
+        table(["consumer", "kind", "open"], [[e["consumer"], e["kind"], e["open"]] for e in summary["quarantine_open"]])
+        if summary["quarantine_open"]
+        else "  none"
+    )
     click.echo("\nOutbox (committed, not delivered):")
-    click.echo(table(["destination", "pending", "oldest", "dead"],
-                      [[e["destination"], e["pending"], _age(e["oldest_pending_age_seconds"]), e["dead"]]
-                       for e in summary["outbox"]]) if summary["outbox"] else "  nothing pending")
+    click.echo(
+        table(
+            ["destination", "pending", "oldest", "dead"],
+            [
+                [e["destination"], e["pending"], _age(e["oldest_pending_age_seconds"]), e["dead"]]
+                for e in summary["outbox"]
+            ],
+        )
+        if summary["outbox"]
+        else "  nothing pending"
+    )
     click.echo("\nInbox:")
     for name, value in summary["inbox"].items():
         if name.startswith("inbox_rows"):
@@ -204,8 +257,13 @@ def metrics_group() -> None:
 
 @metrics_group.command(name="serve")
 @dsn_option
-@click.option("--port", type=click.IntRange(0, 65535), default=9188, show_default=True,
-              help="Port to listen on (0: any free port, printed).")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=9188,
+    show_default=True,
+    help="Port to listen on (0: any free port, printed).",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.pass_context
 def metrics_serve(ctx: click.Context, command_dsn: str | None, port: int, host: str) -> None:
@@ -232,8 +290,12 @@ def metrics_serve(ctx: click.Context, command_dsn: str | None, port: int, host: 
 
 @metrics_group.command(name="rollup")
 @dsn_option
-@click.option("--max-rows", type=click.IntRange(1000, 100_000_000), default=None,
-              help="Bound of this call (default: the configured rollup batch).")
+@click.option(
+    "--max-rows",
+    type=click.IntRange(1000, 100_000_000),
+    default=None,
+    help="Bound of this call (default: the configured rollup batch).",
+)
 @click.pass_context
 def metrics_rollup(ctx: click.Context, command_dsn: str | None, max_rows: int | None) -> None:
     """Fold new first deliveries and counted events into the totals (inbox_operator; for cron)."""
@@ -249,13 +311,21 @@ def metrics_rollup(ctx: click.Context, command_dsn: str | None, max_rows: int | 
 @click.option("--batch", type=int, default=None, help="Rows and events one rollup call folds at most.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.pass_context
-def metrics_configure(ctx: click.Context, command_dsn: str | None, counting: bool | None, grace: str | None,
-                      batch: int | None, as_json: bool) -> None:
+def metrics_configure(
+    ctx: click.Context,
+    command_dsn: str | None,
+    counting: bool | None,
+    grace: str | None,
+    batch: int | None,
+    as_json: bool,
+) -> None:
     """Set the metric settings (inbox_operator); options left out keep their value."""
     with connect(ctx, command_dsn) as conn:
         values = configure(conn, counting=counting, grace=grace, batch=batch)
     if as_json:
         echo_json({k: (v.isoformat() if isinstance(v, datetime.datetime) else v) for k, v in values.items()})
         return
-    click.echo(f"counting {'on' if values['counting'] else 'off'}, rollup grace {values['rollup_grace']}, "
-               f"rollup batch {values['rollup_batch']}")
+    click.echo(
+        f"counting {'on' if values['counting'] else 'off'}, rollup grace {values['rollup_grace']}, "
+        f"rollup batch {values['rollup_batch']}"
+    )

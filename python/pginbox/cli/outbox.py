@@ -26,16 +26,29 @@ def outbox_group() -> None:
 
 @outbox_group.command(name="list")
 @dsn_option
-@click.option("--status", "effect_status", type=click.Choice([*outbox.OUTBOX_STATUSES, "all"]), default="all",
-              show_default=True)
+@click.option(
+    "--status", "effect_status", type=click.Choice([*outbox.OUTBOX_STATUSES, "all"]), default="all", show_default=True
+)
 @click.option("--consumer", default=None, help="Only this consumer's effects ('' for anonymous ones).")
 @click.option("--destination", default=None, help="Only effects to this destination.")
-@click.option("--limit", type=click.IntRange(1, 100000), default=50, show_default=True,
-              help="Show at most this many (the newest); the last line says how many match.")
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 100000),
+    default=50,
+    show_default=True,
+    help="Show at most this many (the newest); the last line says how many match.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @click.pass_context
-def outbox_list(ctx: click.Context, command_dsn: str | None, effect_status: str, consumer: str | None,
-                destination: str | None, limit: int, as_json: bool) -> None:
+def outbox_list(
+    ctx: click.Context,
+    command_dsn: str | None,
+    effect_status: str,
+    consumer: str | None,
+    destination: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
     """Effects, newest first, with their whole ids and their consumer (effect ids are unique per
     consumer); the last line says how many of how many are shown. A role without access to error
     texts (inbox_reader) sees the dead reason only."""
@@ -44,8 +57,16 @@ def outbox_list(ctx: click.Context, command_dsn: str | None, effect_status: str,
         rows = outbox.list_effects(conn, wanted, limit, consumer, destination)
         total = len(rows) if len(rows) < limit else outbox.count_effects(conn, wanted, consumer, destination)
     if as_json:
-        echo_json({"status": effect_status, "consumer": consumer, "destination": destination, "shown": len(rows),
-                   "total": total, "effects": [jsonable(r) for r in rows]})
+        echo_json(
+            {
+                "status": effect_status,
+                "consumer": consumer,
+                "destination": destination,
+                "shown": len(rows),
+                "total": total,
+                "effects": [jsonable(r) for r in rows],
+            }
+        )
         return
     if not rows:
         whose = "" if consumer is None else f" of consumer {consumer!r}"
@@ -53,12 +74,23 @@ def outbox_list(ctx: click.Context, command_dsn: str | None, effect_status: str,
         click.echo(("no effects" if effect_status == "all" else f"no {effect_status} effects") + whose)
         return
     lines = [
-        [r["effect_id"], fmt(r["consumer"]), r["destination"], r["status"], r["attempts"], r["ordering_key"],
-         fmt(r["created_at"]), _problem(r)]
+        [
+            r["effect_id"],
+            fmt(r["consumer"]),
+            r["destination"],
+            r["status"],
+            r["attempts"],
+            r["ordering_key"],
+            fmt(r["created_at"]),
+            _problem(r),
+        ]
         for r in rows
     ]
-    click.echo(table(["effect_id", "consumer", "destination", "status", "attempts", "ordering_key", "created",
-                      "problem"], lines))
+    click.echo(
+        table(
+            ["effect_id", "consumer", "destination", "status", "attempts", "ordering_key", "created", "problem"], lines
+        )
+    )
     more = f" (newest first; --limit {total} or filters for the rest)" if total > len(rows) else " (newest first)"
     click.echo(f"{len(rows)} of {total} shown{more}")
 
@@ -88,8 +120,9 @@ def _consumer_option(help_text: str) -> Callable[[F], F]:
 @click.option("--payload", "with_payload", is_flag=True, help="Also show payload, headers and response (operator).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.pass_context
-def outbox_show(ctx: click.Context, effect_id: str, command_dsn: str | None, consumer: str | None,
-                with_payload: bool, as_json: bool) -> None:
+def outbox_show(
+    ctx: click.Context, effect_id: str, command_dsn: str | None, consumer: str | None, with_payload: bool, as_json: bool
+) -> None:
     """One effect, its redrives, and (with --payload) its body. ID may be a unique prefix of the id."""
     with connect(ctx, command_dsn) as conn:
         details = outbox.show_effect(conn, effect_id, with_payload=with_payload, consumer=consumer)
@@ -97,8 +130,7 @@ def outbox_show(ctx: click.Context, effect_id: str, command_dsn: str | None, con
         whose = "" if consumer is None else f" of consumer {consumer!r}"
         raise click.ClickException(f"no effect {effect_id!r}{whose}, and no effect id begins with it")
     row, redrives, discards = details.effect, details.redrives, details.discards
-    result = {**jsonable(row), "redrives": [jsonable(r) for r in redrives],
-              "discards": [jsonable(r) for r in discards]}
+    result = {**jsonable(row), "redrives": [jsonable(r) for r in redrives], "discards": [jsonable(r) for r in discards]}
     if as_json:
         echo_json(result)
         return
@@ -113,28 +145,54 @@ def outbox_show(ctx: click.Context, effect_id: str, command_dsn: str | None, con
 @outbox_group.command(name="redrive")
 @click.argument("effect_id", metavar="[ID]", required=False)
 @click.option("--note", required=True, help="Why: goes into the audit trail (inbox.outbox_redrive).")
-@_consumer_option("The effect's consumer (needed when several consumers hold the id); without ID: only this "
-                  "consumer's dead effects.")
+@_consumer_option(
+    "The effect's consumer (needed when several consumers hold the id); without ID: only this consumer's dead effects."
+)
 @click.option("--destination", default=None, help="Without ID: only dead effects to this destination.")
-@click.option("--dead-reason", type=click.Choice(["max_attempts", "permanent_failure", "lease_expired"]),
-              default=None, help="Without ID: only dead effects that died for this reason.")
-@click.option("--since", default=None, metavar="TIMESTAMP",
-              help="Without ID: only effects enqueued at or after this time (a PostgreSQL timestamptz).")
-@click.option("--until", default=None, metavar="TIMESTAMP",
-              help="Without ID: only effects enqueued before this time.")
+@click.option(
+    "--dead-reason",
+    type=click.Choice(["max_attempts", "permanent_failure", "lease_expired"]),
+    default=None,
+    help="Without ID: only dead effects that died for this reason.",
+)
+@click.option(
+    "--since",
+    default=None,
+    metavar="TIMESTAMP",
+    help="Without ID: only effects enqueued at or after this time (a PostgreSQL timestamptz).",
+)
+@click.option("--until", default=None, metavar="TIMESTAMP", help="Without ID: only effects enqueued before this time.")
 @click.option("--all", "all_dead", is_flag=True, help="Without ID and without filters: every dead effect.")
-@click.option("--limit", type=click.IntRange(1, 1000000), default=10000, show_default=True,
-              help="Without ID: redrive at most this many (the oldest first).")
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 1000000),
+    default=10000,
+    show_default=True,
+    help="Without ID: redrive at most this many (the oldest first).",
+)
 @click.option("--dry-run", is_flag=True, help="Without ID: list what would be redriven, change nothing.")
-@click.option("--progress/--no-progress", "show_progress", default=None,
-              help="Show progress on stderr [default: on a terminal].")
+@click.option(
+    "--progress/--no-progress", "show_progress", default=None, help="Show progress on stderr [default: on a terminal]."
+)
 @dsn_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.pass_context
-def outbox_redrive(ctx: click.Context, effect_id: str | None, note: str, consumer: str | None,
-                   destination: str | None, dead_reason: str | None, since: str | None, until: str | None,
-                   all_dead: bool, limit: int, dry_run: bool, show_progress: bool | None, command_dsn: str | None,
-                   as_json: bool) -> None:
+def outbox_redrive(
+    ctx: click.Context,
+    effect_id: str | None,
+    note: str,
+    consumer: str | None,
+    destination: str | None,
+    dead_reason: str | None,
+    since: str | None,
+    until: str | None,
+    all_dead: bool,
+    limit: int,
+    dry_run: bool,
+    show_progress: bool | None,
+    command_dsn: str | None,
+    as_json: bool,
+) -> None:
     """Send dead effects again (inbox.redrive_effect: attempts reset, each audited). With ID: that
     effect. Without: every dead effect matching --destination, --consumer, --dead-reason and the
     time range (--since/--until on the time it was enqueued), or --all; each in its own
@@ -148,49 +206,73 @@ def outbox_redrive(ctx: click.Context, effect_id: str | None, note: str, consume
         if as_json:
             echo_json(jsonable(row))
             return
-        click.echo(f"effect {effect_id} of consumer {fmt(row['consumer'])}: {row['status']} "
-                   f"(attempts {row['attempts']})")
+        click.echo(
+            f"effect {effect_id} of consumer {fmt(row['consumer'])}: {row['status']} (attempts {row['attempts']})"
+        )
         return
     if not filters and not all_dead:
-        raise click.UsageError("pass an effect ID, or filters (--destination, --consumer, --dead-reason, --since, "
-                               "--until), or --all for every dead effect")
+        raise click.UsageError(
+            "pass an effect ID, or filters (--destination, --consumer, --dead-reason, --since, "
+            "--until), or --all for every dead effect"
+        )
     progress = progress_for_stderr(show_progress, quiet=as_json and show_progress is None)
     with connect(ctx, command_dsn) as conn:
         if not dry_run:
             outbox.check_may_redrive(conn)
-        chosen = outbox.select_dead(conn, destination=destination, consumer=consumer, dead_reason=dead_reason,
-                                    since=since, until=until, limit=limit)
+        chosen = outbox.select_dead(
+            conn,
+            destination=destination,
+            consumer=consumer,
+            dead_reason=dead_reason,
+            since=since,
+            until=until,
+            limit=limit,
+        )
         if dry_run:
             if as_json:
                 echo_json({"dry_run": True, "selected": len(chosen), "effects": [jsonable(r) for r in chosen]})
             else:
                 for r in chosen:
                     click.echo(f"{r['effect_id']}  consumer {fmt(r['consumer'])}")
-                click.echo(f"{len(chosen)} dead effect{'s' if len(chosen) != 1 else ''} would be redriven "
-                           "(--dry-run: nothing changed)")
+                click.echo(
+                    f"{len(chosen)} dead effect{'s' if len(chosen) != 1 else ''} would be redriven "
+                    "(--dry-run: nothing changed)"
+                )
             return
 
         def render(done: outbox.BulkRedrive) -> Render:
-            return lambda elapsed: (f"redriven {done.redriven + done.skipped} of {done.selected}"
-                                    f" ({done.skipped} skipped), {duration(elapsed)}")
+            return lambda elapsed: (
+                f"redriven {done.redriven + done.skipped} of {done.selected}"
+                f" ({done.skipped} skipped), {duration(elapsed)}"
+            )
 
         if progress is not None:
             progress.begin(render(outbox.BulkRedrive(selected=len(chosen))))
         try:
-            result = outbox.redrive_many(conn, chosen, note,
-                                         None if progress is None else lambda r: progress.show(render(r)))
+            result = outbox.redrive_many(
+                conn, chosen, note, None if progress is None else lambda r: progress.show(render(r))
+            )
         finally:
             if progress is not None:
                 progress.close()
     if as_json:
-        echo_json({"selected": result.selected, "redriven": result.redriven, "skipped": result.skipped,
-                   "first_skip": result.first_skip, "limit_reached": len(chosen) >= limit,
-                   "effects": [jsonable(r) for r in result.effects]})
+        echo_json(
+            {
+                "selected": result.selected,
+                "redriven": result.redriven,
+                "skipped": result.skipped,
+                "first_skip": result.first_skip,
+                "limit_reached": len(chosen) >= limit,
+                "effects": [jsonable(r) for r in result.effects],
+            }
+        )
         return
     more = f"; --limit {limit} reached, run again for the rest" if len(chosen) >= limit else ""
     skipped = f", {result.skipped} skipped ({result.first_skip})" if result.skipped else ""
-    click.echo(f"redrove {result.redriven} of {result.selected} dead effects{skipped}{more}; "
-               "each is audited in inbox.outbox_redrive")
+    click.echo(
+        f"redrove {result.redriven} of {result.selected} dead effects{skipped}{more}; "
+        "each is audited in inbox.outbox_redrive"
+    )
 
 
 @outbox_group.command(name="discard")
@@ -200,8 +282,9 @@ def outbox_redrive(ctx: click.Context, effect_id: str | None, note: str, consume
 @dsn_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.pass_context
-def outbox_discard(ctx: click.Context, effect_id: str, note: str, consumer: str | None, command_dsn: str | None,
-                   as_json: bool) -> None:
+def outbox_discard(
+    ctx: click.Context, effect_id: str, note: str, consumer: str | None, command_dsn: str | None, as_json: bool
+) -> None:
     """Close a dead effect without delivering it (inbox.discard_effect, audited): later effects of
     its ordering key are no longer held behind it."""
     with connect(ctx, command_dsn) as conn:
@@ -210,16 +293,23 @@ def outbox_discard(ctx: click.Context, effect_id: str, note: str, consumer: str 
         echo_json(jsonable(row))
         return
     key = f"; ordering key {row['ordering_key']} moves on" if row["ordering_key"] is not None else ""
-    click.echo(f"effect {effect_id} of consumer {fmt(row['consumer'])}: {row['status']} "
-               f"(after {row['attempts']} attempts){key}")
+    click.echo(
+        f"effect {effect_id} of consumer {fmt(row['consumer'])}: {row['status']} "
+        f"(after {row['attempts']} attempts){key}"
+    )
 
 
 @outbox_group.command(name="provision")
-@click.option("--config", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-              help="The dispatcher's destinations file (the PGINBOX_DEST_* environment is read too).")
+@click.option(
+    "--config",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="The dispatcher's destinations file (the PGINBOX_DEST_* environment is read too).",
+)
 @click.option("--check", is_flag=True, help="Only look: change nothing, exit 2 when something is missing.")
-@click.option("--timeout", type=click.FloatRange(0.1, 120), default=5.0, show_default=True,
-              help="Seconds per broker connection.")
+@click.option(
+    "--timeout", type=click.FloatRange(0.1, 120), default=5.0, show_default=True, help="Seconds per broker connection."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 def outbox_provision(config: Path | None, check: bool, timeout: float, as_json: bool) -> None:
     """Create (or --check) what the configured destinations need on their brokers: the durable
@@ -239,8 +329,12 @@ def outbox_provision(config: Path | None, check: bool, timeout: float, as_json: 
     if as_json:
         echo_json({"check": check, "destinations": [o.__dict__ for o in outcomes]})
     else:
-        click.echo(table(["destination", "type", "needs", "status", "detail"],
-                         [[o.destination, o.kind, o.what, o.status, o.detail] for o in outcomes]))
+        click.echo(
+            table(
+                ["destination", "type", "needs", "status", "detail"],
+                [[o.destination, o.kind, o.what, o.status, o.detail] for o in outcomes],
+            )
+        )
     if any(o.status == prov.FAILED for o in outcomes):
         raise click.exceptions.Exit(1)
     if any(o.status == prov.MISSING for o in outcomes):

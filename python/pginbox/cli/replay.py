@@ -46,8 +46,17 @@ def replay_group() -> None:
 @dsn_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.pass_context
-def replay_create(ctx: click.Context, name: str, consumer: str, message_type: str, handler: str,
-                  handler_version: str, note: str, command_dsn: str | None, as_json: bool) -> None:
+def replay_create(
+    ctx: click.Context,
+    name: str,
+    consumer: str,
+    message_type: str,
+    handler: str,
+    handler_version: str,
+    note: str,
+    command_dsn: str | None,
+    as_json: bool,
+) -> None:
     """Create a plan pinned to the handler and version registered for CONSUMER and MESSAGE_TYPE."""
     with connect(ctx, command_dsn) as conn:
         plan_id = replay.create_plan(conn, name, consumer, message_type, handler, handler_version, note)
@@ -99,26 +108,44 @@ def _render(result: replay.RunResult) -> Render:
 
 def reason_lines(result: replay.RunResult, plan: str) -> list[str]:
     """This run's failed and skipped items by reason, each skip reason explained."""
-    lines = [f"  failed {code}: {n} ({replay.FAILED_REASON}; `pginbox replay status {plan}` lists them)"
-             for code, n in result.failed_by_reason.items()]
+    lines = [
+        f"  failed {code}: {n} ({replay.FAILED_REASON}; `pginbox replay status {plan}` lists them)"
+        for code, n in result.failed_by_reason.items()
+    ]
     lines += [f"  skipped {code}: {n} ({replay.explain_skip(code)})" for code, n in result.skipped_by_reason.items()]
     return lines
 
 
 @replay_group.command(name="run")
 @click.argument("plan")
-@click.option("--max-items", type=click.IntRange(1, 10000), default=100, show_default=True,
-              help="Items per call (one transaction each).")
+@click.option(
+    "--max-items",
+    type=click.IntRange(1, 10000),
+    default=100,
+    show_default=True,
+    help="Items per call (one transaction each).",
+)
 @click.option("--until-done", is_flag=True, help="Call again until no item is pending.")
-@click.option("--progress/--no-progress", "show_progress", default=None,
-              help="Show items done, rate and time left on stderr after each call [default: when stderr is a "
-                   "terminal].")
+@click.option(
+    "--progress/--no-progress",
+    "show_progress",
+    default=None,
+    help="Show items done, rate and time left on stderr after each call [default: when stderr is a terminal].",
+)
 @click.option("--quiet", is_flag=True, help="No progress and no summary; errors still go to stderr (cron).")
 @dsn_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.pass_context
-def replay_run(ctx: click.Context, plan: str, max_items: int, until_done: bool, show_progress: bool | None,
-               quiet: bool, command_dsn: str | None, as_json: bool) -> None:
+def replay_run(
+    ctx: click.Context,
+    plan: str,
+    max_items: int,
+    until_done: bool,
+    show_progress: bool | None,
+    quiet: bool,
+    command_dsn: str | None,
+    as_json: bool,
+) -> None:
     """Run pending items, each exactly once, with your rights. Exit status 3 when the plan is stopped.
     Ends with this run's applied, failed and skipped items, the failed and skipped ones by reason."""
     progress = progress_for_stderr(show_progress, quiet)
@@ -129,8 +156,13 @@ def replay_run(ctx: click.Context, plan: str, max_items: int, until_done: bool, 
         try:
             if progress is not None:
                 progress.begin(_render(replay.RunResult(plan_id, "open", 0, 0, 0, 0, 0, 0, 0, 0)))
-            result = replay.run_plan(conn, plan_id, max_items=max_items, until_done=until_done,
-                                     progress=None if progress is None else lambda r: progress.show(_render(r)))
+            result = replay.run_plan(
+                conn,
+                plan_id,
+                max_items=max_items,
+                until_done=until_done,
+                progress=None if progress is None else lambda r: progress.show(_render(r)),
+            )
         except replay.ReplayStopped as exc:
             if progress is not None:
                 progress.close()
@@ -165,12 +197,26 @@ def _already_completed(conn: Any, plan_id: int, *, quiet: bool, as_json: bool) -
         return False
     row = statuses[0].row
     if as_json:
-        echo_json({"plan_id": plan_id, "status": "completed", "already_completed": True, "applied_now": 0,
-                   "failed_now": 0, "skipped_now": 0, "pending": row["pending"], "applied": row["applied"],
-                   "failed": row["failed"], "skipped": row["skipped"], "finished_at": jsonable(row)["finished_at"]})
+        echo_json(
+            {
+                "plan_id": plan_id,
+                "status": "completed",
+                "already_completed": True,
+                "applied_now": 0,
+                "failed_now": 0,
+                "skipped_now": 0,
+                "pending": row["pending"],
+                "applied": row["applied"],
+                "failed": row["failed"],
+                "skipped": row["skipped"],
+                "finished_at": jsonable(row)["finished_at"],
+            }
+        )
     elif not quiet:
-        click.echo(f"replay plan {plan_id}: already completed at {fmt(row['finished_at'])}; nothing to run; "
-                   f"totals: applied {row['applied']}, failed {row['failed']}, skipped {row['skipped']}")
+        click.echo(
+            f"replay plan {plan_id}: already completed at {fmt(row['finished_at'])}; nothing to run; "
+            f"totals: applied {row['applied']}, failed {row['failed']}, skipped {row['skipped']}"
+        )
     return True
 
 
@@ -198,11 +244,40 @@ def replay_status(ctx: click.Context, plan: str | None, command_dsn: str | None,
         click.echo("no replay plans")
         return
     if plan_id is None:
-        rows = [[s.row["plan_id"], s.row["plan_name"], s.row["status"], s.row["consumer"], s.row["message_type"],
-                 s.row["handler_version"], s.row["pending"], s.row["applied"], s.row["failed"], s.row["skipped"],
-                 "yes" if s.row["pin_matches"] else "NO"] for s in statuses]
-        click.echo(table(["plan", "name", "status", "consumer", "type", "version", "pending", "applied", "failed",
-                           "skipped", "pin ok"], rows))
+        rows = [
+            [
+                s.row["plan_id"],
+                s.row["plan_name"],
+                s.row["status"],
+                s.row["consumer"],
+                s.row["message_type"],
+                s.row["handler_version"],
+                s.row["pending"],
+                s.row["applied"],
+                s.row["failed"],
+                s.row["skipped"],
+                "yes" if s.row["pin_matches"] else "NO",
+            ]
+            for s in statuses
+        ]
+        click.echo(
+            table(
+                [
+                    "plan",
+                    "name",
+                    "status",
+                    "consumer",
+                    "type",
+                    "version",
+                    "pending",
+                    "applied",
+                    "failed",
+                    "skipped",
+                    "pin ok",
+                ],
+                rows,
+            )
+        )
         return
     s = statuses[0]
     for key, value in s.row.items():
@@ -210,11 +285,15 @@ def replay_status(ctx: click.Context, plan: str | None, command_dsn: str | None,
     click.echo("audit trail (inbox.replay_decision):")
     for d in s.decisions:
         pin = f" {d['handler']} {d['handler_version']}" if d["handler"] else ""
-        click.echo(f"  {d['decided_at']:%Y-%m-%d %H:%M:%S} {d['decision']} by {d['decided_by']}{pin}"
-                   f"{' items=' + str(d['items']) if d['items'] is not None else ''}: {fmt(d['note'])}")
+        click.echo(
+            f"  {d['decided_at']:%Y-%m-%d %H:%M:%S} {d['decision']} by {d['decided_by']}{pin}"
+            f"{' items=' + str(d['items']) if d['items'] is not None else ''}: {fmt(d['note'])}"
+        )
     for p in s.problems:
-        click.echo(f"  item {p['item_no']} {p['status']} ({p['reason_code']}): {p['producer']}/{p['message_id']} "
-                   f"tenant {p['tenant']!r} {fmt(p['error_message'])}")
+        click.echo(
+            f"  item {p['item_no']} {p['status']} ({p['reason_code']}): {p['producer']}/{p['message_id']} "
+            f"tenant {p['tenant']!r} {fmt(p['error_message'])}"
+        )
 
 
 @replay_group.command(name="accept-version")
@@ -224,8 +303,9 @@ def replay_status(ctx: click.Context, plan: str | None, command_dsn: str | None,
 @click.option("--note", required=True, help="Why: goes into the audit trail.")
 @dsn_option
 @click.pass_context
-def replay_accept_version(ctx: click.Context, plan: str, handler: str, handler_version: str, note: str,
-                          command_dsn: str | None) -> None:
+def replay_accept_version(
+    ctx: click.Context, plan: str, handler: str, handler_version: str, note: str, command_dsn: str | None
+) -> None:
     """Re-pin a stopped plan to the handler and version now registered; it runs again."""
     with connect(ctx, command_dsn) as conn:
         plan_id = replay.resolve_plan(conn, plan)
@@ -244,4 +324,3 @@ def replay_cancel(ctx: click.Context, plan: str, note: str, command_dsn: str | N
         plan_id = replay.resolve_plan(conn, plan)
         status = replay.cancel_plan(conn, plan_id, note)
     click.echo(f"replay plan {plan_id}: {status}")
-

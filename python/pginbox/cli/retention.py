@@ -63,27 +63,68 @@ def _render(p: retention.PurgeProgress) -> Render:
 
 @click.command(name="purge")
 @dsn_option
-@click.option("--consumer", metavar="NAME", default=None,
-              help="Only this consumer [default: every consumer with a policy].")
-@click.option("--batch-size", type=click.IntRange(1, 100000), default=5000, show_default=True,
-              help="Rows deleted per transaction.")
-@click.option("--max-batches", type=click.IntRange(1, 10_000_000), default=1000, show_default=True,
-              help="Stop after this many batches per consumer (the next run goes on).")
-@click.option("--wait-timeout", type=click.FloatRange(0, 86400), default=300.0, show_default=True,
-              help="Longest wait for transactions from before the announcement, seconds.")
-@click.option("--pause", type=click.FloatRange(0, 60), default=0.0, show_default=True,
-              help="Sleep this long after each batch (leaves CPU to the claims on a busy machine), seconds.")
-@click.option("--progress/--no-progress", "show_progress", default=None,
-              help="Show rows deleted, rate and time left on stderr [default: when stderr is a terminal].")
+@click.option(
+    "--consumer", metavar="NAME", default=None, help="Only this consumer [default: every consumer with a policy]."
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(1, 100000),
+    default=5000,
+    show_default=True,
+    help="Rows deleted per transaction.",
+)
+@click.option(
+    "--max-batches",
+    type=click.IntRange(1, 10_000_000),
+    default=1000,
+    show_default=True,
+    help="Stop after this many batches per consumer (the next run goes on).",
+)
+@click.option(
+    "--wait-timeout",
+    type=click.FloatRange(0, 86400),
+    default=300.0,
+    show_default=True,
+    help="Longest wait for transactions from before the announcement, seconds.",
+)
+@click.option(
+    "--pause",
+    type=click.FloatRange(0, 60),
+    default=0.0,
+    show_default=True,
+    help="Sleep this long after each batch (leaves CPU to the claims on a busy machine), seconds.",
+)
+@click.option(
+    "--progress/--no-progress",
+    "show_progress",
+    default=None,
+    help="Show rows deleted, rate and time left on stderr [default: when stderr is a terminal].",
+)
 @click.option("--quiet", is_flag=True, help="No progress and no summary unless something went wrong (cron).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-@click.option("--shard-dsn", "shard_dsns", multiple=True, type=SHARD_DSN, metavar="DSN",
-              help="Purge these shard databases instead of --dsn, one after the other over one connection at "
-                   "a time (repeatable; docs/scaling.md). A shard that fails is reported; the others go on.")
+@click.option(
+    "--shard-dsn",
+    "shard_dsns",
+    multiple=True,
+    type=SHARD_DSN,
+    metavar="DSN",
+    help="Purge these shard databases instead of --dsn, one after the other over one connection at "
+    "a time (repeatable; docs/scaling.md). A shard that fails is reported; the others go on.",
+)
 @click.pass_context
-def purge_command(ctx: click.Context, command_dsn: str | None, consumer: str | None, batch_size: int,
-                  max_batches: int, wait_timeout: float, pause: float, show_progress: bool | None, quiet: bool,
-                  as_json: bool, shard_dsns: tuple[str, ...]) -> None:
+def purge_command(
+    ctx: click.Context,
+    command_dsn: str | None,
+    consumer: str | None,
+    batch_size: int,
+    max_batches: int,
+    wait_timeout: float,
+    pause: float,
+    show_progress: bool | None,
+    quiet: bool,
+    as_json: bool,
+    shard_dsns: tuple[str, ...],
+) -> None:
     """Delete processed inbox rows older than each consumer's retention window (for cron). On a
     terminal it shows its progress; under cron it prints one summary line per consumer."""
     options = {"batch_size": batch_size, "max_batches": max_batches, "wait_timeout": wait_timeout, "pause": pause}
@@ -114,18 +155,26 @@ def purge_command(ctx: click.Context, command_dsn: str | None, consumer: str | N
 def _report_line(report: retention.PurgeReport, wait_timeout: float) -> str:
     return {
         "purged": f"purged {report.rows_deleted} rows in {report.batches} batches ({report.seconds}s); "
-                  f"watermark {report.watermark}",
+        f"watermark {report.watermark}",
         "done": f"nothing to purge; watermark {report.watermark}",
         "busy": "another purger is running for this consumer: nothing done",
         "no_policy": "no retention policy: its rows are never purged (pginbox retention set ...)",
         "inactive": "not active for a whole retention window yet (or down now): nothing is old enough",
         "timeout": f"gave up after {wait_timeout}s waiting for transactions from before the announcement; "
-                   f"deleted {report.rows_deleted} rows; run it again later",
+        f"deleted {report.rows_deleted} rows; run it again later",
     }[report.status]
 
 
-def _purge_shards(ctx: click.Context, shard_dsns: tuple[str, ...], consumer: str | None, options: dict[str, Any],
-                  *, show_progress: bool | None, quiet: bool, as_json: bool) -> None:
+def _purge_shards(
+    ctx: click.Context,
+    shard_dsns: tuple[str, ...],
+    consumer: str | None,
+    options: dict[str, Any],
+    *,
+    show_progress: bool | None,
+    quiet: bool,
+    as_json: bool,
+) -> None:
     """`purge --shard-dsn ...`: each shard in turn, one connection open at a time; lines and JSON
     name the shard (its connection string, password masked). A shard that cannot be purged (down,
     not deployed) is reported and the next one goes on; the exit status says the worst: 1 a shard
@@ -160,8 +209,10 @@ def _purge_shards(ctx: click.Context, shard_dsns: tuple[str, ...], consumer: str
         for report in reports:
             if quiet and report.status != "timeout":
                 continue
-            click.echo(f"{shard}: {report.consumer}: {_report_line(report, float(options['wait_timeout']))}",
-                       err=report.status == "timeout")
+            click.echo(
+                f"{shard}: {report.consumer}: {_report_line(report, float(options['wait_timeout']))}",
+                err=report.status == "timeout",
+            )
     if as_json:
         echo_json({"shards": results})
     if failed:
@@ -172,8 +223,9 @@ def _purge_shards(ctx: click.Context, shard_dsns: tuple[str, ...], consumer: str
         ctx.exit(EXIT_NO_POLICY)
 
 
-def _purge_all(conn: Any, consumer: str | None, progress: Progress | None, **options: Any) -> list[
-        retention.PurgeReport]:
+def _purge_all(
+    conn: Any, consumer: str | None, progress: Progress | None, **options: Any
+) -> list[retention.PurgeReport]:
     """retention.purge, one consumer after the other, with the progress drawn (and the rows to go
     counted first) when it is shown."""
     if progress is None:
@@ -183,8 +235,11 @@ def _purge_all(conn: Any, consumer: str | None, progress: Progress | None, **opt
     for name in names:
         estimate = retention.estimate_rows_to_go(conn, name)
         progress.begin(_render(retention.PurgeProgress(name, 0, 0, 0.0, estimate)))
-        reports.append(retention.purge_consumer(conn, name, progress=lambda p: progress.show(_render(p)),
-                                                estimate=estimate, **options))
+        reports.append(
+            retention.purge_consumer(
+                conn, name, progress=lambda p: progress.show(_render(p)), estimate=estimate, **options
+            )
+        )
         progress.clear()
     return reports
 
@@ -204,19 +259,40 @@ def retention_show(ctx: click.Context, command_dsn: str | None, consumer: str | 
     with connect(ctx, command_dsn) as conn:
         rows = retention.retention_status(conn, consumer)
     if as_json:
-        echo_json({"policies": [{k: _text(v) if not isinstance(v, int) else v for k, v in row.items()}
-                                 for row in rows]})
+        echo_json(
+            {"policies": [{k: _text(v) if not isinstance(v, int) else v for k, v in row.items()} for row in rows]}
+        )
         return
     if not rows:
-        click.echo("no retention policy" + (f" for consumer {consumer}" if consumer else "")
-                   + ": nothing is ever purged (pginbox retention set ...)")
+        click.echo(
+            "no retention policy"
+            + (f" for consumer {consumer}" if consumer else "")
+            + ": nothing is ever purged (pginbox retention set ...)"
+        )
         return
-    headers = ["consumer", "producer", "window", "dominated by", "watermark", "purge lag", "purged", "expired",
-               "last purge"]
+    headers = [
+        "consumer",
+        "producer",
+        "window",
+        "dominated by",
+        "watermark",
+        "purge lag",
+        "purged",
+        "expired",
+        "last purge",
+    ]
     table_rows: list[list[Any]] = [
-        [r["consumer"], r["producer"] or "*", _text(r["retention_window"]), r["dominating_scenario"],
-         _text(r["watermark"]), _text(r["purge_lag"]), int(r["rows_purged"]), int(r["expired_total"]),
-         _text(r["last_purge_at"])]
+        [
+            r["consumer"],
+            r["producer"] or "*",
+            _text(r["retention_window"]),
+            r["dominating_scenario"],
+            _text(r["watermark"]),
+            _text(r["purge_lag"]),
+            int(r["rows_purged"]),
+            int(r["expired_total"]),
+            _text(r["last_purge_at"]),
+        ]
         for r in rows
     ]
     click.echo(table(headers, table_rows))
@@ -227,8 +303,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def _scenario_option(name: str) -> Callable[[F], F]:
     flag = "--" + name.replace("_", "-")
-    return click.option(flag, name, required=True, metavar="INTERVAL",
-                        help=f"{name.replace('_', ' ')} (a PostgreSQL interval, '0' = does not apply).")
+    return click.option(
+        flag,
+        name,
+        required=True,
+        metavar="INTERVAL",
+        help=f"{name.replace('_', ' ')} (a PostgreSQL interval, '0' = does not apply).",
+    )
 
 
 @retention_group.command(name="set")
@@ -246,14 +327,30 @@ def _scenario_option(name: str) -> Callable[[F], F]:
 @click.option("--note", required=True, help="Why (goes into the audit trail).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.pass_context
-def retention_set(ctx: click.Context, /, consumer: str, command_dsn: str | None, producer: str, note: str,
-                  as_json: bool, **scenarios: str) -> None:
+def retention_set(
+    ctx: click.Context,
+    /,
+    consumer: str,
+    command_dsn: str | None,
+    producer: str,
+    note: str,
+    as_json: bool,
+    **scenarios: str,
+) -> None:
     """Set a consumer's retention policy: every scenario explicitly (audited)."""
     with connect(ctx, command_dsn) as conn:
         window, dominating = retention.set_policy(conn, consumer, producer, scenarios, note)
     if as_json:
-        echo_json({"consumer": consumer, "producer": producer, "retention_window": pg_interval(window),
-                    "dominating_scenario": dominating})
+        echo_json(
+            {
+                "consumer": consumer,
+                "producer": producer,
+                "retention_window": pg_interval(window),
+                "dominating_scenario": dominating,
+            }
+        )
         return
-    click.echo(f"{consumer}{'/' + producer if producer else ''}: retention window {pg_interval(window)} "
-               f"(dominated by {dominating})")
+    click.echo(
+        f"{consumer}{'/' + producer if producer else ''}: retention window {pg_interval(window)} "
+        f"(dominated by {dominating})"
+    )

@@ -40,8 +40,10 @@ def _registry_unreadable(dsn: str) -> str | None:
     if not present:
         return "no Sqitch registry in this database (deployed with `pginbox schema sql`, or not at all)"
     if not readable:
-        return (f"registry not readable by role {user} (the deploying role owns schema sqitch; "
-                "the schema release below is read from inbox.version())")
+        return (
+            f"registry not readable by role {user} (the deploying role owns schema sqitch; "
+            "the schema release below is read from inbox.version())"
+        )
     return None
 
 

@@ -64,8 +64,15 @@ def record_failure_params(
     consumer: str, handler_version: str, m: Message, reason_code: str, error_message: str
 ) -> tuple[Any, ...]:
     return (
-        consumer, m.producer, m.message_id, Jsonb(m.payload), reason_code, error_message,
-        handler_version, m.tenant, m.message_type,
+        consumer,
+        m.producer,
+        m.message_id,
+        Jsonb(m.payload),
+        reason_code,
+        error_message,
+        handler_version,
+        m.tenant,
+        m.message_type,
     )
 
 
@@ -111,8 +118,14 @@ def result_from_row(row: Sequence[Any], start: int = 0) -> Result:
     """A Result from the 9 delivery_result columns of `row` starting at `start`."""
     return Result(
         _OUTCOMES.get(row[start]) or parse_outcome(row[start]),
-        row[start + 1], row[start + 2], row[start + 3], row[start + 4],
-        row[start + 5], row[start + 6], row[start + 7], row[start + 8],
+        row[start + 1],
+        row[start + 2],
+        row[start + 3],
+        row[start + 4],
+        row[start + 5],
+        row[start + 6],
+        row[start + 7],
+        row[start + 8],
     )
 
 

@@ -65,6 +65,7 @@ from pginbox.sql_limits import MAX_BATCH
 
 __all__ = ["DEFAULT_SOURCES", "ConsumeConfig", "IdentitySource", "broker_of", "load_consume_config", "safe_url"]
 
+
 def broker_of(url: str) -> str:
     scheme = url.partition("://")[0].lower()
     if scheme in ("amqp", "amqps"):
@@ -79,7 +80,8 @@ def broker_of(url: str) -> str:
         return MEMORY
     raise ConsumerConfigError(
         f"consume url {safe_url(url)!r}: expected amqp(s)://... (RabbitMQ), nats://... (NATS JetStream), "
-        "redis(s)://... (Redis Streams), kafka://host:port[,host:port] (Kafka) or memory://NAME")
+        "redis(s)://... (Redis Streams), kafka://host:port[,host:port] (Kafka) or memory://NAME"
+    )
 
 
 @dataclass(frozen=True)
@@ -130,10 +132,20 @@ class ConsumeConfig:
         options: dict[str, Any] = {"consumer_name": self.consumer_name} if self.consumer_name else {}
         if self.broker == KAFKA:
             options["offset_reset"] = self.offset_reset
-        return SourceConfig(broker=self.broker, url=self.url, consumer=self.consumer,
-                            dead_letter=self.dead_letter_target, prefetch=self.prefetch, queue=self.queue,
-                            stream=self.topic or self.stream, subject=self.subject, durable=self.durable,
-                            declare=self.declare, claim_idle=self.claim_idle, options=options)
+        return SourceConfig(
+            broker=self.broker,
+            url=self.url,
+            consumer=self.consumer,
+            dead_letter=self.dead_letter_target,
+            prefetch=self.prefetch,
+            queue=self.queue,
+            stream=self.topic or self.stream,
+            subject=self.subject,
+            durable=self.durable,
+            declare=self.declare,
+            claim_idle=self.claim_idle,
+            options=options,
+        )
 
 
 _DURABILITY_KEYS = frozenset({"min_standbys", "standby_names", "standby_wait", "durability_timeout"})
@@ -225,8 +237,10 @@ def load_consume_config(
     config = ConsumeConfig(url=str(url), consumer=str(consumer), broker=broker)
     if broker in (RABBITMQ, MEMORY):
         if not table.get("queue"):
-            raise ConsumerConfigError(f"consume: {'RabbitMQ' if broker == RABBITMQ else 'memory://'} needs a queue: "
-                                      "pass --queue or set queue in [consume]")
+            raise ConsumerConfigError(
+                f"consume: {'RabbitMQ' if broker == RABBITMQ else 'memory://'} needs a queue: "
+                "pass --queue or set queue in [consume]"
+            )
         config = replace(config, queue=str(table["queue"]))
     elif broker == KAFKA:
         if not table.get("topic"):
@@ -234,14 +248,19 @@ def load_consume_config(
         reset = str(table.get("offset_reset", "earliest"))
         if reset not in ("earliest", "latest"):
             raise ConsumerConfigError(f"consume setting offset_reset={reset!r}: expected 'earliest' or 'latest'")
-        config = replace(config, topic=str(table["topic"]), durable=str(table.get("durable") or consumer),
-                         offset_reset=reset)
+        config = replace(
+            config, topic=str(table["topic"]), durable=str(table.get("durable") or consumer), offset_reset=reset
+        )
     else:
         if not table.get("stream"):
             what = "NATS JetStream" if broker == NATS else "Redis Streams"
             raise ConsumerConfigError(f"consume: {what} needs a stream: pass --stream or set stream in [consume]")
-        config = replace(config, stream=str(table["stream"]), subject=table.get("subject") and str(table["subject"]),
-                         durable=str(table.get("durable") or consumer))
+        config = replace(
+            config,
+            stream=str(table["stream"]),
+            subject=table.get("subject") and str(table["subject"]),
+            durable=str(table.get("durable") or consumer),
+        )
     sources = {
         name: IdentitySource.parse(str(table.get(name, DEFAULT_SOURCES[broker][name])), name, broker)
         for name in IDENTITY_FIELDS

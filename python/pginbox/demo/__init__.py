@@ -77,5 +77,7 @@ def run(
             "(see FAILED above)"
         )
     if 4 in acts and not act4_brokers.run(dsn):
-        raise InvariantBroken("the broker chain is broken: an order was lost, published after a rollback or applied "
-                              "twice (see FAILED above)")
+        raise InvariantBroken(
+            "the broker chain is broken: an order was lost, published after a rollback or applied "
+            "twice (see FAILED above)"
+        )

@@ -71,9 +71,7 @@ ALTER FUNCTION pginbox_demo.credit_v2(jsonb, inbox.message_context)
     SECURITY DEFINER SET search_path = pginbox_demo, pg_temp;
 """
 
-APPLY = (
-    "SELECT * FROM inbox.claim_and_apply(%(consumer)s, 'shop', %(id)s, 'credit', %(payload)s::jsonb)"
-)
+APPLY = "SELECT * FROM inbox.claim_and_apply(%(consumer)s, 'shop', %(id)s, 'credit', %(payload)s::jsonb)"
 
 
 class OutcomesAct:
@@ -114,17 +112,17 @@ class OutcomesAct:
         print(f"   {label:<44} -> {row['outcome']}{tail}")
 
     def balance(self, account: int = 1) -> int:
-        row = self.conn.execute(
-            "SELECT balance FROM pginbox_demo.account WHERE id = %s", (account,)
-        ).fetchone()
+        row = self.conn.execute("SELECT balance FROM pginbox_demo.account WHERE id = %s", (account,)).fetchone()
         assert row is not None
         return int(row["balance"])
 
     # ------------------------------------------------------------------ actions
     def apply(self, message_id: str, payload: Row, conn: psycopg.Connection[Row] | None = None) -> Row:
-        row = (conn or self.conn).execute(
-            APPLY, {"consumer": self.consumer, "id": message_id, "payload": json.dumps(payload)}
-        ).fetchone()
+        row = (
+            (conn or self.conn)
+            .execute(APPLY, {"consumer": self.consumer, "id": message_id, "payload": json.dumps(payload)})
+            .fetchone()
+        )
         assert row is not None
         return row
 
@@ -169,9 +167,10 @@ class OutcomesAct:
             "Two workers get m-2 at the same time",
             "Worker A claims m-2 and is still in its transaction; worker B's claim waits on the unique key.",
         )
-        with psycopg.connect(self.dsn, row_factory=dict_row) as a, psycopg.connect(
-            self.dsn, autocommit=True, row_factory=dict_row
-        ) as b:
+        with (
+            psycopg.connect(self.dsn, row_factory=dict_row) as a,
+            psycopg.connect(self.dsn, autocommit=True, row_factory=dict_row) as b,
+        ):
             row_a = self.apply("m-2", {"account": 1, "amount": 5}, conn=a)
             self.show("worker A: m-2 (not committed yet)", row_a)
             result: dict[str, Row] = {}
@@ -208,8 +207,10 @@ class OutcomesAct:
             (self.consumer,),
         ).fetchone()
         assert entry is not None
-        print(f"   quarantine #{entry['quarantine_id']}: reason {entry['reason_code']}, "
-              f"{entry['attempts']} attempts, {entry['status']}")
+        print(
+            f"   quarantine #{entry['quarantine_id']}: reason {entry['reason_code']}, "
+            f"{entry['attempts']} attempts, {entry['status']}"
+        )
 
         self.step(
             "An operator ships handler v2 (negative = refund) and repairs m-3",
@@ -269,7 +270,7 @@ class OutcomesAct:
         for n in range(1, 4):
             row = self.conn.execute(
                 "SELECT * FROM inbox.record_start(%s, 'shop', 'm-5', message_type => 'credit', "
-                "payload => '{\"account\": 2, \"amount\": 1}')",
+                'payload => \'{"account": 2, "amount": 1}\')',
                 (self.consumer,),
             ).fetchone()
             assert row is not None
@@ -282,13 +283,18 @@ class OutcomesAct:
             "claim_and_apply_batch isolates each message: one bad message does not sink the others.",
         )
         messages = [
-            {"producer": "shop", "message_id": f"b-{i}", "message_type": "credit",
-             "payload": {"account": 2, "amount": i}}
+            {
+                "producer": "shop",
+                "message_id": f"b-{i}",
+                "message_type": "credit",
+                "payload": {"account": 2, "amount": i},
+            }
             for i in range(1, 5)
         ]
         messages.append(messages[0])  # a duplicate inside the batch
-        messages.append({"producer": "shop", "message_id": "m-1", "message_type": "credit",
-                         "payload": {"account": 1, "amount": 10}})
+        messages.append(
+            {"producer": "shop", "message_id": "m-1", "message_type": "credit", "payload": {"account": 1, "amount": 10}}
+        )
         rows = self.conn.execute(
             "SELECT ordinal, message_id, outcome, attempts, reason_code, quarantine_id "
             "FROM inbox.claim_and_apply_batch(%s, %s::jsonb)",

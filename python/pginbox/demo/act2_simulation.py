@@ -187,13 +187,18 @@ class Produced:
         return json.dumps(self.payload).encode()
 
     def headers(self) -> dict[str, str]:
-        return {Header.MESSAGE_ID: self.message_id, Header.PRODUCER: PRODUCER, Header.TYPE: MESSAGE_TYPE,
-                KIND_HEADER: self.kind}
+        return {
+            Header.MESSAGE_ID: self.message_id,
+            Header.PRODUCER: PRODUCER,
+            Header.TYPE: MESSAGE_TYPE,
+            KIND_HEADER: self.kind,
+        }
 
     @classmethod
     def of(cls, delivery: Delivery) -> Produced:
-        return cls(str(delivery.headers[Header.MESSAGE_ID]), json.loads(delivery.body),
-                   str(delivery.headers[KIND_HEADER]))
+        return cls(
+            str(delivery.headers[Header.MESSAGE_ID]), json.loads(delivery.body), str(delivery.headers[KIND_HEADER])
+        )
 
 
 def _handle(delivery: Delivery) -> MemoryHandle:
@@ -456,8 +461,11 @@ class Simulation:
         self.out = out or sys.stdout
         self.consumer = f"sim-{uuid.uuid4().hex[:8]}"
         self.shared = _Shared()
-        self.broker = MemoryBroker(rng=random.Random(settings.seed), visibility_timeout=settings.visibility_timeout,
-                                   race_rate=settings.race_rate)
+        self.broker = MemoryBroker(
+            rng=random.Random(settings.seed),
+            visibility_timeout=settings.visibility_timeout,
+            race_rate=settings.race_rate,
+        )
         self.messages: list[Produced] = []
         self.conflict: Produced | None = None
         self.chaos: _Chaos
@@ -504,8 +512,12 @@ class Simulation:
                     if message.message_id == self.conflict.message_id:
                         original_tag = tag
                 index = min(index + 100, len(self.messages))
-            if (not conflict_sent and original_tag is not None and self.broker.is_acked(QUEUE, original_tag)
-                    and index >= len(self.messages) // 2):
+            if (
+                not conflict_sent
+                and original_tag is not None
+                and self.broker.is_acked(QUEUE, original_tag)
+                and index >= len(self.messages) // 2
+            ):
                 self.broker.publish(QUEUE, self.conflict.body(), self.conflict.headers())
                 conflict_sent = True
             if conflict_sent and index >= len(self.messages):
@@ -780,8 +792,9 @@ class Simulation:
     def _conflict_applied_nothing(self, facts: _Facts, good: dict[str, Produced]) -> Check:
         assert self.conflict is not None
         conflict = self.conflict
-        conflict_entries = [q for q in facts.quarantine
-                            if q["kind"] == "conflict" and q["message_id"] == conflict.message_id]
+        conflict_entries = [
+            q for q in facts.quarantine if q["kind"] == "conflict" and q["message_id"] == conflict.message_id
+        ]
         original = good[conflict.message_id]
         conflict_rows = [r for r in facts.ledger if r["message_id"] == conflict.message_id]
         conflict_ok = len(conflict_entries) == 1 and [r["amount"] for r in conflict_rows] == [

@@ -128,9 +128,7 @@ OUTBOX_ROWS = (
 INBOX_ROWS = "SELECT message_id, status FROM inbox.message WHERE consumer = %s AND producer = %s"
 # Handler runs that raised (recorded outside their rolled-back transactions).
 FAILED_RUNS = "SELECT message_id, failed FROM inbox.attempt WHERE consumer = %s AND producer = %s AND failed > 0"
-DOMAIN_ROWS = (
-    "SELECT message_id, count(*) AS n FROM pginbox_outbox_demo.order_event WHERE consumer = %s GROUP BY 1"
-)
+DOMAIN_ROWS = "SELECT message_id, count(*) AS n FROM pginbox_outbox_demo.order_event WHERE consumer = %s GROUP BY 1"
 
 
 @dataclass(frozen=True)
@@ -215,8 +213,9 @@ class OutboxAct:
         self.by_id: dict[str, OrderMessage] = {}
         self.crashed: set[str] = set()
         self.webhooks: list[WebhookTransport] = []
-        self.sink = Sink(settings.seed, settings.hold_rate, settings.unavailable_rate, settings.hold_seconds,
-                         dedup=settings.dedup)
+        self.sink = Sink(
+            settings.seed, settings.hold_rate, settings.unavailable_rate, settings.hold_seconds, dedup=settings.dedup
+        )
         self.dispatcher_stats: dict[str, Any] = {}
         self.elapsed = 0.0
 
@@ -244,8 +243,9 @@ class OutboxAct:
         # Make sure every fault shows up at least once, whatever the seed.
         for kind, message_type in (("poison", SQL_TYPE), ("poison", PY_TYPE), ("flaky", PY_TYPE), ("crash", PY_TYPE)):
             if not any(m.kind == kind and m.message_type == message_type for m in self.messages):
-                idx = next(j for j, m in enumerate(self.messages)
-                           if m.kind == "good" and m.message_type == message_type)
+                idx = next(
+                    j for j, m in enumerate(self.messages) if m.kind == "good" and m.message_type == message_type
+                )
                 m = self.messages[idx]
                 payload = {**m.payload, "poison": True} if kind == "poison" else m.payload
                 self.messages[idx] = OrderMessage(m.message_id, m.message_type, kind, payload)
@@ -292,25 +292,42 @@ class OutboxAct:
         params = {"consumer": self.consumer, "message_id": msg.message_id, **msg.payload}
         cur.execute(APPLIED_INSERT, params)
         for name, destination in EFFECTS[PY_TYPE]:
-            body = {"consumer": self.consumer, "message_id": msg.message_id, "effect": name,
-                    "order": msg.payload["order"], "amount": msg.payload["amount"]}
-            cur.execute(ENQUEUE, {"consumer": self.consumer, "producer": PRODUCER, "message_id": msg.message_id,
-                                  "effect": name, "destination": destination, "body": json.dumps(body)})
+            body = {
+                "consumer": self.consumer,
+                "message_id": msg.message_id,
+                "effect": name,
+                "order": msg.payload["order"],
+                "amount": msg.payload["amount"],
+            }
+            cur.execute(
+                ENQUEUE,
+                {
+                    "consumer": self.consumer,
+                    "producer": PRODUCER,
+                    "message_id": msg.message_id,
+                    "effect": name,
+                    "destination": destination,
+                    "body": json.dumps(body),
+                },
+            )
         refuse = message.kind == "poison"
         if message.kind == "flaky":
             with self.lock:
                 refuse = msg.message_id not in self.flaky_failed
                 self.flaky_failed.add(msg.message_id)
         if refuse:
-            raise HandlerRefused(f"order {msg.payload['order']}: " + (
-                "names no customer" if message.kind == "poison" else "warehouse busy, try again"))
+            raise HandlerRefused(
+                f"order {msg.payload['order']}: "
+                + ("names no customer" if message.kind == "poison" else "warehouse busy, try again")
+            )
 
     def crash_before_commit(self, conn: psycopg.Connection[Any], message: OrderMessage) -> bool:
         """BEGIN; claim; the change; enqueue; then the process 'dies': ROLLBACK. True when it got
         as far as the enqueue (the claim was ours)."""
         with conn.transaction(force_rollback=True), conn.cursor() as cur:
-            row = cur.execute(CLAIM, (self.consumer, PRODUCER, message.message_id,
-                                      json.dumps(message.payload))).fetchone()
+            row = cur.execute(
+                CLAIM, (self.consumer, PRODUCER, message.message_id, json.dumps(message.payload))
+            ).fetchone()
             if row is None or row[0] != "claimed":
                 return False
             self.python_handler(cur, Message(PRODUCER, message.message_id, message.message_type, message.payload))
@@ -334,8 +351,9 @@ class OutboxAct:
                             self.stats["crashed before COMMIT"] += 1
                         broker.nack(delivery)  # never acked: the broker redelivers
                         continue
-                    message = Message(PRODUCER, m.message_id, m.message_type, m.payload,
-                                      redelivered=delivery.redelivered)
+                    message = Message(
+                        PRODUCER, m.message_id, m.message_type, m.payload, redelivered=delivery.redelivered
+                    )
                     if m.message_type == SQL_TYPE:
                         result = inbox.apply(message)
                     else:
@@ -361,8 +379,10 @@ class OutboxAct:
         for message, redelivered in deliveries:
             broker.publish(QUEUE, json.dumps(message.payload).encode(), message.headers(), redelivered=redelivered)
         broker.close(QUEUE)
-        threads = [threading.Thread(target=self.worker, args=(broker,), name=f"pginbox-demo-consumer-{i}", daemon=True)
-                   for i in range(self.settings.workers)]
+        threads = [
+            threading.Thread(target=self.worker, args=(broker,), name=f"pginbox-demo-consumer-{i}", daemon=True)
+            for i in range(self.settings.workers)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -372,8 +392,9 @@ class OutboxAct:
     def resolver(self) -> Callable[[str], Transport | None]:
         webhooks: dict[str, Transport] = {}
         for destination, path in SINK_PATHS.items():
-            webhook = WebhookTransport(self.sink.url + path, timeout=self.settings.client_timeout,
-                                       allow_hosts=["127.0.0.1"])  # loopback: refused unless allowlisted
+            webhook = WebhookTransport(
+                self.sink.url + path, timeout=self.settings.client_timeout, allow_hosts=["127.0.0.1"]
+            )  # loopback: refused unless allowlisted
             self.webhooks.append(webhook)
             webhooks[destination] = CountingTransport(webhook, self.transport_stats, self.lock)
 
@@ -416,24 +437,43 @@ class OutboxAct:
         self.by_id = {m.message_id: m for m in self.messages}
         n_sql = sum(m.message_type == SQL_TYPE for m in self.messages)
         kinds = Counter(m.kind for m in self.messages)
-        self.say(f"\nAct 3: the outbox: handlers enqueue effects, a dispatcher delivers them to a flaky webhook "
-                 f"(seed {s.seed})")
-        self.say(f"   consumer '{self.consumer}' gets {s.messages} orders from '{PRODUCER}': {n_sql} '{SQL_TYPE}' "
-                 f"through a SQL handler (inbox.claim_and_apply),")
-        self.say(f"   {s.messages - n_sql} '{PY_TYPE}' through a Python handler (Inbox.handle); each enqueues its "
-                 "effects in its own transaction:")
+        self.say(
+            f"\nAct 3: the outbox: handlers enqueue effects, a dispatcher delivers them to a flaky webhook "
+            f"(seed {s.seed})"
+        )
+        self.say(
+            f"   consumer '{self.consumer}' gets {s.messages} orders from '{PRODUCER}': {n_sql} '{SQL_TYPE}' "
+            f"through a SQL handler (inbox.claim_and_apply),"
+        )
+        self.say(
+            f"   {s.messages - n_sql} '{PY_TYPE}' through a Python handler (Inbox.handle); each enqueues its "
+            "effects in its own transaction:"
+        )
         self.say("   inbox.enqueue_effect(inbox.effect_id(consumer, producer, message_id, effect), destination, body)")
-        self.say(f"   faults: {kinds['poison']} poison orders (the handler enqueues, then refuses), {kinds['flaky']} "
-                 f"refused once, {kinds['crash']} crash before COMMIT once; {s.redeliver_rate:.0%} redelivered, "
-                 f"{s.replay} replayed at the end")
+        self.say(
+            f"   faults: {kinds['poison']} poison orders (the handler enqueues, then refuses), {kinds['flaky']} "
+            f"refused once, {kinds['crash']} crash before COMMIT once; {s.redeliver_rate:.0%} redelivered, "
+            f"{s.replay} replayed at the end"
+        )
         self.setup()
         self.sink.start()
-        self.say(f"   sink: an HTTP server at {self.sink.url} (loopback, allowlisted in the WebhookTransport), "
-                 f"deduplicating on Idempotency-Key;")
-        self.say(f"   it answers 503 to {s.unavailable_rate:.0%} of attempts, and holds {s.hold_rate:.0%} past the "
-                 f"{s.client_timeout:g} s timeout after processing them (ambiguous)")
-        dispatcher = Dispatcher(self.dsn, f"demo-{self.consumer}", self.resolver(), batch_size=20,
-                                concurrency_per_destination=8, lease=10.0, poll_interval=0.5)
+        self.say(
+            f"   sink: an HTTP server at {self.sink.url} (loopback, allowlisted in the WebhookTransport), "
+            f"deduplicating on Idempotency-Key;"
+        )
+        self.say(
+            f"   it answers 503 to {s.unavailable_rate:.0%} of attempts, and holds {s.hold_rate:.0%} past the "
+            f"{s.client_timeout:g} s timeout after processing them (ambiguous)"
+        )
+        dispatcher = Dispatcher(
+            self.dsn,
+            f"demo-{self.consumer}",
+            self.resolver(),
+            batch_size=20,
+            concurrency_per_destination=8,
+            lease=10.0,
+            poll_interval=0.5,
+        )
         runner = threading.Thread(target=dispatcher.run, name="pginbox-demo-dispatcher", daemon=True)
         try:
             runner.start()
@@ -464,8 +504,9 @@ class OutboxAct:
                 "outbox": {r["effect_id"]: r for r in conn.execute(OUTBOX_ROWS, (list(self.expected.values()),))},
                 "inbox": {r["message_id"]: r["status"] for r in conn.execute(INBOX_ROWS, (self.consumer, PRODUCER))},
                 "domain": {r["message_id"]: r["n"] for r in conn.execute(DOMAIN_ROWS, (self.consumer,))},
-                "failed_runs": {r["message_id"]: r["failed"] for r in conn.execute(FAILED_RUNS,
-                                                                                   (self.consumer, PRODUCER))},
+                "failed_runs": {
+                    r["message_id"]: r["failed"] for r in conn.execute(FAILED_RUNS, (self.consumer, PRODUCER))
+                },
             }
 
     def rolled_back(self, facts: dict[str, Any]) -> tuple[int, int]:
@@ -486,21 +527,34 @@ class OutboxAct:
         held = answers["held"]
         self.say(f"\n   What happened ({self.elapsed:.1f} s)")
         rows = [
-            ("message deliveries", st["deliveries"], f"{st['redeliveries']} of them redeliveries (lost acks, nacks, "
-             f"the replay), plus {st['crashed before COMMIT']} that crashed before COMMIT"),
+            (
+                "message deliveries",
+                st["deliveries"],
+                f"{st['redeliveries']} of them redeliveries (lost acks, nacks, "
+                f"the replay), plus {st['crashed before COMMIT']} that crashed before COMMIT",
+            ),
             ("applied", st["outcome:applied"], "domain change, claim and effects committed together"),
             ("duplicates absorbed", st["outcome:duplicate"], "redeliveries: the handler did not run, nothing enqueued"),
-            ("effects rolled back", self.rolled_back(facts)[1],
-             f"enqueued by {self.rolled_back(facts)[0]} handler runs that then failed or crashed before COMMIT"),
+            (
+                "effects rolled back",
+                self.rolled_back(facts)[1],
+                f"enqueued by {self.rolled_back(facts)[0]} handler runs that then failed or crashed before COMMIT",
+            ),
             ("effects committed", len(facts["outbox"]), f"in inbox.outbox for {self.consumer}"),
             ("HTTP attempts", len(requests), f"{attempts} attempts recorded in inbox.outbox"),
             ("503 answers", answers["unavailable"], "retried after the destination's backoff"),
-            ("ambiguous timeouts", ts["ambiguous"],
-             f"the sink processed {held} requests and answered too late; retried with the same key"),
+            (
+                "ambiguous timeouts",
+                ts["ambiguous"],
+                f"the sink processed {held} requests and answered too late; retried with the same key",
+            ),
             ("duplicates dropped by sink", answers["duplicate"], "same Idempotency-Key again: answered, not acted on"),
-            ("dispatcher", self.dispatcher_stats.get("delivered", 0),
-             f"delivered; {self.dispatcher_stats.get('retried', 0)} retried, {self.dispatcher_stats.get('dead', 0)} "
-             f"dead, {self.dispatcher_stats.get('fenced', 0)} fenced reports"),
+            (
+                "dispatcher",
+                self.dispatcher_stats.get("delivered", 0),
+                f"delivered; {self.dispatcher_stats.get('retried', 0)} retried, {self.dispatcher_stats.get('dead', 0)} "
+                f"dead, {self.dispatcher_stats.get('fenced', 0)} fenced reports",
+            ),
         ]
         if st["leftovers drained"]:
             rows.append(("leftovers drained", st["leftovers drained"], "effects of an earlier, interrupted demo run"))
@@ -525,16 +579,22 @@ class OutboxAct:
             self.say(f"   {'OK    ' if ok else 'FAILED'} {text}")
         holds = all(ok for ok, _ in checks)
         if holds:
-            self.say("   OUTBOX PROMISE HOLDS: every committed effect delivered at least once with one stable key, "
-                     "acted on once by a deduplicating destination; rolled-back work sent nothing.")
+            self.say(
+                "   OUTBOX PROMISE HOLDS: every committed effect delivered at least once with one stable key, "
+                "acted on once by a deduplicating destination; rolled-back work sent nothing."
+            )
         else:
             self.say("   OUTBOX PROMISE BROKEN: see the FAILED lines above.")
         return holds
 
     def _effect_ids(self, message_ids: set[str], *, of_these: bool) -> set[str]:
         """The effect ids of the messages in `message_ids` (of_these), or of all the others."""
-        return {self.expected[(m.message_id, name)] for m in self.messages if (m.message_id in message_ids) == of_these
-                for name, _d in EFFECTS[m.message_type]}
+        return {
+            self.expected[(m.message_id, name)]
+            for m in self.messages
+            if (m.message_id in message_ids) == of_these
+            for name, _d in EFFECTS[m.message_type]
+        }
 
     def _effects_of_processed_messages(self, facts: dict[str, Any], processed: set[str]) -> tuple[bool, str]:
         domain: dict[str, int] = facts["domain"]
@@ -542,20 +602,26 @@ class OutboxAct:
         committed = set(facts["outbox"])
         twice = sorted(mid for mid, n in domain.items() if n != 1)
         ok = committed == should and set(domain) == processed and not twice
-        return ok, (f"each of the {len(processed)} processed messages has one domain row and its "
-                    f"{len(should)} effects, in inbox.outbox" if ok else
-                    f"effects missing: {sorted(should - committed)[:3]}; unexpected: "
-                    f"{sorted(committed - should)[:3]}; domain rows not once: {twice[:3]}")
+        return ok, (
+            f"each of the {len(processed)} processed messages has one domain row and its "
+            f"{len(should)} effects, in inbox.outbox"
+            if ok
+            else f"effects missing: {sorted(should - committed)[:3]}; unexpected: "
+            f"{sorted(committed - should)[:3]}; domain rows not once: {twice[:3]}"
+        )
 
     def _rolled_back_left_nothing(self, facts: dict[str, Any], processed: set[str]) -> tuple[bool, str]:
         never = self._effect_ids(processed, of_these=False)
         leaked = sorted(never & set(facts["outbox"]))
         rolled_back = self.rolled_back(facts)[1]
         ok = not leaked and rolled_back > 0 and bool(never)
-        return ok, (f"rolled-back handlers left no effect: {rolled_back} enqueued effects rolled back, "
-                    f"none of the {len(never)} effects of the {len(facts['inbox']) - len(processed)} quarantined "
-                    f"messages exists" if ok else
-                    f"effects of messages that never committed: {leaked[:3]} (rolled back: {rolled_back})")
+        return ok, (
+            f"rolled-back handlers left no effect: {rolled_back} enqueued effects rolled back, "
+            f"none of the {len(never)} effects of the {len(facts['inbox']) - len(processed)} quarantined "
+            f"messages exists"
+            if ok
+            else f"effects of messages that never committed: {leaked[:3]} (rolled back: {rolled_back})"
+        )
 
     def _every_effect_reached_the_sink(self, outbox: dict[str, Row]) -> tuple[bool, str]:
         committed = set(outbox)
@@ -568,10 +634,12 @@ class OutboxAct:
         missing = sorted(k for k in committed if self.expected_key.get(k) not in processed_at_sink)
         ok = not undelivered and not missing
         stuck = [(k, outbox[k]["status"], outbox[k]["last_error"]) for k in undelivered[:3]]
-        return ok, (f"every committed effect reached the sink: {len(committed)} of {len(committed)}, "
-                    f"all 'delivered' in inbox.outbox" if ok else
-                    f"not delivered: {stuck}; "
-                    f"never processed by the sink: {missing[:3]}")
+        return ok, (
+            f"every committed effect reached the sink: {len(committed)} of {len(committed)}, "
+            f"all 'delivered' in inbox.outbox"
+            if ok
+            else f"not delivered: {stuck}; never processed by the sink: {missing[:3]}"
+        )
 
     def _one_key_per_effect(self) -> tuple[bool, str]:
         requests = self.sink.requests
@@ -587,11 +655,13 @@ class OutboxAct:
                 mismatched.append(r)
         multi = [ident for ident, keys in keys_per_effect.items() if len(keys) != 1]
         ok = not bad_keys and not mismatched and not multi and bool(requests)
-        return ok, (f"each of the {len(requests)} requests carried exactly one Idempotency-Key, the consumer's key "
-                    "for the effect id of the message and effect in its body: one key per effect on every attempt"
-                    if ok else
-                    f"requests without exactly one key: {len(bad_keys)}; key not the body's effect's: "
-                    f"{len(mismatched)}; effects seen with several keys: {multi[:3]}")
+        return ok, (
+            f"each of the {len(requests)} requests carried exactly one Idempotency-Key, the consumer's key "
+            "for the effect id of the message and effect in its body: one key per effect on every attempt"
+            if ok
+            else f"requests without exactly one key: {len(bad_keys)}; key not the body's effect's: "
+            f"{len(mismatched)}; effects seen with several keys: {multi[:3]}"
+        )
 
     def _sink_counted_each_once(self, outbox: dict[str, Row]) -> tuple[bool, str]:
         committed = set(outbox)
@@ -599,17 +669,23 @@ class OutboxAct:
         not_once = sorted((k, n) for k, n in counts.items() if n != 1)
         dropped = sum(r.answer == "duplicate" for r in self.sink.requests)
         ok = not not_once and sum(counts.values()) == len(committed)
-        return ok, (f"the sink, deduplicating on the key, counted each effect exactly once: {len(committed)} "
-                    f"effects, {dropped} duplicates dropped" if ok else
-                    f"the sink counted {len(not_once)} effects other than once, e.g. "
-                    + ", ".join(f"{k[:15]}... x{n}" for k, n in not_once[:3]))
+        return ok, (
+            f"the sink, deduplicating on the key, counted each effect exactly once: {len(committed)} "
+            f"effects, {dropped} duplicates dropped"
+            if ok
+            else f"the sink counted {len(not_once)} effects other than once, e.g. "
+            + ", ".join(f"{k[:15]}... x{n}" for k, n in not_once[:3])
+        )
 
     def _one_request_per_attempt(self, outbox: dict[str, Row]) -> tuple[bool, str]:
         attempts = sum(int(r["attempts"]) for r in outbox.values())
         requests = len(self.sink.requests)
         ok = attempts == requests
-        return ok, (f"each of the {attempts} attempts in inbox.outbox is one request at the sink" if ok else
-                    f"{attempts} attempts in inbox.outbox, {requests} requests at the sink")
+        return ok, (
+            f"each of the {attempts} attempts in inbox.outbox is one request at the sink"
+            if ok
+            else f"{attempts} attempts in inbox.outbox, {requests} requests at the sink"
+        )
 
     def _faults_happened(self) -> tuple[bool, str]:
         answers = Counter(r.answer for r in self.sink.requests)
@@ -619,13 +695,18 @@ class OutboxAct:
             "redeliveries absorbed": self.stats["outcome:duplicate"],
         }
         ok = all(exercised.values()) and not self.errors
-        return ok, ("the faults happened: " + ", ".join(f"{n} {label}" for label, n in exercised.items())
-                    if ok else "not exercised or errors: " + ", ".join(
-                        f"{label} {n}" for label, n in exercised.items()) + f"; errors: {self.errors[:3]}")
+        return ok, (
+            "the faults happened: " + ", ".join(f"{n} {label}" for label, n in exercised.items())
+            if ok
+            else "not exercised or errors: "
+            + ", ".join(f"{label} {n}" for label, n in exercised.items())
+            + f"; errors: {self.errors[:3]}"
+        )
 
 
-def run(dsn: str, *, seed: int | None = None, messages: int = 200, sink_dedup: bool = True,
-        out: TextIO | None = None) -> bool:
+def run(
+    dsn: str, *, seed: int | None = None, messages: int = 200, sink_dedup: bool = True, out: TextIO | None = None
+) -> bool:
     """Run act 3 against `dsn` (schema inbox deployed); True when every check holds."""
     if seed is None:
         seed = random.SystemRandom().randrange(1, 10**6)

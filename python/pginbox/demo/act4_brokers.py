@@ -68,8 +68,11 @@ def run(dsn: str, *, orders: int = 200, out: TextIO | None = None) -> bool:
             import nats  # noqa: F401
             import redis  # noqa: F401
         except ImportError:
-            _say(out, f"   {broker}: skipped: the broker extras are not installed "
-                      "(pip install 'pginbox[rabbitmq,nats,redis]')")
+            _say(
+                out,
+                f"   {broker}: skipped: the broker extras are not installed "
+                "(pip install 'pginbox[rabbitmq,nats,redis]')",
+            )
             continue
         ok = _Chain(dsn, broker, url, orders, out).run() and ok
     return ok
@@ -101,16 +104,24 @@ class _Chain:
 
     def setup(self, conn: psycopg.Connection[Any]) -> None:
         s = sql.Identifier(self.schema)
-        conn.execute(sql.SQL("CREATE SCHEMA {s}; CREATE TABLE {s}.orders(id text PRIMARY KEY, amount int NOT NULL);"
-                             "CREATE TABLE {s}.received(id text NOT NULL, amount int NOT NULL)").format(s=s))
-        conn.execute(sql.SQL("""
+        conn.execute(
+            sql.SQL(
+                "CREATE SCHEMA {s}; CREATE TABLE {s}.orders(id text PRIMARY KEY, amount int NOT NULL);"
+                "CREATE TABLE {s}.received(id text NOT NULL, amount int NOT NULL)"
+            ).format(s=s)
+        )
+        conn.execute(
+            sql.SQL("""
             CREATE FUNCTION {s}.order_placed(payload jsonb) RETURNS void LANGUAGE plpgsql AS $$
             BEGIN
               INSERT INTO {s}.received VALUES (payload->>'id', (payload->>'amount')::int);
               PERFORM inbox.enqueue_effect('follow-' || (payload->>'id'), {follow}, payload);
-            END $$""").format(s=s, follow=sql.Literal(self.follow)))
-        conn.execute("SELECT inbox.register_handler(%s, 'order_placed', %s::regprocedure, 'v1')",
-                     (self.consumer, f"{self.schema}.order_placed(jsonb)"))
+            END $$""").format(s=s, follow=sql.Literal(self.follow))
+        )
+        conn.execute(
+            "SELECT inbox.register_handler(%s, 'order_placed', %s::regprocedure, 'v1')",
+            (self.consumer, f"{self.schema}.order_placed(jsonb)"),
+        )
         conn.execute("SELECT inbox.bind_destination(%s, %s)", (self.follow, self.consumer))
         conn.execute("SELECT inbox.configure_destination(%s, 100, '50 milliseconds', '1 second')", (self.dest,))
 
@@ -164,18 +175,21 @@ class _Chain:
 
         transport: BrokerDestination
         if self.broker == "redis":
-            transport = RedisStreamsTransport(self.url, stream=self.queue, producer="svc-a",
-                                              message_type="order_placed", destination=self.dest)
+            transport = RedisStreamsTransport(
+                self.url, stream=self.queue, producer="svc-a", message_type="order_placed", destination=self.dest
+            )
             source: dict[str, str] = {"stream": self.queue}
             where = f"stream {self.queue}"
         elif self.broker == "rabbitmq":
-            transport = RabbitMQTransport(self.url, routing_key=self.queue, producer="svc-a",
-                                          message_type="order_placed", destination=self.dest)
+            transport = RabbitMQTransport(
+                self.url, routing_key=self.queue, producer="svc-a", message_type="order_placed", destination=self.dest
+            )
             source = {"queue": self.queue}
             where = f"queue {self.queue}"
         else:
-            transport = JetStreamTransport(self.url, subject=self.subject, producer="svc-a",
-                                           message_type="order_placed", destination=self.dest)
+            transport = JetStreamTransport(
+                self.url, subject=self.subject, producer="svc-a", message_type="order_placed", destination=self.dest
+            )
             source = {"stream": self.stream, "subject": self.subject, "durable": self.consumer}
             where = f"stream {self.stream}"
         config = load_consume_config(None, {"url": self.url, "consumer": self.consumer, "prefetch": 20, **source})
@@ -183,10 +197,13 @@ class _Chain:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             self.setup(conn)
             self.broker_setup()
-            self.say(f"   {self.broker} ({_safe(self.url)}, {where}): A commits {self.orders} orders, each with its "
-                     "effect; every 9th transaction rolls back")
-            dispatcher = Dispatcher(self.dsn, f"demo-{self.run_id}", {self.dest: transport}, batch_size=50,
-                                    poll_interval=0.2, lease=10.0)
+            self.say(
+                f"   {self.broker} ({_safe(self.url)}, {where}): A commits {self.orders} orders, each with its "
+                "effect; every 9th transaction rolls back"
+            )
+            dispatcher = Dispatcher(
+                self.dsn, f"demo-{self.run_id}", {self.dest: transport}, batch_size=50, poll_interval=0.2, lease=10.0
+            )
             dispatch_thread = threading.Thread(target=dispatcher.run, daemon=True)
             consumers: list[Consumer] = []
 
@@ -205,10 +222,14 @@ class _Chain:
                 for i in range(self.orders):
                     oid = f"{self.run_id}-o{i}"  # effect ids are unique per consumer: one per demo run
                     with conn.transaction(force_rollback=i % 9 == 4):
-                        conn.execute(sql.SQL("INSERT INTO {}.orders VALUES (%s, %s)").format(
-                            sql.Identifier(self.schema)), (oid, i))
-                        conn.execute("SELECT inbox.enqueue_effect(%s, %s, %s::jsonb)",
-                                     (oid, self.dest, json.dumps({"id": oid, "amount": i})))
+                        conn.execute(
+                            sql.SQL("INSERT INTO {}.orders VALUES (%s, %s)").format(sql.Identifier(self.schema)),
+                            (oid, i),
+                        )
+                        conn.execute(
+                            "SELECT inbox.enqueue_effect(%s, %s, %s::jsonb)",
+                            (oid, self.dest, json.dumps({"id": oid, "amount": i})),
+                        )
                     (rolled_back if i % 9 == 4 else committed).append(oid)
                     if i == self.orders // 2:
                         consumers[-1].stop()  # B stops mid-stream (finishing its batch) and starts again
@@ -217,13 +238,19 @@ class _Chain:
                 # a publisher whose confirms were lost publishes again, with the same keys
                 from pginbox.transports import Effect
 
-                keys: dict[str, str] = dict(conn.execute(
-                    "SELECT effect_id, CASE WHEN key_scoped THEN inbox.idempotency_key(consumer, tenant, effect_id)"
-                    " ELSE effect_id END FROM inbox.outbox WHERE destination = %s AND effect_id = ANY(%s)",
-                    (self.dest, committed[:20])).fetchall())
-                again = [Effect(oid, self.dest, {"id": oid, "amount": int(oid.rsplit("-o", 1)[1])},
-                                idempotency_key=keys[oid])
-                         for oid in committed[:20]]
+                keys: dict[str, str] = dict(
+                    conn.execute(
+                        "SELECT effect_id, CASE WHEN key_scoped THEN inbox.idempotency_key(consumer, tenant, effect_id)"
+                        " ELSE effect_id END FROM inbox.outbox WHERE destination = %s AND effect_id = ANY(%s)",
+                        (self.dest, committed[:20]),
+                    ).fetchall()
+                )
+                again = [
+                    Effect(
+                        oid, self.dest, {"id": oid, "amount": int(oid.rsplit("-o", 1)[1])}, idempotency_key=keys[oid]
+                    )
+                    for oid in committed[:20]
+                ]
                 transport.deliver_batch(again)
                 deadline = time.monotonic() + 60
                 while time.monotonic() < deadline and self._received_count(conn) < len(committed):
@@ -244,29 +271,45 @@ class _Chain:
             return self.check(conn, committed, rolled_back, consumers, transport, time.monotonic() - started)
 
     def _received_count(self, conn: psycopg.Connection[Any]) -> int:
-        row = conn.execute(sql.SQL("SELECT count(DISTINCT id) FROM {}.received").format(
-            sql.Identifier(self.schema))).fetchone()
+        row = conn.execute(
+            sql.SQL("SELECT count(DISTINCT id) FROM {}.received").format(sql.Identifier(self.schema))
+        ).fetchone()
         return int(row[0]) if row else 0
 
-    def check(self, conn: psycopg.Connection[Any], committed: list[str], rolled_back: list[str],
-              consumers: list[Any], transport: Any, seconds: float) -> bool:
-        rows = conn.execute(sql.SQL("SELECT id, count(*) FROM {}.received GROUP BY id").format(
-            sql.Identifier(self.schema))).fetchall()
+    def check(
+        self,
+        conn: psycopg.Connection[Any],
+        committed: list[str],
+        rolled_back: list[str],
+        consumers: list[Any],
+        transport: Any,
+        seconds: float,
+    ) -> bool:
+        rows = conn.execute(
+            sql.SQL("SELECT id, count(*) FROM {}.received GROUP BY id").format(sql.Identifier(self.schema))
+        ).fetchall()
         got = {r[0]: int(r[1]) for r in rows}
-        follow = conn.execute("SELECT count(*), count(DISTINCT effect_id) FROM inbox.outbox WHERE destination = %s",
-                              (self.follow,)).fetchone()
+        follow = conn.execute(
+            "SELECT count(*), count(DISTINCT effect_id) FROM inbox.outbox WHERE destination = %s", (self.follow,)
+        ).fetchone()
         duplicates = sum(c.stats.outcomes.get("duplicate", 0) for c in consumers)
         broker_dropped = getattr(transport, "duplicates", 0)
         checks = [
-            ("every committed order recorded once at B", set(got) == set(committed) and all(
-                n == 1 for n in got.values())),
+            (
+                "every committed order recorded once at B",
+                set(got) == set(committed) and all(n == 1 for n in got.values()),
+            ),
             ("one follow-up effect each", follow == (len(committed), len(committed))),
             ("no rolled-back order published", not set(got) & set(rolled_back)),
         ]
-        self.say(f"      committed {len(committed)}, rolled back {len(rolled_back)}, recorded at B {len(got)}, "
-                 f"in {seconds:.1f} s; B stopped and restarted once")
-        self.say(f"      republished 20: {duplicates} absorbed by B's inbox as duplicates, {broker_dropped} dropped by "
-                 "the broker's duplicate window")
+        self.say(
+            f"      committed {len(committed)}, rolled back {len(rolled_back)}, recorded at B {len(got)}, "
+            f"in {seconds:.1f} s; B stopped and restarted once"
+        )
+        self.say(
+            f"      republished 20: {duplicates} absorbed by B's inbox as duplicates, {broker_dropped} dropped by "
+            "the broker's duplicate window"
+        )
         ok = True
         for label, passed in checks:
             self.say(f"      {'ok' if passed else 'FAILED'}: {label}")

@@ -61,8 +61,14 @@ class _Lane:
         self.active = 0
 
 
-def _check_settings(batch_size: int, lease: float, concurrency_per_destination: int, report_batch: int,
-                    report_interval: float, claim_retries: int) -> None:
+def _check_settings(
+    batch_size: int,
+    lease: float,
+    concurrency_per_destination: int,
+    report_batch: int,
+    report_interval: float,
+    claim_retries: int,
+) -> None:
     if not 1 <= batch_size <= CLAIM_LIMIT:
         raise ValueError(f"batch_size must be between 1 and {CLAIM_LIMIT}, got {batch_size}")
     if not 0 < lease <= LEASE_MAX_SECONDS:
@@ -72,8 +78,10 @@ def _check_settings(batch_size: int, lease: float, concurrency_per_destination: 
     if not 1 <= report_batch <= REPORT_LIMIT:
         raise ValueError(f"report_batch must be between 1 and {REPORT_LIMIT}, got {report_batch}")
     if not 0 <= report_interval <= lease / 10:
-        raise ValueError(f"report_interval must be between 0 and lease / 10 ({lease / 10:g} s), got "
-                         f"{report_interval}: a queued report must be flushed long before its lease ends")
+        raise ValueError(
+            f"report_interval must be between 0 and lease / 10 ({lease / 10:g} s), got "
+            f"{report_interval}: a queued report must be flushed long before its lease ends"
+        )
     if claim_retries < 1:
         raise ValueError("claim_retries must be at least 1")
 
@@ -183,11 +191,24 @@ class Dispatcher:
             name=f"pginbox-dispatch-{self.name}",
         )
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"deliver-{self.name}")
-        self._listener = Listener(self.listen_dsn or self.dsn, self.name, self.stats, probe_interval=probe_interval,
-                                  on_reconnect=self.metrics.reconnects.inc, dedicated=self.listen_dsn is not None)
-        self._reporter = Reporter(self.name, self._pool, self.stats, self.metrics, batch=self.report_batch,
-                                  interval=self.report_interval, on_flushed=self._reports_flushed,
-                                  defer_after=self.defer_after).start()
+        self._listener = Listener(
+            self.listen_dsn or self.dsn,
+            self.name,
+            self.stats,
+            probe_interval=probe_interval,
+            on_reconnect=self.metrics.reconnects.inc,
+            dedicated=self.listen_dsn is not None,
+        )
+        self._reporter = Reporter(
+            self.name,
+            self._pool,
+            self.stats,
+            self.metrics,
+            batch=self.report_batch,
+            interval=self.report_interval,
+            on_flushed=self._reports_flushed,
+            defer_after=self.defer_after,
+        ).start()
 
     def _configure_connection(self, conn: psycopg.Connection[Any]) -> None:
         """Every new pool connection: behind a pooler, no prepared statements (pginbox.pooler);
@@ -195,8 +216,13 @@ class Dispatcher:
         self.timeline.read(conn)
         if pooler.behind_pooler(conn):
             if not self._behind_pooler:
-                log.info(kv("behind_pooler", dispatcher=self.name,
-                            detail="the claims' connections go through a connection pooler: no prepared statements"))
+                log.info(
+                    kv(
+                        "behind_pooler",
+                        dispatcher=self.name,
+                        detail="the claims' connections go through a connection pooler: no prepared statements",
+                    )
+                )
             self._behind_pooler = True
             pooler.configure(conn)
 
@@ -239,8 +265,12 @@ class Dispatcher:
         age = None if last is None else time.monotonic() - last
         listening = self.listening
         reason = self._listener.polling_reason
-        healthy = (listening or reason is not None) and age is not None and age <= self.stall_after \
+        healthy = (
+            (listening or reason is not None)
+            and age is not None
+            and age <= self.stall_after
             and not self._stop.is_set()
+        )
         return healthy, {
             "healthy": healthy,
             "dispatcher": self.name,
@@ -264,8 +294,13 @@ class Dispatcher:
         if isinstance(transports, Mapping):
             self.metrics.destinations(transports)
         self._resolve = resolve
-        log.info(kv("transports_replaced", dispatcher=self.name,
-                    destinations=",".join(sorted(transports)) if isinstance(transports, Mapping) else "resolver"))
+        log.info(
+            kv(
+                "transports_replaced",
+                dispatcher=self.name,
+                destinations=",".join(sorted(transports)) if isinstance(transports, Mapping) else "resolver",
+            )
+        )
 
     def stop(self) -> None:
         """Stop claiming; run()/run_once() finish the in-flight deliveries and return. Safe from a
@@ -290,9 +325,11 @@ class Dispatcher:
             if got == _CLAIM_FAILED:
                 if self._claim_failures >= self.claim_retries:
                     self._wait_in_flight()
-                    raise ClaimError(f"dispatcher {self.name}: {self._claim_failures} claims in a row failed, "
-                                     f"the last with: {self._last_claim_error}",
-                                     sqlstate=self._last_claim_sqlstate) from self._last_claim_exc
+                    raise ClaimError(
+                        f"dispatcher {self.name}: {self._claim_failures} claims in a row failed, "
+                        f"the last with: {self._last_claim_error}",
+                        sqlstate=self._last_claim_sqlstate,
+                    ) from self._last_claim_exc
                 self._stop.wait(self._claim_backoff())
                 continue
             if not self._wait_in_flight():
@@ -370,8 +407,7 @@ class Dispatcher:
         """Room for more claims (caller holds _in_flight_cond): deliveries (claimed, report not
         queued yet) below max_in_flight, and queued reports below two flushes' worth."""
         delivering = len(self._in_flight) - self._queued
-        return min(self.max_in_flight - delivering,
-                   self.max_in_flight + 2 * self.report_batch - len(self._in_flight))
+        return min(self.max_in_flight - delivering, self.max_in_flight + 2 * self.report_batch - len(self._in_flight))
 
     def _claim_and_submit(self) -> int:
         """One claim_effects call for the free in-flight capacity; queues the deliveries.
@@ -396,10 +432,13 @@ class Dispatcher:
             self._last_claim_exc = exc
             self._last_claim_sqlstate = exc.sqlstate
             message = (exc.diag.message_primary or str(exc)).strip().splitlines()
-            self._last_claim_error = (f"{message[0] if message else type(exc).__name__}"
-                                      f"{f' (SQLSTATE {exc.sqlstate})' if exc.sqlstate else ''}")
-            log.warning(kv("claim_failed", dispatcher=self.name, attempt=self._claim_failures,
-                            error=self._last_claim_error))
+            self._last_claim_error = (
+                f"{message[0] if message else type(exc).__name__}"
+                f"{f' (SQLSTATE {exc.sqlstate})' if exc.sqlstate else ''}"
+            )
+            log.warning(
+                kv("claim_failed", dispatcher=self.name, attempt=self._claim_failures, error=self._last_claim_error)
+            )
             return _CLAIM_FAILED
         self._claim_failures = 0
         self.timeline.ok()
@@ -459,8 +498,9 @@ class Dispatcher:
             ]
             self._timed_out.update(e.lease_token for e in hung)
         for effect in hung:
-            report = DeliveryReport.failed(f"ambiguous: delivery timed out after {self.delivery_timeout:g} s",
-                                           retryable=True)
+            report = DeliveryReport.failed(
+                f"ambiguous: delivery timed out after {self.delivery_timeout:g} s", retryable=True
+            )
             self._report(effect, report, int(self.delivery_timeout * 1000), release=False)
 
     def _maybe_extend_leases(self) -> None:
@@ -469,18 +509,22 @@ class Dispatcher:
         now = datetime.datetime.now(datetime.UTC)
         with self._in_flight_cond:
             due = [
-                e for e in self._in_flight.values()
-                if e.lease_expires_at is not None and (e.lease_expires_at - now).total_seconds() < self.lease / 3
+                e
+                for e in self._in_flight.values()
+                if e.lease_expires_at is not None
+                and (e.lease_expires_at - now).total_seconds() < self.lease / 3
                 and e.lease_token not in self._timed_out
             ]
         for effect in due:
             try:
                 with self._pool.connection() as conn:
-                    row = conn.execute(EXTEND, (effect.effect_id, effect.lease_token,
-                                                 datetime.timedelta(seconds=self.lease))).fetchone()
+                    row = conn.execute(
+                        EXTEND, (effect.effect_id, effect.lease_token, datetime.timedelta(seconds=self.lease))
+                    ).fetchone()
             except psycopg.Error as exc:
-                log.warning(kv("extend_failed", dispatcher=self.name, effect_id=effect.effect_id,
-                                error=str(exc).strip()))
+                log.warning(
+                    kv("extend_failed", dispatcher=self.name, effect_id=effect.effect_id, error=str(exc).strip())
+                )
                 continue
             expires = row[0] if row else None
             with self._in_flight_cond:
@@ -489,11 +533,18 @@ class Dispatcher:
                         started = self._started.get(effect.lease_token)
                         self.stats.add(extend_fenced=1)
                         self.metrics.fenced_out.labels("extend").inc()
-                        log.warning(kv("report_fenced", dispatcher=self.name, effect_id=effect.effect_id,
-                                        destination=effect.destination, attempt=effect.attempts,
-                                        lease_token=effect.lease_token, report="extend",
-                                        duration_ms=None if started is None
-                                        else int((time.monotonic() - started) * 1000)))
+                        log.warning(
+                            kv(
+                                "report_fenced",
+                                dispatcher=self.name,
+                                effect_id=effect.effect_id,
+                                destination=effect.destination,
+                                attempt=effect.attempts,
+                                lease_token=effect.lease_token,
+                                report="extend",
+                                duration_ms=None if started is None else int((time.monotonic() - started) * 1000),
+                            )
+                        )
                         # keep it in flight (the delivery still runs); stop trying to extend it
                         expires = now + datetime.timedelta(days=1)
                     self._in_flight[effect.lease_token] = replace(effect, lease_expires_at=expires)

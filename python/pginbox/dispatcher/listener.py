@@ -29,9 +29,18 @@ __all__ = ["Listener"]
 class Listener:
     """The autocommit LISTEN session: reconnects with capped, jittered exponential backoff."""
 
-    def __init__(self, dsn: str, name: str, stats: DispatcherStats, *, probe_interval: float,
-                 backoff_base: float = 0.05, backoff_max: float = 5.0,
-                 on_reconnect: Callable[[], None] | None = None, dedicated: bool = False) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        name: str,
+        stats: DispatcherStats,
+        *,
+        probe_interval: float,
+        backoff_base: float = 0.05,
+        backoff_max: float = 5.0,
+        on_reconnect: Callable[[], None] | None = None,
+        dedicated: bool = False,
+    ) -> None:
         self.dsn = dsn
         self.dedicated = dedicated  # dsn is the --listen-dsn, not the claims' DSN
         #: Why this listener does not LISTEN (the dispatcher polls), or None while it may.
@@ -68,7 +77,9 @@ class Listener:
         while not stop.is_set():
             try:
                 conn = psycopg.connect(
-                    self.dsn, autocommit=True, application_name=f"pginbox-dispatch-listen:{self.name}",
+                    self.dsn,
+                    autocommit=True,
+                    application_name=f"pginbox-dispatch-listen:{self.name}",
                     prepare_threshold=None,
                 )
                 if pooler.behind_pooler(conn):
@@ -79,8 +90,15 @@ class Listener:
             except psycopg.Error as exc:
                 self.failures += 1
                 delay = jittered(self.failures, self.backoff_base, self.backoff_max)
-                log.warning(kv("listen_connect_failed", dispatcher=self.name, attempt=self.failures,
-                                retry_in=f"{delay:.3f}", error=str(exc).strip()))
+                log.warning(
+                    kv(
+                        "listen_connect_failed",
+                        dispatcher=self.name,
+                        attempt=self.failures,
+                        retry_in=f"{delay:.3f}",
+                        error=str(exc).strip(),
+                    )
+                )
                 stop.wait(delay)
                 continue
             self.conn = conn

@@ -4,8 +4,20 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["CAN_DEFER", "CHANNEL", "CLAIM", "CLAIM_V2", "COMPLETE_MANY", "DEFER_MANY", "EXTEND", "FAIL_MANY", "IDLE",
-           "LISTEN", "REPORT_MANY", "SCHEMA_VERSION"]
+__all__ = [
+    "CAN_DEFER",
+    "CHANNEL",
+    "CLAIM",
+    "CLAIM_V2",
+    "COMPLETE_MANY",
+    "DEFER_MANY",
+    "EXTEND",
+    "FAIL_MANY",
+    "IDLE",
+    "LISTEN",
+    "REPORT_MANY",
+    "SCHEMA_VERSION",
+]
 
 #: The NOTIFY channel of inbox.dispatcher_idle's wake-up signal.
 CHANNEL: Final = "inbox_outbox"

@@ -91,17 +91,33 @@ class _Arrays:
 
     def params(self) -> tuple[list[Any], ...]:
         if self.failures:
-            return (self.effect_ids, self.lease_tokens, self.errors, self.retryables, self.status_codes,
-                    self.excerpts, self.durations_ms)
+            return (
+                self.effect_ids,
+                self.lease_tokens,
+                self.errors,
+                self.retryables,
+                self.status_codes,
+                self.excerpts,
+                self.durations_ms,
+            )
         return self.effect_ids, self.lease_tokens, self.status_codes, self.excerpts, self.durations_ms
 
 
 class Reporter:
     """The reporter thread of one dispatcher (see the module docstring)."""
 
-    def __init__(self, name: str, pool: ConnectionPool[Any], stats: DispatcherStats, metrics: DispatcherMetrics, *,
-                 batch: int, interval: float, on_flushed: Callable[[list[Report]], None],
-                 defer_after: float = 30.0) -> None:
+    def __init__(
+        self,
+        name: str,
+        pool: ConnectionPool[Any],
+        stats: DispatcherStats,
+        metrics: DispatcherMetrics,
+        *,
+        batch: int,
+        interval: float,
+        on_flushed: Callable[[list[Report]], None],
+        defer_after: float = 30.0,
+    ) -> None:
         self.name = name
         self.defer_after = defer_after
         self._can_defer: bool | None = None  # the schema has inbox.defer_effects (asked at the first deferral)
@@ -147,8 +163,8 @@ class Reporter:
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
-            batch = self._queue[:self.batch]
-            del self._queue[:self.batch]
+            batch = self._queue[: self.batch]
+            del self._queue[: self.batch]
             return batch
 
     def _run(self) -> None:
@@ -182,8 +198,13 @@ class Reporter:
             statements.append((FAIL_MANY, failed.params(), [failed]))
         if deferred.items:
             reasons = [str(item.report.defer) for item, _ in deferred.items]
-            params = (deferred.effect_ids, deferred.lease_tokens, reasons, deferred.errors,
-                      datetime.timedelta(seconds=self.defer_after))
+            params = (
+                deferred.effect_ids,
+                deferred.lease_tokens,
+                reasons,
+                deferred.errors,
+                datetime.timedelta(seconds=self.defer_after),
+            )
             statements.append((DEFER_MANY, params, [deferred]))
         for query, params, arrays in statements:
             try:
@@ -216,8 +237,9 @@ class Reporter:
                 return False  # ask again next time
         return self._can_defer
 
-    def _record_outcomes(self, outcomes: dict[tuple[str, int], str], done: _Arrays, failed: _Arrays,
-                         deferred: _Arrays | None = None) -> None:
+    def _record_outcomes(
+        self, outcomes: dict[tuple[str, int], str], done: _Arrays, failed: _Arrays, deferred: _Arrays | None = None
+    ) -> None:
         """Counts, lag observations and log lines of the results SQL returned for each report
         (a report without a result row was fenced)."""
         counts = {"delivered": 0, "retried": 0, "dead": 0, "deferred": 0, "fenced": 0}
@@ -234,8 +256,14 @@ class Reporter:
                     counts["deferred"] += 1
                     by_destination["deferred", destination] += 1
                     self._stats.destination_outcome(destination, item.report.defer)
-                    log.warning(kv("effect_deferred", **fields, reason=item.report.defer,
-                                   retry_in_seconds=f"{self.defer_after:g}"))
+                    log.warning(
+                        kv(
+                            "effect_deferred",
+                            **fields,
+                            reason=item.report.defer,
+                            retry_in_seconds=f"{self.defer_after:g}",
+                        )
+                    )
                 elif outcome == "delivered":
                     created = item.effect.created_at
                     lag = max((now - created).total_seconds(), 0.0) if created is not None else 0.0
@@ -262,7 +290,11 @@ class Reporter:
                         log.info(kv("effect_retry", **fields))
         self._stats.record_lags(lags)
         self._stats.add(**counts)
-        metric = {"delivered": self._metrics.delivered, "retried": self._metrics.retried, "dead": self._metrics.dead,
-                  "deferred": self._metrics.deferred}
+        metric = {
+            "delivered": self._metrics.delivered,
+            "retried": self._metrics.retried,
+            "dead": self._metrics.dead,
+            "deferred": self._metrics.deferred,
+        }
         for (outcome, destination), n in by_destination.items():
             metric[outcome].labels(destination).inc(n)

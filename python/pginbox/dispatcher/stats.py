@@ -82,8 +82,26 @@ class DispatcherStats:
 
 
 # Lag from an effect's created_at (its enqueuing transaction's start) to the recorded delivery.
-LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
-               21600.0, 86400.0)
+LAG_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+    900.0,
+    3600.0,
+    21600.0,
+    86400.0,
+)
 
 
 class DispatcherMetrics:
@@ -99,17 +117,23 @@ class DispatcherMetrics:
         self.delivered = counter("delivered", "Effects delivered (complete_effect accepted)", by)
         self.retried = counter("retried", "Failed attempts to be retried after a backoff (fail_effect -> pending)", by)
         self.dead = counter("dead", "Effects given up (fail_effect -> dead)", by)
-        self.deferred = counter("deferred", "Effects handed back without spending an attempt: no transport configured "
-                                "for the destination, or the broker cannot route yet (defer_effects)", by)
-        self.fenced_out = counter("fenced_out", "Reports refused by fencing: the lease was no longer current",
-                                  ("report",))
+        self.deferred = counter(
+            "deferred",
+            "Effects handed back without spending an attempt: no transport configured "
+            "for the destination, or the broker cannot route yet (defer_effects)",
+            by,
+        )
+        self.fenced_out = counter(
+            "fenced_out", "Reports refused by fencing: the lease was no longer current", ("report",)
+        )
         for report in ("complete", "fail", "extend"):
             self.fenced_out.labels(report)
         self.report_errors = counter("report_errors", "Reports that failed with a database error (the lease expires)")
         self.reconnects = counter("listen_reconnects", "Reconnections of the LISTEN session")
         self.failovers = counter("failovers", "Database failovers noticed (a new connection on a new WAL timeline)")
-        self.lag = metrics.histogram("lag_seconds", "Effect created_at (its transaction's start) to delivery recorded, "
-                                     "seconds", LAG_BUCKETS, by)
+        self.lag = metrics.histogram(
+            "lag_seconds", "Effect created_at (its transaction's start) to delivery recorded, seconds", LAG_BUCKETS, by
+        )
         self.in_flight = metrics.gauge("in_flight", "Deliveries in flight")
         self._per_destination = (self.claimed, self.delivered, self.retried, self.dead, self.deferred, self.lag)
         self.in_flight.set_function(in_flight)

@@ -89,8 +89,7 @@ class MetricRow:
 
 def _row(raw: Sequence[Any]) -> MetricRow:
     labels = raw[3] if isinstance(raw[3], dict) else json.loads(raw[3] or "{}")
-    return MetricRow(str(raw[0]), str(raw[1]), str(raw[2]), {str(k): str(v) for k, v in labels.items()},
-                     float(raw[4]))
+    return MetricRow(str(raw[0]), str(raw[1]), str(raw[2]), {str(k): str(v) for k, v in labels.items()}, float(raw[4]))
 
 
 def fetch_metrics(conn: psycopg.Connection[Any], timeout_ms: int | None = None) -> list[MetricRow]:
@@ -135,8 +134,9 @@ def rollup(conn: psycopg.Connection[Any], max_rows: int | None = None) -> int:
     return int(row[0]) if row and row[0] is not None else 0
 
 
-def configure(conn: psycopg.Connection[Any], *, counting: bool | None = None, grace: str | None = None,
-              batch: int | None = None) -> dict[str, Any]:
+def configure(
+    conn: psycopg.Connection[Any], *, counting: bool | None = None, grace: str | None = None, batch: int | None = None
+) -> dict[str, Any]:
     """inbox.configure_metrics (None keeps a setting); the settings after the call."""
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(CONFIGURE, {"counting": counting, "grace": grace, "batch": batch}).fetchone()
@@ -170,8 +170,9 @@ class DatabaseCollector:
     answers: pginbox_database_up 0 and no database series.
     """
 
-    def __init__(self, source: str | ConnectionPool[Any], *, timeout: float = 10.0,
-                 application_name: str = "pginbox-metrics") -> None:
+    def __init__(
+        self, source: str | ConnectionPool[Any], *, timeout: float = 10.0, application_name: str = "pginbox-metrics"
+    ) -> None:
         self._source = source
         self._timeout = timeout
         self._application_name = application_name
@@ -185,8 +186,12 @@ class DatabaseCollector:
         """The rows of inbox.metrics(), read now."""
         timeout_ms = int(self._timeout * 1000)
         if isinstance(self._source, str):
-            with psycopg.connect(self._source, autocommit=True, connect_timeout=max(1, int(self._timeout)),
-                                 application_name=self._application_name) as conn:
+            with psycopg.connect(
+                self._source,
+                autocommit=True,
+                connect_timeout=max(1, int(self._timeout)),
+                application_name=self._application_name,
+            ) as conn:
                 return fetch_metrics(conn, timeout_ms)
         with self._source.connection(timeout=self._timeout) as conn:
             return fetch_metrics(conn, timeout_ms)
@@ -203,8 +208,11 @@ class DatabaseCollector:
             up = 1.0
         yield from _families(rows)
         yield GaugeMetricFamily("pginbox_database_up", "Whether the last read of inbox.metrics() succeeded", value=up)
-        yield GaugeMetricFamily("pginbox_database_scrape_seconds", "Time the last read of inbox.metrics() took",
-                                value=time.monotonic() - started)
+        yield GaugeMetricFamily(
+            "pginbox_database_scrape_seconds",
+            "Time the last read of inbox.metrics() took",
+            value=time.monotonic() - started,
+        )
 
 
 class _HasStats(Protocol):
@@ -239,30 +247,42 @@ class InboxCollector:
             return family
 
         yield counter("pginbox_client_deliveries_total", "Messages that came back with a result", stats.deliveries)
-        outcomes = CounterMetricFamily("pginbox_client_outcomes_total", "Final outcomes of deliveries, by outcome",
-                                       labels=["consumer", "outcome"])
+        outcomes = CounterMetricFamily(
+            "pginbox_client_outcomes_total", "Final outcomes of deliveries, by outcome", labels=["consumer", "outcome"]
+        )
         for outcome, n in sorted(stats.outcomes.items(), key=lambda item: str(item[0].value)):
             outcomes.add_metric([c, str(outcome.value)], n)
         yield outcomes
         yield counter("pginbox_client_retries_total", "Whole-transaction re-runs after transient errors", stats.retries)
-        yield counter("pginbox_client_lock_wait_seconds_total",
-                      "Wall time of attempts that ended in a concurrency error (class 40, 55P03)",
-                      stats.lock_wait_seconds)
+        yield counter(
+            "pginbox_client_lock_wait_seconds_total",
+            "Wall time of attempts that ended in a concurrency error (class 40, 55P03)",
+            stats.lock_wait_seconds,
+        )
         yield counter("pginbox_client_backoff_seconds_total", "Time slept between attempts", stats.backoff_seconds)
-        transient = CounterMetricFamily("pginbox_client_transient_errors_total",
-                                        "Transient errors seen, by SQLSTATE ('connection' when there was none)",
-                                        labels=["consumer", "sqlstate"])
+        transient = CounterMetricFamily(
+            "pginbox_client_transient_errors_total",
+            "Transient errors seen, by SQLSTATE ('connection' when there was none)",
+            labels=["consumer", "sqlstate"],
+        )
         for key, n in sorted(stats.transient_errors.items()):
             transient.add_metric([c, key], n)
         yield transient
-        yield counter("pginbox_client_unknown_commits_total", "COMMITs whose reply was lost with the connection",
-                      stats.unknown_commits)
-        yield counter("pginbox_client_retries_exhausted_total", "Calls that gave up after RetryPolicy.max_attempts",
-                      stats.retries_exhausted)
+        yield counter(
+            "pginbox_client_unknown_commits_total",
+            "COMMITs whose reply was lost with the connection",
+            stats.unknown_commits,
+        )
+        yield counter(
+            "pginbox_client_retries_exhausted_total",
+            "Calls that gave up after RetryPolicy.max_attempts",
+            stats.retries_exhausted,
+        )
 
 
-def serve(registry: CollectorRegistry, *, port: int = 9188,
-          host: str = "127.0.0.1") -> tuple[WSGIServer, threading.Thread]:
+def serve(
+    registry: CollectorRegistry, *, port: int = 9188, host: str = "127.0.0.1"
+) -> tuple[WSGIServer, threading.Thread]:
     """Serve `registry` at http://host:port/metrics (any path answers) from a daemon thread.
     Stop it with server.shutdown(). port 0 picks a free port: server.server_port."""
     server, thread = start_http_server(port, addr=host, registry=registry)

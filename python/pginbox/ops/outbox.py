@@ -42,22 +42,29 @@ LAST_ERROR_READABLE: Final = "SELECT pg_catalog.has_column_privilege('inbox.outb
 
 # The reason an effect waits without spending attempts (inbox.defer_effects), while it does: it is
 # pending and was deferred after its last claim.
-_DEFERRED: Final = ("CASE WHEN status = 'pending' AND deferred_at >= coalesce(last_attempt_at, '-infinity') "
-                    "THEN deferred_reason END")
+_DEFERRED: Final = (
+    "CASE WHEN status = 'pending' AND deferred_at >= coalesce(last_attempt_at, '-infinity') THEN deferred_reason END"
+)
 _OUTBOX_FILTER: Final = """
  WHERE (%(status)s::text IS NULL OR status::text = %(status)s::text)
    AND (%(consumer)s::text IS NULL OR consumer = %(consumer)s::text)
    AND (%(destination)s::text IS NULL OR destination = %(destination)s::text)
 """
 # Newest first: what an operator looks for is what just went wrong, not the oldest delivered effect.
-OUTBOX_LIST: Final = """
+OUTBOX_LIST: Final = (
+    """
 SELECT effect_id, consumer, destination, status::text AS status, attempts, ordering_key, created_at, available_at,
        leased_by, last_status_code, dead_reason::text AS dead_reason, {last_error} AS last_error,
-       """ + _DEFERRED + """ AS deferred_reason, deferrals
-  FROM inbox.outbox""" + _OUTBOX_FILTER + """
+       """
+    + _DEFERRED
+    + """ AS deferred_reason, deferrals
+  FROM inbox.outbox"""
+    + _OUTBOX_FILTER
+    + """
  ORDER BY created_at DESC, order_seq DESC NULLS LAST, effect_id, consumer
  LIMIT %(limit)s
 """
+)
 OUTBOX_COUNT: Final = "SELECT count(*) FROM inbox.outbox" + _OUTBOX_FILTER
 # The effects an id names: itself, or (when no effect has that id) the ids it begins. At most 11
 # (the CLI lists up to 10 candidates of an ambiguous prefix).
@@ -71,14 +78,18 @@ UNION ALL
     AND (%(consumer)s::text IS NULL OR consumer = %(consumer)s::text)
   ORDER BY effect_id, consumer LIMIT 11)
 """
-OUTBOX_SHOW: Final = """
+OUTBOX_SHOW: Final = (
+    """
 SELECT effect_id, consumer, destination, status::text AS status, attempts, ordering_key, order_seq, blocked,
        created_at, available_at, lease_token, leased_by, lease_expires_at, last_attempt_at, {last_error} AS last_error,
        last_status_code, last_duration_ms, delivered_at, dead_reason::text AS dead_reason, discarded_at,
-       """ + _DEFERRED + """ AS deferred_reason, deferred_at, deferrals
+       """
+    + _DEFERRED
+    + """ AS deferred_reason, deferred_at, deferrals
   FROM inbox.outbox
  WHERE effect_id = %(effect_id)s AND consumer = %(consumer)s
 """
+)
 OUTBOX_SHOW_PAYLOAD: Final = """
 SELECT payload, headers, last_response_excerpt
   FROM inbox.outbox
@@ -127,8 +138,13 @@ class EffectDetails:
     discards: list[Row]
 
 
-def list_effects(conn: psycopg.Connection[Any], status: str | None, limit: int,
-                 consumer: str | None = None, destination: str | None = None) -> list[Row]:
+def list_effects(
+    conn: psycopg.Connection[Any],
+    status: str | None,
+    limit: int,
+    consumer: str | None = None,
+    destination: str | None = None,
+) -> list[Row]:
     """Effects in `status` (None: every status) of `consumer` (None: every consumer) to
     `destination` (None: every one), newest first. last_error is None for a role that may not read
     it (inbox_reader)."""
@@ -138,8 +154,9 @@ def list_effects(conn: psycopg.Connection[Any], status: str | None, limit: int,
         return cur.execute(query, params).fetchall()
 
 
-def count_effects(conn: psycopg.Connection[Any], status: str | None, consumer: str | None = None,
-                  destination: str | None = None) -> int:
+def count_effects(
+    conn: psycopg.Connection[Any], status: str | None, consumer: str | None = None, destination: str | None = None
+) -> int:
     """How many effects list_effects would list without its limit."""
     row = conn.execute(OUTBOX_COUNT, {"status": status, "consumer": consumer, "destination": destination}).fetchone()
     return int(row[0]) if row else 0
@@ -160,15 +177,17 @@ def find_effect(conn: psycopg.Connection[Any], effect_id: str, consumer: str | N
         return found[0]
     shown = ", ".join(f"{i!r} (consumer {c!r})" for i, c in found[:10]) + (", ..." if len(found) > 10 else "")
     if exact:
-        message = (f"effect {effect_id!r} is held by several consumers: {shown}; pass --consumer")
+        message = f"effect {effect_id!r} is held by several consumers: {shown}; pass --consumer"
     else:
-        message = (f"{effect_id!r} begins several effect ids: {shown}; pass more of the id"
-                   + ("" if consumer is not None else " or --consumer"))
+        message = f"{effect_id!r} begins several effect ids: {shown}; pass more of the id" + (
+            "" if consumer is not None else " or --consumer"
+        )
     raise AmbiguousEffect(message, found[:10])
 
 
-def show_effect(conn: psycopg.Connection[Any], effect_id: str, *, with_payload: bool = False,
-                consumer: str | None = None) -> EffectDetails | None:
+def show_effect(
+    conn: psycopg.Connection[Any], effect_id: str, *, with_payload: bool = False, consumer: str | None = None
+) -> EffectDetails | None:
     """One effect (its id or a unique prefix of it, see find_effect) and its audit rows; None when
     there is no such effect. last_error is None for a role that may not read it."""
     found = find_effect(conn, effect_id, consumer)
@@ -232,34 +251,53 @@ class BulkRedrive:
 def check_may_redrive(conn: psycopg.Connection[Any]) -> None:
     """Raises the database's own 42501 when this role may not redrive (before a bulk redrive
     selects anything, so that a reader is told so instead of 'redrove 0 of 0')."""
-    row = conn.execute("SELECT pg_catalog.has_function_privilege("
-                       "'inbox.redrive_effect(text, text, text, text)', 'EXECUTE')").fetchone()
+    row = conn.execute(
+        "SELECT pg_catalog.has_function_privilege('inbox.redrive_effect(text, text, text, text)', 'EXECUTE')"
+    ).fetchone()
     if row is not None and not row[0]:
         with conn.transaction(force_rollback=True):
             conn.execute("SELECT inbox.redrive_effect(NULL, NULL)")  # permission denied for function ...
 
 
-def select_dead(conn: psycopg.Connection[Any], *, destination: str | None = None, consumer: str | None = None,
-                dead_reason: str | None = None, since: str | None = None, until: str | None = None,
-                limit: int = 10000) -> list[Row]:
+def select_dead(
+    conn: psycopg.Connection[Any],
+    *,
+    destination: str | None = None,
+    consumer: str | None = None,
+    dead_reason: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
+    limit: int = 10000,
+) -> list[Row]:
     """The dead effects matching every filter given (created_at in [since, until)), oldest first;
     tenant None for a role that may not read it (a reader's --dry-run)."""
-    params = {"destination": destination, "consumer": consumer, "dead_reason": dead_reason, "since": since,
-              "until": until, "limit": limit}
+    params = {
+        "destination": destination,
+        "consumer": consumer,
+        "dead_reason": dead_reason,
+        "since": since,
+        "until": until,
+        "limit": limit,
+    }
     readable = conn.execute("SELECT pg_catalog.has_column_privilege('inbox.outbox', 'tenant', 'SELECT')").fetchone()
     query = DEAD_SELECTION.format(tenant="tenant" if readable and readable[0] else "NULL::text")
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(query, params).fetchall()
 
 
-def redrive_many(conn: psycopg.Connection[Any], effects: list[Row], note: str,
-                 progress: Callable[[BulkRedrive], None] | None = None) -> BulkRedrive:
+def redrive_many(
+    conn: psycopg.Connection[Any], effects: list[Row], note: str, progress: Callable[[BulkRedrive], None] | None = None
+) -> BulkRedrive:
     """inbox.redrive_effect for each selected effect, one transaction each (a failure of one leaves
     the others redriven): the same audit row as a single redrive. `progress` after each."""
     result = BulkRedrive(selected=len(effects))
     for effect in effects:
-        params = {"effect_id": effect["effect_id"], "note": note, "consumer": effect["consumer"],
-                  "tenant": effect["tenant"]}
+        params = {
+            "effect_id": effect["effect_id"],
+            "note": note,
+            "consumer": effect["consumer"],
+            "tenant": effect["tenant"],
+        }
         try:
             with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
                 row = cur.execute(OUTBOX_REDRIVE_EXACT, params).fetchone()

@@ -78,6 +78,7 @@ def _for_readers(statement: LiteralString) -> LiteralString:
         statement = statement.replace(column, blank)
     return statement
 
+
 # %(status)s / %(consumer)s NULL: no filter. The values are known when the statement is planned,
 # so the planner folds the unused branch away.
 LIST_ENTRIES: Final = """

@@ -103,15 +103,21 @@ SELECT i.item_no, i.tenant, i.producer, i.message_id, i.status, i.reason_code, i
 def _error(exc: psycopg.Error, what: str) -> ReplayError:
     state = exc.sqlstate
     if state == "42501" and missing_grant(exc):
-        return ReplayError(f"permission denied to {what}: replay plans need the inbox_operator role "
-                           "(inbox_reader may read inbox.replay_status)", sqlstate=state)
+        return ReplayError(
+            f"permission denied to {what}: replay plans need the inbox_operator role "
+            "(inbox_reader may read inbox.replay_status)",
+            sqlstate=state,
+        )
     if state in ("3F000", "42P01") or (state == "42883" and "inbox." in str(exc) and "does not exist" in str(exc)):
         return ReplayError("replay plans are not deployed in this database: run `pginbox deploy`", sqlstate=state)
     if state in ("22P02", "42883") and what.startswith(("create replay plan", "accept a new version")):
         # The handler is cast to regprocedure: PostgreSQL's words ("expected a left parenthesis",
         # "function x does not exist") do not say which argument, nor its form.
-        return ReplayError(f"{what}: --handler must name an existing function with its argument types, e.g. "
-                           f"'billing.credit(jsonb)' ({server_message(exc)})", sqlstate=state)
+        return ReplayError(
+            f"{what}: --handler must name an existing function with its argument types, e.g. "
+            f"'billing.credit(jsonb)' ({server_message(exc)})",
+            sqlstate=state,
+        )
     cls = ReplayStopped if state == SQLSTATE_VERSION_CHANGED else ReplayError
     return cls(f"{what}: {server_message(exc)}", sqlstate=state)
 
@@ -134,14 +140,16 @@ def _execute_one(conn: psycopg.Connection[Any], query: str, params: Mapping[str,
 SKIP_REASONS: Final = {
     "same_version": "the message was processed with the pinned version already: it has that version's effect",
     "duplicate": "its operation id was claimed already (an earlier run or another runner applied it): "
-                 "the handler did not run",
+    "the handler did not run",
     "not_processed": "the original message is no longer processed (changed behind the API)",
     "message_missing": "the original message is gone (deleted behind the API)",
     "cancelled": "the plan was cancelled",
 }
 #: What a failed item's reason_code is.
-FAILED_REASON: Final = ("the handler raised (reason: its constraint name or SQLSTATE); the item's writes rolled back "
-                        "and this plan does not retry it: fix the cause, then put it in a new plan")
+FAILED_REASON: Final = (
+    "the handler raised (reason: its constraint name or SQLSTATE); the item's writes rolled back "
+    "and this plan does not retry it: fix the cause, then put it in a new plan"
+)
 
 
 def explain_skip(reason_code: str) -> str:
@@ -177,12 +185,21 @@ class RunResult:
             "plan_id": self.plan_id,
             "status": self.status,
             "calls": self.calls,
-            "this_run": {"applied": self.applied_now, "failed": self.failed_now, "skipped": self.skipped_now,
-                         "failed_by_reason": dict(self.failed_by_reason),
-                         "skipped_by_reason": [{"reason_code": code, "items": n, "meaning": explain_skip(code)}
-                                               for code, n in self.skipped_by_reason.items()]},
+            "this_run": {
+                "applied": self.applied_now,
+                "failed": self.failed_now,
+                "skipped": self.skipped_now,
+                "failed_by_reason": dict(self.failed_by_reason),
+                "skipped_by_reason": [
+                    {"reason_code": code, "items": n, "meaning": explain_skip(code)}
+                    for code, n in self.skipped_by_reason.items()
+                ],
+            },
             "totals": {
-                "pending": self.pending, "applied": self.applied, "failed": self.failed, "skipped": self.skipped,
+                "pending": self.pending,
+                "applied": self.applied,
+                "failed": self.failed,
+                "skipped": self.skipped,
             },
         }
 
@@ -214,8 +231,14 @@ def create_plan(
     conn: psycopg.Connection[Any], name: str, consumer: str, message_type: str, handler: str, version: str, note: str
 ) -> int:
     """inbox.create_replay_plan; returns the new plan_id."""
-    params = {"name": name, "consumer": consumer, "message_type": message_type, "handler": handler,
-              "version": version, "note": note}
+    params = {
+        "name": name,
+        "consumer": consumer,
+        "message_type": message_type,
+        "handler": handler,
+        "version": version,
+        "note": note,
+    }
     return int(_execute_one(conn, CREATE_PLAN, params, f"create replay plan {name!r}")["plan_id"])
 
 
@@ -242,8 +265,9 @@ def add_items(conn: psycopg.Connection[Any], plan_id: int, items: Iterable[Row],
     batch: list[Row] = []
 
     def flush() -> int:
-        row = _execute_one(conn, ADD_ITEMS, {"plan_id": plan_id, "items": Jsonb(batch)},
-                           f"add items to replay plan {plan_id}")
+        row = _execute_one(
+            conn, ADD_ITEMS, {"plan_id": plan_id, "items": Jsonb(batch)}, f"add items to replay plan {plan_id}"
+        )
         return int(row["added"])
 
     for item in items:
@@ -271,7 +295,11 @@ def _run_call(conn: psycopg.Connection[Any], plan_id: int, max_items: int) -> tu
 
 
 def run_plan(
-    conn: psycopg.Connection[Any], plan_id: int, *, max_items: int = 100, until_done: bool = False,
+    conn: psycopg.Connection[Any],
+    plan_id: int,
+    *,
+    max_items: int = 100,
+    until_done: bool = False,
     progress: Callable[[RunResult], None] | None = None,
 ) -> RunResult:
     """inbox.run_replay_plan, one transaction per call; with until_done, call again while items are
@@ -300,11 +328,21 @@ def run_plan(
                 "`pginbox replay accept-version` (or cancels the plan)",
                 sqlstate=SQLSTATE_VERSION_CHANGED,
             )
-        result = RunResult(plan_id=plan_id, status=row["status"], calls=calls, applied_now=applied,
-                           failed_now=failed, skipped_now=skipped, pending=row["pending"], applied=row["applied"],
-                           failed=row["failed"], skipped=row["skipped"],
-                           failed_by_reason=dict(sorted(failed_by.items())),
-                           skipped_by_reason=dict(sorted(skipped_by.items())), pending_at_start=pending_at_start)
+        result = RunResult(
+            plan_id=plan_id,
+            status=row["status"],
+            calls=calls,
+            applied_now=applied,
+            failed_now=failed,
+            skipped_now=skipped,
+            pending=row["pending"],
+            applied=row["applied"],
+            failed=row["failed"],
+            skipped=row["skipped"],
+            failed_by_reason=dict(sorted(failed_by.items())),
+            skipped_by_reason=dict(sorted(skipped_by.items())),
+            pending_at_start=pending_at_start,
+        )
         if progress is not None:
             progress(result)
         if not until_done or row["pending"] == 0 or done_now == 0 or row["status"] != "open":
@@ -319,8 +357,9 @@ def accept_version(conn: psycopg.Connection[Any], plan_id: int, handler: str, ve
 
 def cancel_plan(conn: psycopg.Connection[Any], plan_id: int, note: str) -> str:
     """inbox.cancel_replay_plan; returns the plan's status."""
-    return str(_execute_one(conn, CANCEL_PLAN, {"plan_id": plan_id, "note": note},
-                            f"cancel replay plan {plan_id}")["status"])
+    return str(
+        _execute_one(conn, CANCEL_PLAN, {"plan_id": plan_id, "note": note}, f"cancel replay plan {plan_id}")["status"]
+    )
 
 
 def plan_status(conn: psycopg.Connection[Any], plan_id: int | None = None) -> list[PlanStatus]:

@@ -213,8 +213,7 @@ def purge_consumer(
             return
         report.batches, report.rows_deleted = int(found.group(1)), int(found.group(3))
         if progress is not None:
-            progress(PurgeProgress(consumer, report.batches, report.rows_deleted,
-                                   time.monotonic() - started, estimate))
+            progress(PurgeProgress(consumer, report.batches, report.rows_deleted, time.monotonic() - started, estimate))
 
     cancelled = threading.Event()
     finished = threading.Event()
@@ -231,8 +230,14 @@ def purge_consumer(
                 return
 
     watcher = threading.Thread(target=watch_stop, name="pginbox-purge-stop", daemon=True) if stop else None
-    params = {"consumer": consumer, "producer": producer, "batch_size": batch_size, "max_batches": max_batches,
-              "wait_timeout": timedelta(seconds=wait_timeout), "pause": timedelta(seconds=pause)}
+    params = {
+        "consumer": consumer,
+        "producer": producer,
+        "batch_size": batch_size,
+        "max_batches": max_batches,
+        "wait_timeout": timedelta(seconds=wait_timeout),
+        "pause": timedelta(seconds=pause),
+    }
     conn.add_notice_handler(on_notice)
     try:
         if watcher is not None:
@@ -290,9 +295,17 @@ def purge(
     else:
         consumers = [row["consumer"] for row in _rows(conn, POLICY_CONSUMERS, {})]
     return [
-        purge_consumer(conn, name, batch_size=batch_size, max_batches=max_batches, wait_timeout=wait_timeout,
-                       pause=pause, stop=stop, progress=progress,
-                       estimate=estimate_rows_to_go(conn, name) if estimate else None)
+        purge_consumer(
+            conn,
+            name,
+            batch_size=batch_size,
+            max_batches=max_batches,
+            wait_timeout=wait_timeout,
+            pause=pause,
+            stop=stop,
+            progress=progress,
+            estimate=estimate_rows_to_go(conn, name) if estimate else None,
+        )
         for name in consumers
     ]
 
@@ -320,8 +333,16 @@ class PeriodicPurger:
     """Runs `purge` for every consumer with a policy every `every` seconds in a daemon thread
     (`pginbox dispatch --purge-every`). Errors are logged, never raised: the next round retries."""
 
-    def __init__(self, dsn: str, every: float, *, batch_size: int = 5000, max_batches: int = 1000,
-                 wait_timeout: float = 300.0, keep_delivered: timedelta | None = None) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        every: float,
+        *,
+        batch_size: int = 5000,
+        max_batches: int = 1000,
+        wait_timeout: float = 300.0,
+        keep_delivered: timedelta | None = None,
+    ) -> None:
         self.dsn = dsn
         self.every = every
         self.keep_delivered = keep_delivered
@@ -340,13 +361,20 @@ class PeriodicPurger:
 
     def run_once(self) -> list[PurgeReport]:
         with psycopg.connect(self.dsn, autocommit=True, application_name="pginbox-purger") as conn:
-            reports = purge(conn, batch_size=self.batch_size, max_batches=self.max_batches,
-                            wait_timeout=self.wait_timeout, stop=self._stop)
+            reports = purge(
+                conn,
+                batch_size=self.batch_size,
+                max_batches=self.max_batches,
+                wait_timeout=self.wait_timeout,
+                stop=self._stop,
+            )
         self.rounds += 1
         for report in reports:
             self.rows_deleted += report.rows_deleted
-            _log.info(f"purge consumer={report.consumer} status={report.status} rows={report.rows_deleted} "
-                      f"seconds={report.seconds}")
+            _log.info(
+                f"purge consumer={report.consumer} status={report.status} rows={report.rows_deleted} "
+                f"seconds={report.seconds}"
+            )
         if self.keep_delivered is not None:
             deleted = self.purge_effects()
             _log.info(f"purge outbox older_than={self.keep_delivered} rows={deleted}")
@@ -358,8 +386,9 @@ class PeriodicPurger:
         total = 0
         with psycopg.connect(self.dsn, autocommit=True, application_name="pginbox-purger") as conn:
             for _ in range(self.max_batches):
-                row = conn.execute(PURGE_EFFECTS, {"older_than": self.keep_delivered,
-                                                   "batch_size": self.batch_size}).fetchone()
+                row = conn.execute(
+                    PURGE_EFFECTS, {"older_than": self.keep_delivered, "batch_size": self.batch_size}
+                ).fetchone()
                 deleted = int(row[0]) if row is not None and row[0] is not None else 0
                 total += deleted
                 if deleted < self.batch_size or self._stop.is_set():

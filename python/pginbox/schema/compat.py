@@ -60,10 +60,12 @@ def version_text(package_version: str) -> str:
     """What `pginbox --version` prints: the package, the schema release it deploys, and the schema
     versions it works with."""
     supported = sorted(_supported())
-    return (f"pginbox {package_version}\n"
-            f"deploys schema release {KNOWN_SCHEMA_RELEASE} (schema version {KNOWN_SCHEMA_VERSION})\n"
-            f"works with deployed schema versions {supported[0]} to {supported[-1]} "
-            "(newer ones unless they break older clients)")
+    return (
+        f"pginbox {package_version}\n"
+        f"deploys schema release {KNOWN_SCHEMA_RELEASE} (schema version {KNOWN_SCHEMA_VERSION})\n"
+        f"works with deployed schema versions {supported[0]} to {supported[-1]} "
+        "(newer ones unless they break older clients)"
+    )
 
 
 def _supported() -> frozenset[int]:

@@ -134,8 +134,20 @@ def _apply_env(name: str, section: dict[str, Any], environ: Mapping[str, str]) -
     return merged
 
 
-_PLAIN_ENV_KEYS = ("type", "callable", "factory", "routing_key", "exchange", "subject", "stream", "maxlen",
-                   "producer", "message_type", "ordering_key", "topic")
+_PLAIN_ENV_KEYS = (
+    "type",
+    "callable",
+    "factory",
+    "routing_key",
+    "exchange",
+    "subject",
+    "stream",
+    "maxlen",
+    "producer",
+    "message_type",
+    "ordering_key",
+    "topic",
+)
 _DEFINING_ENV = ("_URL", "_CALLABLE", "_FACTORY")
 _TYPES = ("webhook", "rabbitmq", "nats", "redis", "kafka", "callable")
 
@@ -164,8 +176,10 @@ def destination_type(name: str, options: Mapping[str, Any]) -> str | None:
         return "redis"
     if scheme == "kafka":
         return "kafka"
-    raise ValueError(f"destination {name!r}: cannot tell the type from url scheme {scheme!r}: set type = "
-                     "'webhook', 'rabbitmq', 'nats', 'redis' or 'kafka'")
+    raise ValueError(
+        f"destination {name!r}: cannot tell the type from url scheme {scheme!r}: set type = "
+        "'webhook', 'rabbitmq', 'nats', 'redis' or 'kafka'"
+    )
 
 
 def _import(name: str, key: str, spec: str) -> Callable[..., object]:
@@ -175,8 +189,10 @@ def _import(name: str, key: str, spec: str) -> Callable[..., object]:
 def _broker_options(name: str, options: Mapping[str, Any], allowed: frozenset[str]) -> dict[str, Any]:
     unknown = set(options) - allowed - {"type", "url"}
     if unknown:
-        raise ValueError(f"destination {name!r}: unknown option(s) {sorted(unknown)} for type {options.get('type')!r}; "
-                         f"known: {sorted(allowed | {'type', 'url'})}")
+        raise ValueError(
+            f"destination {name!r}: unknown option(s) {sorted(unknown)} for type {options.get('type')!r}; "
+            f"known: {sorted(allowed | {'type', 'url'})}"
+        )
     out = {k: v for k, v in options.items() if k in allowed}
     if "timeout" in out:
         out["timeout"] = float(out["timeout"])
@@ -195,30 +211,36 @@ def transport_from_options(name: str, options: Mapping[str, Any]) -> Transport |
     if kind == "rabbitmq":
         from pginbox.brokers.rabbitmq import RabbitMQTransport
 
-        opts = _broker_options(name, {**options, "type": kind}, frozenset(
-            {"routing_key", "exchange", "producer", "message_type", "ordering_key", "timeout"}))
+        opts = _broker_options(
+            name,
+            {**options, "type": kind},
+            frozenset({"routing_key", "exchange", "producer", "message_type", "ordering_key", "timeout"}),
+        )
         return RabbitMQTransport(str(options["url"]), destination=name, **opts)
     if kind == "nats":
         from pginbox.brokers.jetstream import JetStreamTransport
 
-        opts = _broker_options(name, {**options, "type": kind},
-                               frozenset({"subject", "producer", "message_type", "timeout"}))
+        opts = _broker_options(
+            name, {**options, "type": kind}, frozenset({"subject", "producer", "message_type", "timeout"})
+        )
         if "subject" not in opts:
             raise ValueError(f"destination {name!r}: a NATS destination needs subject")
         return JetStreamTransport(str(options["url"]), destination=name, **opts)
     if kind == "redis":
         from pginbox.brokers.redis import RedisStreamsTransport
 
-        opts = _broker_options(name, {**options, "type": kind},
-                               frozenset({"stream", "producer", "message_type", "maxlen", "timeout"}))
+        opts = _broker_options(
+            name, {**options, "type": kind}, frozenset({"stream", "producer", "message_type", "maxlen", "timeout"})
+        )
         if "stream" not in opts:
             raise ValueError(f"destination {name!r}: a Redis destination needs stream")
         return RedisStreamsTransport(str(options["url"]), destination=name, **opts)
     if kind == "kafka":
         from pginbox.brokers.kafka import KafkaTransport
 
-        opts = _broker_options(name, {**options, "type": kind},
-                               frozenset({"topic", "producer", "message_type", "timeout"}))
+        opts = _broker_options(
+            name, {**options, "type": kind}, frozenset({"topic", "producer", "message_type", "timeout"})
+        )
         if "topic" not in opts:
             raise ValueError(f"destination {name!r}: a Kafka destination needs topic")
         return KafkaTransport(str(options["url"]), destination=name, **opts)
@@ -321,12 +343,15 @@ def load_config(
         transport = transport_from_options(name, options)
         if transport is not None:
             if name in entry_points:
-                raise ValueError(f"destination {name!r} is both configured (url, callable or factory) and an "
-                                 "entry point")
+                raise ValueError(
+                    f"destination {name!r} is both configured (url, callable or factory) and an entry point"
+                )
             transports[name] = transport
         elif name not in entry_points:
-            raise ValueError(f"destination {name!r}: no url and no entry point in group {ENTRY_POINT_GROUP!r} "
-                             "(nor callable / factory = 'module:function')")
+            raise ValueError(
+                f"destination {name!r}: no url and no entry point in group {ENTRY_POINT_GROUP!r} "
+                "(nor callable / factory = 'module:function')"
+            )
     for name, ep in entry_points.items():
         transports[name] = _entry_point_transport(name, ep.load(), sections.get(name, {}))
     return transports

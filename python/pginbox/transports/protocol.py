@@ -1,13 +1,13 @@
 """What a destination implements: `Transport.deliver(effect) -> DeliveryReport`.
 
-  delivered            error is None (status_code/response_excerpt describe the remote answer)
-  retryable failure    error set, retryable=True  (the dispatcher backs off and retries)
-  permanent failure    error set, retryable=False (the effect goes dead, visible to operators)
-  ambiguous outcome    deliver() RAISES: the destination may have acted; the dispatcher retries
-                       with the SAME idempotency key
-  deferred             error set, defer = a reason code (DeliveryReport.deferred): the destination
-                       is not ready yet (no transport configured, the broker cannot route yet);
-                       the effect waits without spending an attempt (inbox.defer_effects)
+delivered            error is None (status_code/response_excerpt describe the remote answer)
+retryable failure    error set, retryable=True  (the dispatcher backs off and retries)
+permanent failure    error set, retryable=False (the effect goes dead, visible to operators)
+ambiguous outcome    deliver() RAISES: the destination may have acted; the dispatcher retries
+                     with the SAME idempotency key
+deferred             error set, defer = a reason code (DeliveryReport.deferred): the destination
+                     is not ready yet (no transport configured, the broker cannot route yet);
+                     the effect waits without spending an attempt (inbox.defer_effects)
 """
 
 from __future__ import annotations

@@ -40,10 +40,24 @@ _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 _SENSITIVE_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
 # What an effect's headers never set (the dispatcher's: target, credentials, framing, hop-by-hop,
 # the idempotency key); the same list inbox._headers_ok refuses at enqueue.
-_DISPATCHER_HEADERS = frozenset({
-    "host", "authorization", "proxy-authorization", "cookie", "content-length", "transfer-encoding", "connection",
-    "keep-alive", "proxy-connection", "proxy-authenticate", "te", "trailer", "upgrade", "idempotency-key",
-})
+_DISPATCHER_HEADERS = frozenset(
+    {
+        "host",
+        "authorization",
+        "proxy-authorization",
+        "cookie",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "te",
+        "trailer",
+        "upgrade",
+        "idempotency-key",
+    }
+)
 
 
 def _status_matches(status: int, retry_on: Iterable[int | range]) -> bool:
@@ -90,8 +104,9 @@ class WebhookTransport:
         self.retry_on = tuple(retry_on)
         self.forward_on_redirect = frozenset(name.lower() for name in forward_on_redirect)
         # Dropped when a redirect changes the origin: every configured header not marked to follow.
-        self._secret_headers = (frozenset(name.lower() for name in self.headers) - self.forward_on_redirect) \
-            | _SENSITIVE_HEADERS
+        self._secret_headers = (
+            frozenset(name.lower() for name in self.headers) - self.forward_on_redirect
+        ) | _SENSITIVE_HEADERS
         self._client = httpx.Client(
             transport=GuardedHTTPTransport(AddressPolicy(self.allow_hosts)),
             timeout=httpx.Timeout(self.timeout),
@@ -129,8 +144,9 @@ class WebhookTransport:
         def redacted(report: DeliveryReport) -> DeliveryReport:
             if report.error is None:
                 return report
-            return DeliveryReport(report.status_code, report.response_excerpt, report.retryable,
-                                  redact_urls(report.error, seen))
+            return DeliveryReport(
+                report.status_code, report.response_excerpt, report.retryable, redact_urls(report.error, seen)
+            )
 
         body = json.dumps(effect.payload, separators=(",", ":"), ensure_ascii=False).encode()
         method = self.method
@@ -148,16 +164,19 @@ class WebhookTransport:
             except httpx.UnsupportedProtocol as exc:
                 return redacted(DeliveryReport(None, None, False, f"unsupported url: {exc}"))
             except httpx.TransportError as exc:
-                raise AmbiguousDelivery(redact_urls(
-                    f"outcome unknown for effect {effect.effect_id} at {url}: {type(exc).__name__}: {exc}", seen
-                )) from exc
+                raise AmbiguousDelivery(
+                    redact_urls(
+                        f"outcome unknown for effect {effect.effect_id} at {url}: {type(exc).__name__}: {exc}", seen
+                    )
+                ) from exc
             if status in _REDIRECT_STATUSES and location is not None:
                 seen.append(location)
                 try:
                     target = url.join(location)
                 except httpx.InvalidURL as exc:
-                    return redacted(DeliveryReport(status, excerpt, False,
-                                                   f"invalid redirect location {location!r}: {exc}"))
+                    return redacted(
+                        DeliveryReport(status, excerpt, False, f"invalid redirect location {location!r}: {exc}")
+                    )
                 seen.append(str(target))
                 if target.scheme not in ("http", "https"):
                     return DeliveryReport(status, excerpt, False, f"refused: redirect to {target.scheme} url")
