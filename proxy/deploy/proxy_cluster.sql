@@ -68,26 +68,31 @@ COMMENT ON FUNCTION inbox.partition_count() IS 'Partitions of the cluster inbox_
 
 -- RUN ON inbox.tenant_partition(tenant): the partition a tenant's calls go to. Holds the tenant's
 -- routing key shared for the rest of the transaction; refuses a tenant being moved with 55P03
--- (lock_not_available: retryable, the client retries the delivery later).
+-- (lock_not_available: retryable, the client retries the delivery later). Runs on every routed
+-- call: the lock (the IMMUTABLE helpers fold to constants), then one index probe of
+-- tenant_placement in a statement of its own, whose snapshot sees a move committed while the lock
+-- was awaited. inbox.claim_and_apply_batch does the same for all its tenants in two statements.
 CREATE FUNCTION inbox.tenant_partition(tenant text) RETURNS integer
     LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    placed inbox.tenant_placement;
     hash integer := inbox.tenant_hash(tenant_partition.tenant);
+    placed_partition integer;
+    placed_moving boolean;
 BEGIN
     PERFORM pg_catalog.pg_advisory_xact_lock_shared(inbox._route_lock_space(), hash);
-    SELECT p.* INTO placed FROM inbox.tenant_placement p
+    SELECT p.partition, p.moving INTO placed_partition, placed_moving FROM inbox.tenant_placement p
      WHERE p.tenant OPERATOR(pg_catalog.=) coalesce(tenant_partition.tenant, '');
     IF NOT FOUND THEN
         RETURN hash;
     END IF;
-    IF placed.moving THEN
-        RAISE EXCEPTION 'tenant % is being moved between shards: retry later', pg_catalog.quote_literal(placed.tenant)
+    IF placed_moving THEN
+        RAISE EXCEPTION 'tenant % is being moved between shards: retry later',
+            pg_catalog.quote_literal(coalesce(tenant_partition.tenant, ''))
             USING ERRCODE = 'lock_not_available',
                   HINT = 'An operator called inbox.begin_tenant_move; inbox.place_tenant ends the move.';
     END IF;
-    RETURN placed.partition;
+    RETURN placed_partition;
 END
 $$;
 COMMENT ON FUNCTION inbox.tenant_partition(text) IS

@@ -125,9 +125,10 @@ AS $$
 $$;
 
 -- One call per partition with that partition's elements (SPLIT): each shard runs its part of the
--- batch in one transaction; ordinals are the caller's, carried through. The caller computes each
--- element's partition (inbox.tenant_partition once per distinct tenant): RUN ON an argument takes
--- them as they are, without a query per element.
+-- batch in one transaction; ordinals are the caller's, carried through (the shard's row n is the
+-- n-th element of its part: ($3)[n], the arrays SPLIT builds start at 1). The caller computes each
+-- element's partition (as inbox.tenant_partition does, for all its tenants at once): RUN ON an
+-- argument takes them as they are, without a query per element.
 CREATE FUNCTION inbox._route_claim_and_apply_batch(consumer text, partitions integer[], ordinals integer[],
                                                    messages jsonb[])
     RETURNS TABLE (ordinal integer, tenant text, producer text, message_id text, outcome text,
@@ -138,10 +139,10 @@ AS $$
     CLUSTER 'inbox_shards';
     SPLIT partitions, ordinals, messages;
     RUN ON partitions;
-    SELECT o.n AS ordinal, r.tenant, r.producer, r.message_id, r.outcome, r.payload_sha256, r.stored_sha256,
-           r.handler_version, r.processed_at, r.quarantine_id, r.attempts, r.reason_code, r.error_message
-      FROM inbox.claim_and_apply_batch($1, pg_catalog.to_jsonb($4)) r
-      JOIN pg_catalog.unnest($3) WITH ORDINALITY AS o(n, i) ON o.i = r.ordinal;
+    SELECT ($3)[r.ordinal] AS ordinal, r.tenant, r.producer, r.message_id, r.outcome, r.payload_sha256,
+           r.stored_sha256, r.handler_version, r.processed_at, r.quarantine_id, r.attempts, r.reason_code,
+           r.error_message
+      FROM inbox.claim_and_apply_batch($1, pg_catalog.to_jsonb($4)) r;
 $$;
 
 ALTER FUNCTION inbox._route_claim_and_apply(text, text, text, text, jsonb, text, timestamptz) OWNER TO inbox_owner;
@@ -239,6 +240,7 @@ DECLARE
     partitions integer[];
     ordinals integer[];
     elements jsonb[];
+    moving text;
     err_state text;
     err_message text;
     err_detail text;
@@ -263,15 +265,26 @@ BEGIN
     IF pg_catalog.jsonb_array_length(messages) OPERATOR(pg_catalog.=) 0 THEN
         RETURN;
     END IF;
-    WITH msgs AS (
-        SELECT e.v, e.n::integer AS n, coalesce(e.v OPERATOR(pg_catalog.->>) 'tenant', '') AS tenant
-          FROM pg_catalog.jsonb_array_elements(messages) WITH ORDINALITY e(v, n)),
-    placed AS MATERIALIZED (
-        SELECT d.tenant, inbox.tenant_partition(d.tenant) AS part FROM (SELECT DISTINCT x.tenant FROM msgs x) d)
-    SELECT pg_catalog.array_agg(DISTINCT e.tenant), pg_catalog.array_agg(p.part ORDER BY e.n),
-           pg_catalog.array_agg(e.n ORDER BY e.n), pg_catalog.array_agg(e.v ORDER BY e.n)
-      INTO tenants, partitions, ordinals, elements
-      FROM msgs e JOIN placed p ON p.tenant OPERATOR(pg_catalog.=) e.tenant;
+    -- inbox.tenant_partition for every tenant of the batch, in two statements instead of a call
+    -- per tenant: the tenants' routing keys held shared first, then their placements read by a
+    -- statement whose snapshot follows the locks (a move committed meanwhile is seen). 55P03 names
+    -- the first of its tenants being moved.
+    PERFORM pg_catalog.pg_advisory_xact_lock_shared(inbox._route_lock_space(), inbox.tenant_hash(d.tenant))
+       FROM (SELECT DISTINCT coalesce(e.v OPERATOR(pg_catalog.->>) 'tenant', '') AS tenant
+               FROM pg_catalog.jsonb_array_elements(messages) e(v)) d;
+    SELECT pg_catalog.array_agg(DISTINCT x.tenant),
+           pg_catalog.array_agg(coalesce(p.partition, inbox.tenant_hash(x.tenant)) ORDER BY x.n),
+           pg_catalog.array_agg(x.n ORDER BY x.n), pg_catalog.array_agg(x.v ORDER BY x.n),
+           pg_catalog.min(x.tenant) FILTER (WHERE p.moving)
+      INTO tenants, partitions, ordinals, elements, moving
+      FROM (SELECT e.v, e.n::integer AS n, coalesce(e.v OPERATOR(pg_catalog.->>) 'tenant', '') AS tenant
+              FROM pg_catalog.jsonb_array_elements(messages) WITH ORDINALITY e(v, n)) x
+      LEFT JOIN inbox.tenant_placement p ON p.tenant OPERATOR(pg_catalog.=) x.tenant;
+    IF moving IS NOT NULL THEN
+        RAISE EXCEPTION 'tenant % is being moved between shards: retry later', pg_catalog.quote_literal(moving)
+            USING ERRCODE = 'lock_not_available',
+                  HINT = 'An operator called inbox.begin_tenant_move; inbox.place_tenant ends the move.';
+    END IF;
     BEGIN
         RETURN QUERY
         SELECT r.ordinal, r.tenant, r.producer, r.message_id, r.outcome, r.payload_sha256, r.stored_sha256,

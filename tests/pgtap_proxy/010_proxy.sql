@@ -8,7 +8,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(69);
+SELECT plan(70);
 
 -- ================================================================== catalog
 SELECT set_eq($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc p
@@ -145,6 +145,11 @@ SELECT throws_ok($$SELECT inbox.tenant_partition('acme')$$, '55P03',
                  'tenant ''acme'' is being moved between shards: retry later', 'a tenant being moved is held (55P03, retryable)');
 SELECT throws_ok($$SELECT * FROM inbox.claim_and_apply('billing', 'shop', 'm-1', 'credit', '{}', 'acme')$$, '55P03', NULL,
                  'its calls are held');
+SELECT throws_ok($$SELECT * FROM inbox.claim_and_apply_batch('billing',
+                     '[{"producer": "shop", "message_id": "m-1", "message_type": "credit", "payload": {}, "tenant": "zeta"},
+                       {"producer": "shop", "message_id": "m-2", "message_type": "credit", "payload": {}, "tenant": "acme"}]')$$,
+                 '55P03', 'tenant ''acme'' is being moved between shards: retry later',
+                 'a batch holding one of its messages is held, naming it, before any shard is called');
 SELECT throws_ok($$SELECT inbox.place_tenant('acme', 2, 'nowhere')$$, '22023', NULL, 'a partition that does not exist is refused');
 SELECT is(inbox.place_tenant('acme', 1, 'moved'), 1, 'place_tenant routes it');
 SELECT is(inbox.tenant_partition('acme'), 1, 'the placement wins over the hash');
