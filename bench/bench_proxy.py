@@ -16,7 +16,16 @@ Workloads are interleaved over --rounds rounds; each ratio is the median of its 
 (with their range). Targets: proxy / direct >= 0.8, batch-proxy / batch-direct >= 0.8.
 All databases share the machine's cores: see docs/scaling.md for what that means on separate hosts.
 
-Usage:  .venv/bin/python bench/bench_proxy.py [--seconds 5] [--rounds 2] [--clients 2] [--no-sync-commit]
+CPU per call (steadier than calls/s on a shared machine): each workload again, one session calling
+in a loop for --cpu-seconds, with the CPU time (/proc/<pid>/stat) of the session's backend (the
+"entry": the shard for direct calls, the proxy for routed ones) and of the backends PL/Proxy opened
+on the shards, per call; plus batch-direct with 1 and 12 messages, whose difference gives a shard's
+fixed cost per claim_and_apply_batch call (a proxied batch pays it once per shard it touches). From
+these, "separate_machines" predicts each ratio when every shard and the proxy have their own
+cores: the shards' CPU bounds the throughput, the proxy's CPU is its own (docs/scaling.md).
+
+Usage:  .venv/bin/python bench/bench_proxy.py [--seconds 5] [--rounds 2] [--clients 2] [--cpu-seconds 3]
+                                              [--no-sync-commit]
 """
 
 from __future__ import annotations
@@ -26,9 +35,14 @@ import json
 import os
 import statistics
 import subprocess
+import time
+import uuid
+from pathlib import Path
 
 import psycopg
 from benchlib import ROOT, SERVICE_ROLE, bench_database, create_service_role, deploy_sql, run_pgbench
+from psycopg.conninfo import make_conninfo
+from psycopg.types.json import Jsonb
 
 from pginbox.schema.sqitch import pinned_pgoptions
 
@@ -72,6 +86,81 @@ BATCH = f"""SELECT count(*) FROM inbox.claim_and_apply_batch('bench', (
 """
 
 
+TICKS = os.sysconf("SC_CLK_TCK")
+
+ONE_CALL = "SELECT r.outcome FROM inbox.claim_and_apply('bench', 'orders', %s, 'booked', '{\"amount\": 1}', %s) r"
+BATCH_CALL = "SELECT count(*) FROM inbox.claim_and_apply_batch('bench', %s)"
+HOP_CALL = "SELECT public.bench_hop(%s)"
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a server process (Linux /proc), 0 where unreadable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def batch_of(size: int) -> Jsonb:
+    return Jsonb(
+        [
+            {
+                "producer": "orders",
+                "message_id": str(uuid.uuid4()),
+                "message_type": "booked",
+                "payload": {"amount": 1},
+                "tenant": f"tenant-{g % TENANTS}",
+            }
+            for g in range(size)
+        ]
+    )
+
+
+def cpu_per_call(dsn: str, monitor_dsn: str, kind: str, size: int, seconds: float) -> dict[str, float]:
+    """One session calling `kind` in a loop for `seconds`: microseconds per call of wall time and of
+    CPU in the session's backend (entry), in the backends PL/Proxy opened on the shards (shards:
+    every other backend of the service role) and in this client."""
+
+    def call(conn: psycopg.Connection[tuple[object, ...]], i: int) -> None:
+        tenant = f"tenant-{i % TENANTS}"
+        if kind == "one":
+            conn.execute(ONE_CALL, (str(uuid.uuid4()), tenant)).fetchall()
+        elif kind == "hop":
+            conn.execute(HOP_CALL, (tenant,)).fetchall()
+        else:
+            conn.execute(BATCH_CALL, (batch_of(size),)).fetchall()
+
+    with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(monitor_dsn, autocommit=True) as mon:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        pid = int(row[0])
+        for i in range(4 * TENANTS if kind != "batch" else 8):  # warm: PL/Proxy's connections, plan caches
+            call(conn, i)
+        others = [
+            int(r[0])
+            for r in mon.execute(
+                "SELECT pid FROM pg_catalog.pg_stat_activity WHERE usename = %s AND pid <> %s", (SERVICE_ROLE, pid)
+            ).fetchall()
+        ]
+        before = {p: cpu_seconds(p) for p in [pid, *others]}
+        client0, wall0, calls = time.process_time(), time.perf_counter(), 0
+        while time.perf_counter() - wall0 < seconds:
+            call(conn, calls)
+            calls += 1
+        wall = time.perf_counter() - wall0
+        client = time.process_time() - client0
+        entry = cpu_seconds(pid) - before[pid]
+        shards = sum(cpu_seconds(p) - before[p] for p in others)
+    return {
+        "wall": round(1e6 * wall / calls),
+        "entry": round(1e6 * entry / calls),
+        "shards": round(1e6 * shards / calls),
+        "client": round(1e6 * client / calls),
+        "calls": calls,
+    }
+
+
 def deploy_proxy(dsn: str) -> None:
     env = {**os.environ, "PGOPTIONS": pinned_pgoptions(os.environ.get("PGOPTIONS"))}
     for change in ("proxy_roles", "proxy_cluster", "proxy_routing", "proxy_operator"):
@@ -96,11 +185,38 @@ def deploy_proxy(dsn: str) -> None:
             raise SystemExit(f"deploying proxy/{change} failed:\n{done.stderr}")
 
 
+def separate_machines(cpu: dict[str, dict[str, float]]) -> dict[str, object]:
+    """What the CPU per call predicts when the proxy and each shard have their own cores (one
+    shard's CPU bounds its throughput; the proxy's CPU is spent elsewhere).
+
+    throughput_ratio_per_shard: calls a shard serves through the proxy / direct, from the shards'
+    CPU per call alone (the proxy adds work on the shard: its unprepared remote query, more backends).
+    batch_throughput_ratio: the cluster's batches of 50 through the proxy over SHARDS shards / batches
+    of 50 on one database (each shard does its part; their CPU is summed over SHARDS machines).
+    batch_fixed_us: a shard's fixed CPU per claim_and_apply_batch call (from the 1- and 12-message
+    batches), paid once per shard a proxied batch touches.
+    proxy_cores_per_1000_calls_s: proxy CPU to route 1,000 calls a second (the entry backend)."""
+    per_message = (cpu["batch-direct-12"]["entry"] - cpu["batch-direct-1"]["entry"]) / 11
+    fixed = cpu["batch-direct-1"]["entry"] - per_message
+    return {
+        "throughput_ratio_per_shard": round(cpu["direct"]["entry"] / max(cpu["proxy"]["shards"], 1), 3),
+        "latency_us_direct_plus_hop": round(cpu["direct"]["wall"] + cpu["hop"]["wall"]),
+        "batch_throughput_ratio": round(
+            SHARDS * cpu["batch-direct"]["entry"] / max(cpu["batch-proxy"]["shards"], 1), 3
+        ),
+        "batch_fixed_us": round(fixed),
+        "batch_per_message_us": round(per_message),
+        "proxy_cores_per_1000_calls_s": round(cpu["proxy"]["entry"] / 1000, 3),
+        "proxy_cores_per_1000_batches_s": round(cpu["batch-proxy"]["entry"] / 1000, 3),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--clients", type=int, default=2)
+    parser.add_argument("--cpu-seconds", type=float, default=3.0, help="per workload of the CPU-per-call phase")
     parser.add_argument(
         "--no-sync-commit",
         action="store_true",
@@ -142,6 +258,18 @@ def main() -> None:
             for name, (script, db) in workloads.items():
                 tps[name].append(run_pgbench(cluster, script, args.clients, args.seconds, db=db, user=SERVICE_ROLE))
 
+        svc = {db: make_conninfo(cluster.dsn(db), user=SERVICE_ROLE) for db in ("bench", "proxy")}
+        monitor = cluster.dsn("postgres")
+        cpu = {
+            "direct": cpu_per_call(svc["bench"], monitor, "one", 1, args.cpu_seconds),
+            "proxy": cpu_per_call(svc["proxy"], monitor, "one", 1, args.cpu_seconds),
+            "hop": cpu_per_call(svc["proxy"], monitor, "hop", 1, args.cpu_seconds),
+            "batch-direct": cpu_per_call(svc["bench"], monitor, "batch", 50, args.cpu_seconds),
+            "batch-proxy": cpu_per_call(svc["proxy"], monitor, "batch", 50, args.cpu_seconds),
+            "batch-direct-1": cpu_per_call(svc["bench"], monitor, "batch", 1, args.cpu_seconds),
+            "batch-direct-12": cpu_per_call(svc["bench"], monitor, "batch", 12, args.cpu_seconds),
+        }
+
         def ratios(a: str, b: str) -> list[float]:
             return [x / y for x, y in zip(tps[a], tps[b], strict=True)]
 
@@ -160,6 +288,8 @@ def main() -> None:
                 round(statistics.median(batch), 3),
                 [round(min(batch), 3), round(max(batch), 3)],
             ],
+            "cpu_us_per_call": cpu,
+            "separate_machines": separate_machines(cpu),
             "clients": args.clients,
             "synchronous_commit": "off" if args.no_sync_commit else "on",
             "seconds": args.seconds,
