@@ -19,8 +19,9 @@ All databases share the machine's cores: see docs/scaling.md for what that means
 CPU per call (steadier than calls/s on a shared machine): each workload again, one session calling
 in a loop for --cpu-seconds, with the CPU time (/proc/<pid>/stat) of the session's backend (the
 "entry": the shard for direct calls, the proxy for routed ones) and of the backends PL/Proxy opened
-on the shards, per call; plus batch-direct with 1 and 12 messages, whose difference gives a shard's
-fixed cost per claim_and_apply_batch call (a proxied batch pays it once per shard it touches). From
+on the shards, per call, interleaved over --rounds rounds (medians); plus batch-direct with 1 message,
+which with the batch of 50 gives a shard's fixed cost per claim_and_apply_batch call and its cost
+per message (a proxied batch pays the fixed cost once per shard it touches). From
 these, "separate_machines" predicts each ratio when every shard and the proxy have their own
 cores: the shards' CPU bounds the throughput, the proxy's CPU is its own (docs/scaling.md).
 
@@ -190,13 +191,14 @@ def separate_machines(cpu: dict[str, dict[str, float]]) -> dict[str, object]:
     shard's CPU bounds its throughput; the proxy's CPU is spent elsewhere).
 
     throughput_ratio_per_shard: calls a shard serves through the proxy / direct, from the shards'
-    CPU per call alone (the proxy adds work on the shard: its unprepared remote query, more backends).
+    CPU per call alone (the proxy adds work on the shard: its unprepared remote query; here also four
+    shard databases' backends sharing two cores, which separate machines do not: a lower bound).
     batch_throughput_ratio: the cluster's batches of 50 through the proxy over SHARDS shards / batches
     of 50 on one database (each shard does its part; their CPU is summed over SHARDS machines).
-    batch_fixed_us: a shard's fixed CPU per claim_and_apply_batch call (from the 1- and 12-message
+    batch_fixed_us: a shard's fixed CPU per claim_and_apply_batch call (from the 1- and 50-message
     batches), paid once per shard a proxied batch touches.
     proxy_cores_per_1000_calls_s: proxy CPU to route 1,000 calls a second (the entry backend)."""
-    per_message = (cpu["batch-direct-12"]["entry"] - cpu["batch-direct-1"]["entry"]) / 11
+    per_message = (cpu["batch-direct"]["entry"] - cpu["batch-direct-1"]["entry"]) / 49
     fixed = cpu["batch-direct-1"]["entry"] - per_message
     return {
         "throughput_ratio_per_shard": round(cpu["direct"]["entry"] / max(cpu["proxy"]["shards"], 1), 3),
@@ -260,14 +262,21 @@ def main() -> None:
 
         svc = {db: make_conninfo(cluster.dsn(db), user=SERVICE_ROLE) for db in ("bench", "proxy")}
         monitor = cluster.dsn("postgres")
+        cpu_workloads = {
+            "direct": ("bench", "one", 1),
+            "proxy": ("proxy", "one", 1),
+            "hop": ("proxy", "hop", 1),
+            "batch-direct": ("bench", "batch", 50),
+            "batch-proxy": ("proxy", "batch", 50),
+            "batch-direct-1": ("bench", "batch", 1),
+        }
+        samples: dict[str, list[dict[str, float]]] = {name: [] for name in cpu_workloads}
+        for _ in range(args.rounds):  # interleaved like the throughput rounds; medians below
+            for name, (db, kind, size) in cpu_workloads.items():
+                samples[name].append(cpu_per_call(svc[db], monitor, kind, size, args.cpu_seconds))
         cpu = {
-            "direct": cpu_per_call(svc["bench"], monitor, "one", 1, args.cpu_seconds),
-            "proxy": cpu_per_call(svc["proxy"], monitor, "one", 1, args.cpu_seconds),
-            "hop": cpu_per_call(svc["proxy"], monitor, "hop", 1, args.cpu_seconds),
-            "batch-direct": cpu_per_call(svc["bench"], monitor, "batch", 50, args.cpu_seconds),
-            "batch-proxy": cpu_per_call(svc["proxy"], monitor, "batch", 50, args.cpu_seconds),
-            "batch-direct-1": cpu_per_call(svc["bench"], monitor, "batch", 1, args.cpu_seconds),
-            "batch-direct-12": cpu_per_call(svc["bench"], monitor, "batch", 12, args.cpu_seconds),
+            name: {field: round(statistics.median(s[field] for s in runs)) for field in runs[0]}
+            for name, runs in samples.items()
         }
 
         def ratios(a: str, b: str) -> list[float]:
