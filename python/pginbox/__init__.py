@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-
+from pginbox._version import __version__
 from pginbox.client.async_inbox import AsyncHandler, AsyncInbox
 from pginbox.client.durability import Durability
 from pginbox.client.inbox import Handler, Inbox
@@ -19,11 +18,6 @@ from pginbox.errors import (
     SchemaAccessError,
     SchemaVersionError,
 )
-
-try:
-    __version__ = version("pginbox")
-except PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0+unknown"
 
 __all__ = [
     "AsyncHandler",

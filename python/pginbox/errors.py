@@ -17,6 +17,7 @@ its subclasses, pass through unchanged where the docs say so).
       AmbiguousDelivery         a transport cannot tell whether the destination acted
       DestinationRefused        the SSRF guard refused a destination address
       BrokerError               a message broker (RabbitMQ, NATS JetStream) could not be used
+      BadInput                  a delivery cannot become a message (the consumer dead-letters it)
       ConsumerConfigError       the configuration of `pginbox consume` is incomplete or wrong
       SqitchError               sqitch could not be run or failed
       SqitchScriptError         `pginbox schema sql` could not render the Sqitch project as one script
@@ -26,10 +27,10 @@ its subclasses, pass through unchanged where the docs say so).
         SimulationError
         OutboxDemoRefused
 
-Not here, on purpose: the retry loop's internal signals (pginbox.client.shared.Transient and
-CommitUnknown, pginbox.integrations.sqlalchemy._Failed, never raised to a caller), the consumer's
-signal to dead-letter one message (pginbox.brokers.wire.BadInput, caught where it is raised) and
-the exceptions the demo's own handlers raise (they play the part of an application's errors).
+Not here, on purpose: the transaction protocol's internal signals (pginbox.client.protocol.Transient
+and CommitUnknown, and the Django handle's _HandlerError, never raised to a caller) and the
+exceptions the demo's own handlers raise (they play the part of an application's errors). The
+consumer's signal to dead-letter one message is BadInput, below.
 """
 
 from __future__ import annotations
@@ -39,10 +40,13 @@ from typing import Final
 
 import psycopg
 
+from pginbox.sqlstates import SQLSTATES
+
 __all__ = [
     "SQLSTATE_NAMES",
     "AmbiguousDelivery",
     "AmbiguousEffect",
+    "BadInput",
     "BrokerError",
     "ClaimError",
     "ClusterError",
@@ -71,31 +75,9 @@ __all__ = [
     "with_sqlstate",
 ]
 
-#: Condition names (PostgreSQL errcodes, plus the replay module's own) of the SQLSTATEs the
-#: operator commands meet; a message names the condition next to the code.
-SQLSTATE_NAMES: Final[Mapping[str, str]] = {
-    "22001": "string_data_right_truncation",
-    "22004": "null_value_not_allowed",
-    "22023": "invalid_parameter_value",
-    "22P02": "invalid_text_representation",
-    "3F000": "invalid_schema_name",
-    "40001": "serialization_failure",
-    "40P01": "deadlock_detected",
-    "42501": "insufficient_privilege",
-    "42704": "undefined_object",
-    "42710": "duplicate_object",
-    "42883": "undefined_function",
-    "42P01": "undefined_table",
-    "54000": "program_limit_exceeded",
-    "55000": "object_not_in_prerequisite_state",
-    "55P03": "lock_not_available",
-    "57014": "query_canceled",
-    "P0002": "no_data_found",
-    "IR001": "replay_handler_changed",
-    "IR002": "replay_pin_mismatch",
-    "IR003": "replay_payload_mismatch",
-    "IRK01": "kafka_partition_fenced",
-}
+#: Condition names (PostgreSQL errcodes, plus the package's own) of the SQLSTATEs pginbox knows
+#: (pginbox.sqlstates); a message names the condition next to the code.
+SQLSTATE_NAMES: Final[Mapping[str, str]] = {code: c.name for code, c in SQLSTATES.items() if len(code) == 5}
 
 
 def with_sqlstate(message: str, sqlstate: str | None) -> str:
@@ -256,6 +238,17 @@ class DestinationRefused(PginboxError):
 class BrokerError(PginboxError):
     """A message broker (RabbitMQ, NATS JetStream) could not be reached or refused an operation
     (the message says which broker and what to check)."""
+
+
+class BadInput(PginboxError):
+    """A delivery pginbox cannot process as it is (no identity, body not JSON, a timestamp out of
+    range, ...): the consumer dead-letters it with `sqlstate` (always set) and `reason`."""
+
+    sqlstate: str
+
+    def __init__(self, sqlstate: str, reason: str) -> None:
+        super().__init__(reason, sqlstate=sqlstate)
+        self.reason = reason
 
 
 class ConsumerConfigError(PginboxError, ValueError):

@@ -71,6 +71,8 @@ NAMES: dict[str, str] = {
     "__aenter__": "__enter__",
     "__aexit__": "__exit__",
     "AConn": "Conn",
+    # the protocol's drivers (pginbox.client.drive)
+    "drive_async": "drive",
     # asyncio.Lock -> threading.Lock: the sync client serializes callers of one connection across
     # threads; `import asyncio` becomes `import threading` (asyncio.sleep is renamed as a whole below).
     "asyncio": "threading",

@@ -12,17 +12,13 @@ import pytest
 import pginbox
 from pginbox import errors
 
-# Not errors of pginbox (see the pginbox.errors docstring): the retry loop's internal signals and
-# the exceptions the demo's own handlers and simulated crashes raise.
+# Not errors of pginbox (see the pginbox.errors docstring): the transaction protocol's internal
+# signals and the exceptions the demo's own handlers and simulated crashes raise.
 NOT_PGINBOX_ERRORS = {
-    "pginbox.client.shared.Transient",
-    "pginbox.client.shared.CommitUnknown",
-    "pginbox.integrations.sqlalchemy._Failed",
-    "pginbox.integrations.sqlalchemy_async._Failed",
-    "pginbox.integrations.django._Failed",  # the Django handle's internal signals, never raised out
-    "pginbox.integrations.django._HandlerError",
+    "pginbox.client.protocol.Transient",
+    "pginbox.client.protocol.CommitUnknown",
+    "pginbox.integrations.django._HandlerError",  # carries the handler's verdict out of atomic()
     "pginbox.ops.granted_repair._HandlerFailed",  # a repair grant's handler failed: recorded, never raised out
-    "pginbox.brokers.wire.BadInput",  # the consumer's signal to dead-letter one message, never raised out
     "pginbox.demo.act2_simulation._Crash",
     "pginbox.demo.act3_outbox.HandlerRefused",
 }

@@ -17,11 +17,12 @@ adapter is done when tests/python/test_broker_conformance.py passes with it.
 
 from __future__ import annotations
 
-import importlib
-from typing import Final
+from collections.abc import Callable
+from typing import Final, cast
 
 from pginbox.brokers.port import Broker, Delivery, Outgoing, Publisher, SourceConfig
 from pginbox.brokers.wire import BROKERS, BadInput, Header, IdentitySource, parse_message
+from pginbox.runtime.loading import load_object
 
 __all__ = [
     "ADAPTERS",
@@ -51,7 +52,6 @@ ADAPTERS: Final = {
 
 def make_broker(config: SourceConfig) -> Broker:
     """The inbound adapter for `config.broker`."""
-    module_name, _, attribute = ADAPTERS[config.broker].partition(":")
-    adapter = getattr(importlib.import_module(module_name), attribute)
-    broker: Broker = adapter(config)
+    adapter = load_object(ADAPTERS[config.broker], "broker adapter")
+    broker: Broker = cast(Callable[[SourceConfig], Broker], adapter)(config)
     return broker

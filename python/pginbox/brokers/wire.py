@@ -19,7 +19,8 @@ from typing import Any, Final
 from pginbox.brokers.port import Delivery, Outgoing
 from pginbox.client.outcomes import Message
 from pginbox.client.retry import classify
-from pginbox.errors import ConsumerConfigError
+from pginbox.errors import BadInput, ConsumerConfigError
+from pginbox.sqlstates import condition
 from pginbox.transports.effect import delivery_key
 
 __all__ = [
@@ -192,16 +193,6 @@ class IdentitySource:
         return value
 
 
-class BadInput(Exception):
-    """A message pginbox cannot process as it is (no identity, body not JSON, a timestamp out of
-    range, ...): the consumer dead-letters it with `sqlstate`."""
-
-    def __init__(self, sqlstate: str, reason: str) -> None:
-        super().__init__(reason)
-        self.sqlstate = sqlstate
-        self.reason = reason
-
-
 def _text(value: Any, name: str) -> str | None:
     if value is None:
         return None
@@ -313,17 +304,17 @@ class Action(enum.Enum):
 
 
 def action_for(exc: BaseException) -> Action:
-    """SQLSTATE class 40, 08, 53, 57, 55P03, no answer: RETRY. Class 22 and 54 (bad values,
-    sizes, depth), and a value the driver could not send: DEAD_LETTER. Anything else (42501 not
-    bound, 42704 nobody bound / no handler, 42883 a dropped handler, 42P01, 3F000 ...): HALT —
-    dead-lettering would empty the queue into the dead letter."""
+    """By pginbox.sqlstates: transient (class 40, 08, 53, 57, 55P03, no answer): RETRY. Bad input
+    (class 22 and 54: bad values, sizes, depth), and a value the driver could not send:
+    DEAD_LETTER. Anything else (42501 not bound, 42704 nobody bound / no handler, 42883 a dropped
+    handler, 42P01, 3F000 ...): HALT — dead-lettering would empty the queue into the dead letter."""
     if classify(exc) is not None:
         return Action.RETRY
     state = getattr(exc, "sqlstate", None)
     if state is None:
         # psycopg refused to send a value (a NUL in text): the message's, not the database's
         return Action.DEAD_LETTER if type(exc).__name__ == "DataError" else Action.RETRY
-    if state.startswith(("22", "54")):
+    if condition(state).bad_input:
         return Action.DEAD_LETTER
     return Action.HALT
 

@@ -13,16 +13,15 @@ connection's isolation_level) and sent in one round trip with the claim (pipelin
   apply        BEGIN + inbox.claim_and_apply | COMMIT
   apply_batch  BEGIN + inbox.claim_and_apply_batch (<= 64 messages) | COMMIT, per chunk
 
-Transient errors re-run the whole transaction (RetryPolicy). A connection lost during COMMIT is
-resolved with pg_xact_status on the transaction id read before COMMIT, never guessed.
+The protocol around these transactions (retries, a COMMIT whose answer was lost, the handler's
+rules) is pginbox.client.protocol, shared with the SQLAlchemy and Django integrations: this module
+runs its transactions on psycopg.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import random
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import replace
@@ -45,11 +44,13 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTi
 from pginbox import pooler
 from pginbox.client import queries
 from pginbox.client import shared as _core
+from pginbox.client.drive import drive_async
 from pginbox.client.durability import WAIT_DURABLE, Durability
 from pginbox.client.outcomes import InboxStats, Message, Outcome, Result
+from pginbox.client.protocol import Protocol, Transient, applied, commit_lost, judge_handler, raise_if_failed
 from pginbox.client.retry import RetryPolicy, TransientKind, classify
-from pginbox.client.shared import BeforeCommit, CallCost, ChunkHook, CommitUnknown, Failure, Transient
-from pginbox.errors import CommitOutcomeUnknown, HandlerProtocolError, NotDurable, PginboxError, RetriesExhausted
+from pginbox.client.shared import BeforeCommit, CallCost, ChunkHook, Failure
+from pginbox.errors import NotDurable, PginboxError
 from pginbox.sql_limits import MAX_BATCH
 
 __all__ = ["AsyncHandler", "AsyncInbox"]
@@ -66,6 +67,13 @@ AsyncHandler = Callable[[psycopg.AsyncCursor[Any], Message], Awaitable[object]]
 _IDLE = pq.TransactionStatus.IDLE
 _INERROR = pq.TransactionStatus.INERROR
 _PIPELINE = psycopg.AsyncPipeline.is_supported()
+
+
+def _transient(exc: BaseException) -> TransientKind | None:
+    """The transient kind of a driver error (a pool that timed out or closed is not one: raised)."""
+    if not isinstance(exc, psycopg.Error) or isinstance(exc, PoolTimeout | PoolClosed):
+        return None
+    return classify(exc)
 
 
 # The hot paths (handle, one statement) switch autocommit with these two calls around a
@@ -172,12 +180,19 @@ class AsyncInbox:
         self.durability = durability if durability is not None else Durability()
         self.consumer = consumer
         self.handler_version = handler_version
-        self.retry = retry if retry is not None else RetryPolicy()
         self.raise_on_failure = raise_on_failure
         self.batch_size = _core.check_batch_size(batch_size)
         self.pipeline = pipeline and _PIPELINE
         self._stats = _core.StatsCounter()
-        self._rng = random.Random()
+        self._protocol = Protocol(
+            retry if retry is not None else RetryPolicy(),
+            classify=_transient,
+            poll_status=self._poll_status,
+            terminate=self._terminate,
+            stats=self._stats,
+            on_pooler=self._found_pooler,
+            rng=random.Random(),
+        )
         self._schema_version: int | None = None
         self._behind_pooler = False
         self._pool: AsyncConnectionPool[Any] | None = None
@@ -208,6 +223,15 @@ class AsyncInbox:
             )
 
     # ------------------------------------------------------------------------- public API
+
+    @property
+    def retry(self) -> RetryPolicy:
+        """The RetryPolicy for transient errors (may be replaced)."""
+        return self._protocol.policy
+
+    @retry.setter
+    def retry(self, policy: RetryPolicy) -> None:
+        self._protocol.policy = policy
 
     @property
     def stats(self) -> InboxStats:
@@ -258,23 +282,26 @@ class AsyncInbox:
         the exception is re-raised instead, after recording. Transient errors re-run the whole
         transaction; RetriesExhausted when the policy gives up."""
         message = _core.check_message(message)
-        cost = CallCost()
+        consumer, version = self.consumer, self.handler_version
+
+        def record_failure(error: BaseException) -> Callable[[], Awaitable[Result]]:
+            reason, text = _core.failure_reason(error)
+            params = _core.record_failure_params(consumer, version, message, reason, text)
+            return partial(self._attempt, partial(self._statement_tx, query=queries.RECORD_FAILURE, params=params,
+                                                  build=_core.first_result))
+
+        start = None
         if message.redelivered:
-            start = (await self._record_starts([message], cost))[0]
-            if start is not None:
-                return await self._durable(self._stats.stamp([start], cost)[0])
-        attempt = await self._run(lambda conn: self._handle_attempt(conn, message, handler), cost)
-        if isinstance(attempt, Result):
-            return await self._durable(self._stats.stamp([attempt], cost)[0])
-        recorded = await self._record_failure(message, attempt.error, cost)
-        result = await self._durable(self._stats.stamp([recorded], cost, attempt.error)[0])
-        if self.raise_on_failure if raise_on_failure is None else raise_on_failure:
-            attempt.error.add_note(
-                f"pginbox: recorded as {result.outcome.value} (attempt {result.attempts}, "
-                f"reason {result.reason_code!r}) for message {message.message_id!r}"
-            )
-            raise attempt.error
-        return result
+            params = _core.record_starts_params(consumer, version, [message])
+            start = partial(self._attempt, partial(self._statement_tx, query=queries.RECORD_STARTS, params=params,
+                                                   build=_core.first_start))
+        result = await drive_async(self._protocol.handle(
+            message, start=start, attempt=partial(self._attempt, partial(self._handle_attempt, message=message,
+                                                                           handler=handler)),
+            record_failure=record_failure,
+        ))
+        result = await self._durable(result)
+        return raise_if_failed(result, message, self.raise_on_failure if raise_on_failure is None else raise_on_failure)
 
     async def apply(self, message: Message) -> Result:
         """inbox.claim_and_apply: claim and run the SQL handler registered for the message type,
@@ -440,19 +467,19 @@ class AsyncInbox:
                 claim = _core.result_from_row(row)
                 await self._commit(conn, xid, claim)
                 return claim
-            applied = Result(Outcome.APPLIED, row[1], None, row[3], row[4])
-            failure = await self._call_handler(conn, handler, message, applied, savepoint=False)
+            done = Result(Outcome.APPLIED, row[1], None, row[3], row[4])
+            failure = await self._call_handler(conn, handler, message, done, savepoint=False)
             if failure is not None:
                 return failure
             try:
-                await self._commit(conn, xid, applied)
+                await self._commit(conn, xid, done)
             except psycopg.Error as exc:
                 # The server answered COMMIT with an error (a deferred constraint, 40001 at
                 # SERIALIZABLE): the transaction rolled back.
                 if classify(exc) is not None:
                     raise
-                return Failure(exc, applied)
-            return applied
+                return Failure(exc, done)
+            return done
         finally:
             await _leave_autocommit(conn, switched)
 
@@ -463,57 +490,35 @@ class AsyncInbox:
         rolls back (the transaction, or to the message's savepoint) and returns a Failure.
         Transient error: rolls back the transaction and raises Transient."""
         hcur = conn.cursor()
+        error: Exception | None = None
+        returned: object = None
         try:
             returned = await handler(hcur, message)
-            if inspect.isawaitable(returned):
-                _core.discard_awaitable(returned)
-                raise HandlerProtocolError(
-                    "the handler returned an awaitable it did not await (a coroutine): its statements never "
-                    "ran; await them inside the handler",
-                    reason_code="handler_returned_awaitable",
-                )
         except Exception as exc:
-            lost = _core.connection_lost(exc, conn)
-            kind = classify(exc) or (TransientKind.CONNECTION if lost else None)
-            if kind is not None:
-                await _rollback_quietly(conn)
-                raise Transient(kind, exc) from exc
-            if savepoint:
-                await conn.execute(queries.ROLLBACK_TO_SAVEPOINT, prepare=False)
-            else:
-                await _rollback_quietly(conn)
-            return Failure(exc, claim)
+            error = exc
         except BaseException:
             await _rollback_quietly(conn)
             raise
         finally:
             with suppress(psycopg.Error):
                 await hcur.close()
-        if conn.closed:
-            gone = psycopg.OperationalError("the connection was lost in the handler")
-            raise Transient(TransientKind.CONNECTION, gone)
-        status = conn.info.transaction_status
-        if status == _INERROR:
-            if savepoint:
-                await conn.execute(queries.ROLLBACK_TO_SAVEPOINT, prepare=False)
-            else:
-                await _rollback_quietly(conn)
-            return Failure(
-                HandlerProtocolError(
-                    "the handler returned, but a database error it caught left its transaction failed: "
-                    "rolled back (let the error propagate, or use a savepoint: cursor.connection.transaction())",
-                    reason_code="25P02",
-                    sqlstate="25P02",
-                ),
-                claim,
-            )
-        if status == _IDLE:
-            raise HandlerProtocolError(
-                "the handler ended the transaction that holds the claim (commit or rollback): "
-                "AsyncInbox commits it when the handler returns",
-                reason_code="handler_ended_transaction",
-            )
-        return None
+        status = conn.pgconn.transaction_status
+        verdict = judge_handler(
+            error, returned,
+            transient=None if error is None else classify(error),
+            lost=conn.closed if error is None else _core.connection_lost(error, conn),
+            failed_tx=status == _INERROR, ended_tx=status == _IDLE, client="AsyncInbox",
+        )
+        if verdict is None:
+            return None
+        if isinstance(verdict, Transient):
+            await _rollback_quietly(conn)
+            raise verdict from verdict.error
+        if savepoint:
+            await conn.execute(queries.ROLLBACK_TO_SAVEPOINT, prepare=False)
+        else:
+            await _rollback_quietly(conn)
+        return Failure(verdict, claim)
 
     async def _handle_batch_attempt(
         self, conn: AConn, messages: Sequence[Message], handler: AsyncHandler, extra: ChunkHook | None = None
@@ -524,26 +529,21 @@ class AsyncInbox:
         the same transaction. An identity repeated within the chunk is claimed with inbox.claim
         once the earlier one is decided."""
         out: list[tuple[Result, BaseException | None]] = []
-        async with _autocommit(conn):
+        pipeline = self.pipeline
+        switched = await _enter_autocommit(conn, pipeline)
+        try:
             cur = conn.cursor(row_factory=tuple_row)
             xid: str | None = None
             try:
-                begin: Any = queries.BEGIN[conn.isolation_level]
                 params = (*_core.batch_params(self.consumer, messages), self.handler_version)
-                if _PIPELINE:
-                    async with conn.pipeline():
-                        await cur.execute(begin, prepare=False)
-                        await cur.execute(queries.CLAIM_BATCH, params, prepare=True)
-                else:
-                    await cur.execute(begin, prepare=False)
-                    await cur.execute(queries.CLAIM_BATCH, params, prepare=True)
+                await _begin_and_execute(conn, cur, queries.CLAIM_BATCH, params, pipeline)
                 rows = await cur.fetchall()
                 assert len(rows) == len(messages), "inbox.claim_batch returned a row per message"
                 opened = False  # a savepoint of an earlier message is open: released with the next one
 
                 async def savepoint() -> None:
                     nonlocal opened
-                    if opened and _PIPELINE:
+                    if opened and pipeline:
                         async with conn.pipeline():
                             await cur.execute(queries.RELEASE_SAVEPOINT, prepare=False)
                             await cur.execute(queries.SAVEPOINT, prepare=False)
@@ -574,10 +574,7 @@ class AsyncInbox:
                         await savepoint()
                     failure = await self._call_handler(conn, handler, message, claim, savepoint=True)
                     if failure is None:
-                        applied = Result(
-                            Outcome.APPLIED, claim.payload_sha256, None, claim.handler_version, claim.processed_at
-                        )
-                        out.append((applied, None))
+                        out.append((applied(claim), None))
                         continue
                     if not repeat:
                         # The claim was made before the savepoint: take it back (a repeat's claim
@@ -603,6 +600,8 @@ class AsyncInbox:
                 await _rollback_quietly(conn)
                 raise
             await self._commit(conn, xid, out)
+        finally:
+            await _leave_autocommit(conn, switched)
         return out
 
     async def _statement_tx(
@@ -650,111 +649,46 @@ class AsyncInbox:
             lambda conn: self._statement_tx(conn, queries.RECORD_STARTS, params, _core.start_results), cost
         )
 
-    async def _record_failure(self, message: Message, error: BaseException, cost: CallCost) -> Result:
-        reason, text = _core.failure_reason(error)
-        params = _core.record_failure_params(self.consumer, self.handler_version, message, reason, text)
-        return await self._run(
-            lambda conn: self._statement_tx(conn, queries.RECORD_FAILURE, params, _core.first_result), cost
-        )
-
     async def _commit(self, conn: AConn, xid: str | None, value: object) -> None:
         try:
             await conn.commit()
         except psycopg.Error as exc:
             if _core.connection_lost(exc, conn):
-                if xid is None:
-                    return  # the transaction wrote nothing: whether it committed changes nothing
-                raise CommitUnknown(xid, conn.pgconn.backend_pid or None, value, exc) from exc
+                commit_lost(xid, conn.pgconn.backend_pid or None, value, exc)
+                return
             raise
 
-    # ------------------------------------------------------------------------- retry loop
+    # ------------------------------------------------------------------------- the protocol's I/O
 
     async def _run(self, attempt: Callable[[AConn], Awaitable[T]], cost: CallCost) -> T:
-        policy = self.retry
-        number = 0
-        while True:
-            number += 1
-            started: float | None = None
-            try:
-                conn = await self._acquire()
-                try:
-                    _check_idle(conn)
-                    if self._schema_version is None:
-                        await self._check_schema(conn)
-                    started = time.monotonic()
-                    return await attempt(conn)
-                finally:
-                    await self._release(conn)
-            except CommitUnknown as unknown:
-                if await self._resolve(unknown):
-                    return cast(T, unknown.value)
-                error, kind = unknown.error, TransientKind.CONNECTION
-            except Transient as transient:
-                error, kind = transient.error, transient.kind
-            except (PoolTimeout, PoolClosed):
-                raise
-            except psycopg.Error as exc:
-                found = classify(exc)
-                if found is None:
-                    raise
-                error, kind = exc, found
-            if kind is TransientKind.POOLER:
-                self._behind_pooler = True  # the next attempt's connection prepares nothing
-            if kind is TransientKind.CONFLICT and started is not None:
-                cost.lock_wait += time.monotonic() - started
-            self._stats.transient_error(error)
-            if number >= policy.max_attempts:
-                self._stats.gave_up(cost)
-                raise RetriesExhausted(
-                    f"gave up after {number} attempts; the last failed with {_core.error_key(error)}: {error}",
-                    attempts=number,
-                    sqlstate=error.sqlstate if isinstance(error, psycopg.Error) else None,
-                ) from error
-            delay = policy.backoff(number, self._rng)
-            cost.retries += 1
-            cost.backoff += delay
-            await asyncio.sleep(delay)
+        """`attempt` on a connection of its own, retried by the protocol."""
+        result: T = await drive_async(self._protocol.retry(partial(self._attempt, attempt), cost))
+        return result
 
-    async def _resolve(self, unknown: CommitUnknown) -> bool:
-        """Whether the transaction whose COMMIT reply was lost committed (pg_xact_status)."""
-        policy = self.retry
-        first = time.monotonic()
-        deadline = first + policy.resolve_timeout
-        terminated = unknown.backend_pid is None
-        polls = 0
-        while True:
-            polls += 1
-            status: str | None = "unreachable"
-            try:
-                async with self._connection() as conn, _autocommit(conn):
-                    cur = await conn.execute(queries.XACT_STATUS, (unknown.xid,))
-                    row = await cur.fetchone()
-                    status = row[0] if row else None
-                    if status == "in progress" and not terminated and time.monotonic() - first >= policy.orphan_grace:
-                        terminated = True
-                        with suppress(pg_errors.InsufficientPrivilege):
-                            await conn.execute(queries.TERMINATE_ORPHAN, (unknown.backend_pid, unknown.xid))
-            except (PoolTimeout, PoolClosed):
-                raise
-            except psycopg.Error as exc:
-                if classify(exc) is None:
-                    raise
-            if status == "committed":
-                self._stats.unknown_commit(True)
-                return True
-            if status == "aborted":
-                self._stats.unknown_commit(False)
-                return False
-            if status is None or time.monotonic() >= deadline:
-                self._stats.unknown_commit(None)
-                raise CommitOutcomeUnknown(
-                    f"the connection was lost during COMMIT of transaction {unknown.xid} and its outcome "
-                    f"could not be established (last status: {status}): do not ack; a redelivery is safe",
-                    xid=unknown.xid,
-                ) from unknown.error
-            await asyncio.sleep(
-                min(policy.backoff(polls, self._rng) + 0.005, max(deadline - time.monotonic(), 0.0))
-            )
+    async def _attempt(self, attempt: Callable[[AConn], Awaitable[T]]) -> T:
+        """One transaction: a connection, the schema check on first use, `attempt`."""
+        conn = await self._acquire()
+        try:
+            _check_idle(conn)
+            if self._schema_version is None:
+                await self._check_schema(conn)
+            return await attempt(conn)
+        finally:
+            await self._release(conn)
+
+    async def _poll_status(self, xid: str) -> str | None:
+        async with self._connection() as conn, _autocommit(conn):
+            cur = await conn.execute(queries.XACT_STATUS, (xid,))
+            row = await cur.fetchone()
+        return row[0] if row else None
+
+    async def _terminate(self, backend_pid: int, xid: str) -> None:
+        with suppress(pg_errors.InsufficientPrivilege):
+            async with self._connection() as conn, _autocommit(conn):
+                await conn.execute(queries.TERMINATE_ORPHAN, (backend_pid, xid))
+
+    def _found_pooler(self) -> None:
+        self._behind_pooler = True
 
     # ------------------------------------------------------------------------- connections
 

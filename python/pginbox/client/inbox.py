@@ -10,16 +10,15 @@ connection's isolation_level) and sent in one round trip with the claim (pipelin
   apply        BEGIN + inbox.claim_and_apply | COMMIT
   apply_batch  BEGIN + inbox.claim_and_apply_batch (<= 64 messages) | COMMIT, per chunk
 
-Transient errors re-run the whole transaction (RetryPolicy). A connection lost during COMMIT is
-resolved with pg_xact_status on the transaction id read before COMMIT, never guessed.
+The protocol around these transactions (retries, a COMMIT whose answer was lost, the handler's
+rules) is pginbox.client.protocol, shared with the SQLAlchemy and Django integrations: this module
+runs its transactions on psycopg.
 """
 
 from __future__ import annotations
 
-import inspect
 import random
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import replace
@@ -38,11 +37,13 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTi
 from pginbox import pooler
 from pginbox.client import queries
 from pginbox.client import shared as _core
+from pginbox.client.drive import drive
 from pginbox.client.durability import WAIT_DURABLE, Durability
 from pginbox.client.outcomes import InboxStats, Message, Outcome, Result
+from pginbox.client.protocol import Protocol, Transient, applied, commit_lost, judge_handler, raise_if_failed
 from pginbox.client.retry import RetryPolicy, TransientKind, classify
-from pginbox.client.shared import BeforeCommit, CallCost, ChunkHook, CommitUnknown, Failure, Transient
-from pginbox.errors import CommitOutcomeUnknown, HandlerProtocolError, NotDurable, PginboxError, RetriesExhausted
+from pginbox.client.shared import BeforeCommit, CallCost, ChunkHook, Failure
+from pginbox.errors import NotDurable, PginboxError
 from pginbox.sql_limits import MAX_BATCH
 
 __all__ = ["Handler", "Inbox"]
@@ -59,6 +60,13 @@ Handler = Callable[[psycopg.Cursor[Any], Message], object]
 _IDLE = pq.TransactionStatus.IDLE
 _INERROR = pq.TransactionStatus.INERROR
 _PIPELINE = psycopg.Pipeline.is_supported()
+
+
+def _transient(exc: BaseException) -> TransientKind | None:
+    """The transient kind of a driver error (a pool that timed out or closed is not one: raised)."""
+    if not isinstance(exc, psycopg.Error) or isinstance(exc, PoolTimeout | PoolClosed):
+        return None
+    return classify(exc)
 
 
 # The hot paths (handle, one statement) switch autocommit with these two calls around a
@@ -165,12 +173,19 @@ class Inbox:
         self.durability = durability if durability is not None else Durability()
         self.consumer = consumer
         self.handler_version = handler_version
-        self.retry = retry if retry is not None else RetryPolicy()
         self.raise_on_failure = raise_on_failure
         self.batch_size = _core.check_batch_size(batch_size)
         self.pipeline = pipeline and _PIPELINE
         self._stats = _core.StatsCounter()
-        self._rng = random.Random()
+        self._protocol = Protocol(
+            retry if retry is not None else RetryPolicy(),
+            classify=_transient,
+            poll_status=self._poll_status,
+            terminate=self._terminate,
+            stats=self._stats,
+            on_pooler=self._found_pooler,
+            rng=random.Random(),
+        )
         self._schema_version: int | None = None
         self._behind_pooler = False
         self._pool: ConnectionPool[Any] | None = None
@@ -192,6 +207,15 @@ class Inbox:
             )
 
     # ------------------------------------------------------------------------- public API
+
+    @property
+    def retry(self) -> RetryPolicy:
+        """The RetryPolicy for transient errors (may be replaced)."""
+        return self._protocol.policy
+
+    @retry.setter
+    def retry(self, policy: RetryPolicy) -> None:
+        self._protocol.policy = policy
 
     @property
     def stats(self) -> InboxStats:
@@ -242,23 +266,26 @@ class Inbox:
         the exception is re-raised instead, after recording. Transient errors re-run the whole
         transaction; RetriesExhausted when the policy gives up."""
         message = _core.check_message(message)
-        cost = CallCost()
+        consumer, version = self.consumer, self.handler_version
+
+        def record_failure(error: BaseException) -> Callable[[], Result]:
+            reason, text = _core.failure_reason(error)
+            params = _core.record_failure_params(consumer, version, message, reason, text)
+            return partial(self._attempt, partial(self._statement_tx, query=queries.RECORD_FAILURE, params=params,
+                                                  build=_core.first_result))
+
+        start = None
         if message.redelivered:
-            start = self._record_starts([message], cost)[0]
-            if start is not None:
-                return self._durable(self._stats.stamp([start], cost)[0])
-        attempt = self._run(lambda conn: self._handle_attempt(conn, message, handler), cost)
-        if isinstance(attempt, Result):
-            return self._durable(self._stats.stamp([attempt], cost)[0])
-        recorded = self._record_failure(message, attempt.error, cost)
-        result = self._durable(self._stats.stamp([recorded], cost, attempt.error)[0])
-        if self.raise_on_failure if raise_on_failure is None else raise_on_failure:
-            attempt.error.add_note(
-                f"pginbox: recorded as {result.outcome.value} (attempt {result.attempts}, "
-                f"reason {result.reason_code!r}) for message {message.message_id!r}"
-            )
-            raise attempt.error
-        return result
+            params = _core.record_starts_params(consumer, version, [message])
+            start = partial(self._attempt, partial(self._statement_tx, query=queries.RECORD_STARTS, params=params,
+                                                   build=_core.first_start))
+        result = drive(self._protocol.handle(
+            message, start=start, attempt=partial(self._attempt, partial(self._handle_attempt, message=message,
+                                                                           handler=handler)),
+            record_failure=record_failure,
+        ))
+        result = self._durable(result)
+        return raise_if_failed(result, message, self.raise_on_failure if raise_on_failure is None else raise_on_failure)
 
     def apply(self, message: Message) -> Result:
         """inbox.claim_and_apply: claim and run the SQL handler registered for the message type,
@@ -424,19 +451,19 @@ class Inbox:
                 claim = _core.result_from_row(row)
                 self._commit(conn, xid, claim)
                 return claim
-            applied = Result(Outcome.APPLIED, row[1], None, row[3], row[4])
-            failure = self._call_handler(conn, handler, message, applied, savepoint=False)
+            done = Result(Outcome.APPLIED, row[1], None, row[3], row[4])
+            failure = self._call_handler(conn, handler, message, done, savepoint=False)
             if failure is not None:
                 return failure
             try:
-                self._commit(conn, xid, applied)
+                self._commit(conn, xid, done)
             except psycopg.Error as exc:
                 # The server answered COMMIT with an error (a deferred constraint, 40001 at
                 # SERIALIZABLE): the transaction rolled back.
                 if classify(exc) is not None:
                     raise
-                return Failure(exc, applied)
-            return applied
+                return Failure(exc, done)
+            return done
         finally:
             _leave_autocommit(conn, switched)
 
@@ -447,57 +474,35 @@ class Inbox:
         rolls back (the transaction, or to the message's savepoint) and returns a Failure.
         Transient error: rolls back the transaction and raises Transient."""
         hcur = conn.cursor()
+        error: Exception | None = None
+        returned: object = None
         try:
             returned = handler(hcur, message)
-            if inspect.isawaitable(returned):
-                _core.discard_awaitable(returned)
-                raise HandlerProtocolError(
-                    "the handler returned an awaitable it did not await (a coroutine): its statements never "
-                    "ran; await them inside the handler",
-                    reason_code="handler_returned_awaitable",
-                )
         except Exception as exc:
-            lost = _core.connection_lost(exc, conn)
-            kind = classify(exc) or (TransientKind.CONNECTION if lost else None)
-            if kind is not None:
-                _rollback_quietly(conn)
-                raise Transient(kind, exc) from exc
-            if savepoint:
-                conn.execute(queries.ROLLBACK_TO_SAVEPOINT, prepare=False)
-            else:
-                _rollback_quietly(conn)
-            return Failure(exc, claim)
+            error = exc
         except BaseException:
             _rollback_quietly(conn)
             raise
         finally:
             with suppress(psycopg.Error):
                 hcur.close()
-        if conn.closed:
-            gone = psycopg.OperationalError("the connection was lost in the handler")
-            raise Transient(TransientKind.CONNECTION, gone)
-        status = conn.info.transaction_status
-        if status == _INERROR:
-            if savepoint:
-                conn.execute(queries.ROLLBACK_TO_SAVEPOINT, prepare=False)
-            else:
-                _rollback_quietly(conn)
-            return Failure(
-                HandlerProtocolError(
-                    "the handler returned, but a database error it caught left its transaction failed: "
-                    "rolled back (let the error propagate, or use a savepoint: cursor.connection.transaction())",
-                    reason_code="25P02",
-                    sqlstate="25P02",
-                ),
-                claim,
-            )
-        if status == _IDLE:
-            raise HandlerProtocolError(
-                "the handler ended the transaction that holds the claim (commit or rollback): "
-                "Inbox commits it when the handler returns",
-                reason_code="handler_ended_transaction",
-            )
-        return None
+        status = conn.pgconn.transaction_status
+        verdict = judge_handler(
+            error, returned,
+            transient=None if error is None else classify(error),
+            lost=conn.closed if error is None else _core.connection_lost(error, conn),
+            failed_tx=status == _INERROR, ended_tx=status == _IDLE, client="Inbox",
+        )
+        if verdict is None:
+            return None
+        if isinstance(verdict, Transient):
+            _rollback_quietly(conn)
+            raise verdict from verdict.error
+        if savepoint:
+            conn.execute(queries.ROLLBACK_TO_SAVEPOINT, prepare=False)
+        else:
+            _rollback_quietly(conn)
+        return Failure(verdict, claim)
 
     def _handle_batch_attempt(
         self, conn: Conn, messages: Sequence[Message], handler: Handler, extra: ChunkHook | None = None
@@ -508,26 +513,21 @@ class Inbox:
         the same transaction. An identity repeated within the chunk is claimed with inbox.claim
         once the earlier one is decided."""
         out: list[tuple[Result, BaseException | None]] = []
-        with _autocommit(conn):
+        pipeline = self.pipeline
+        switched = _enter_autocommit(conn, pipeline)
+        try:
             cur = conn.cursor(row_factory=tuple_row)
             xid: str | None = None
             try:
-                begin: Any = queries.BEGIN[conn.isolation_level]
                 params = (*_core.batch_params(self.consumer, messages), self.handler_version)
-                if _PIPELINE:
-                    with conn.pipeline():
-                        cur.execute(begin, prepare=False)
-                        cur.execute(queries.CLAIM_BATCH, params, prepare=True)
-                else:
-                    cur.execute(begin, prepare=False)
-                    cur.execute(queries.CLAIM_BATCH, params, prepare=True)
+                _begin_and_execute(conn, cur, queries.CLAIM_BATCH, params, pipeline)
                 rows = cur.fetchall()
                 assert len(rows) == len(messages), "inbox.claim_batch returned a row per message"
                 opened = False  # a savepoint of an earlier message is open: released with the next one
 
                 def savepoint() -> None:
                     nonlocal opened
-                    if opened and _PIPELINE:
+                    if opened and pipeline:
                         with conn.pipeline():
                             cur.execute(queries.RELEASE_SAVEPOINT, prepare=False)
                             cur.execute(queries.SAVEPOINT, prepare=False)
@@ -558,10 +558,7 @@ class Inbox:
                         savepoint()
                     failure = self._call_handler(conn, handler, message, claim, savepoint=True)
                     if failure is None:
-                        applied = Result(
-                            Outcome.APPLIED, claim.payload_sha256, None, claim.handler_version, claim.processed_at
-                        )
-                        out.append((applied, None))
+                        out.append((applied(claim), None))
                         continue
                     if not repeat:
                         # The claim was made before the savepoint: take it back (a repeat's claim
@@ -587,6 +584,8 @@ class Inbox:
                 _rollback_quietly(conn)
                 raise
             self._commit(conn, xid, out)
+        finally:
+            _leave_autocommit(conn, switched)
         return out
 
     def _statement_tx(
@@ -634,111 +633,45 @@ class Inbox:
             lambda conn: self._statement_tx(conn, queries.RECORD_STARTS, params, _core.start_results), cost
         )
 
-    def _record_failure(self, message: Message, error: BaseException, cost: CallCost) -> Result:
-        reason, text = _core.failure_reason(error)
-        params = _core.record_failure_params(self.consumer, self.handler_version, message, reason, text)
-        return self._run(
-            lambda conn: self._statement_tx(conn, queries.RECORD_FAILURE, params, _core.first_result), cost
-        )
-
     def _commit(self, conn: Conn, xid: str | None, value: object) -> None:
         try:
             conn.commit()
         except psycopg.Error as exc:
             if _core.connection_lost(exc, conn):
-                if xid is None:
-                    return  # the transaction wrote nothing: whether it committed changes nothing
-                raise CommitUnknown(xid, conn.pgconn.backend_pid or None, value, exc) from exc
+                commit_lost(xid, conn.pgconn.backend_pid or None, value, exc)
+                return
             raise
 
-    # ------------------------------------------------------------------------- retry loop
+    # ------------------------------------------------------------------------- the protocol's I/O
 
     def _run(self, attempt: Callable[[Conn], T], cost: CallCost) -> T:
-        policy = self.retry
-        number = 0
-        while True:
-            number += 1
-            started: float | None = None
-            try:
-                conn = self._acquire()
-                try:
-                    _check_idle(conn)
-                    if self._schema_version is None:
-                        self._check_schema(conn)
-                    started = time.monotonic()
-                    return attempt(conn)
-                finally:
-                    self._release(conn)
-            except CommitUnknown as unknown:
-                if self._resolve(unknown):
-                    return cast(T, unknown.value)
-                error, kind = unknown.error, TransientKind.CONNECTION
-            except Transient as transient:
-                error, kind = transient.error, transient.kind
-            except (PoolTimeout, PoolClosed):
-                raise
-            except psycopg.Error as exc:
-                found = classify(exc)
-                if found is None:
-                    raise
-                error, kind = exc, found
-            if kind is TransientKind.POOLER:
-                self._behind_pooler = True  # the next attempt's connection prepares nothing
-            if kind is TransientKind.CONFLICT and started is not None:
-                cost.lock_wait += time.monotonic() - started
-            self._stats.transient_error(error)
-            if number >= policy.max_attempts:
-                self._stats.gave_up(cost)
-                raise RetriesExhausted(
-                    f"gave up after {number} attempts; the last failed with {_core.error_key(error)}: {error}",
-                    attempts=number,
-                    sqlstate=error.sqlstate if isinstance(error, psycopg.Error) else None,
-                ) from error
-            delay = policy.backoff(number, self._rng)
-            cost.retries += 1
-            cost.backoff += delay
-            time.sleep(delay)
+        """`attempt` on a connection of its own, retried by the protocol."""
+        result: T = drive(self._protocol.retry(partial(self._attempt, attempt), cost))
+        return result
 
-    def _resolve(self, unknown: CommitUnknown) -> bool:
-        """Whether the transaction whose COMMIT reply was lost committed (pg_xact_status)."""
-        policy = self.retry
-        first = time.monotonic()
-        deadline = first + policy.resolve_timeout
-        terminated = unknown.backend_pid is None
-        polls = 0
-        while True:
-            polls += 1
-            status: str | None = "unreachable"
-            try:
-                with self._connection() as conn, _autocommit(conn):
-                    cur = conn.execute(queries.XACT_STATUS, (unknown.xid,))
-                    row = cur.fetchone()
-                    status = row[0] if row else None
-                    if status == "in progress" and not terminated and time.monotonic() - first >= policy.orphan_grace:
-                        terminated = True
-                        with suppress(pg_errors.InsufficientPrivilege):
-                            conn.execute(queries.TERMINATE_ORPHAN, (unknown.backend_pid, unknown.xid))
-            except (PoolTimeout, PoolClosed):
-                raise
-            except psycopg.Error as exc:
-                if classify(exc) is None:
-                    raise
-            if status == "committed":
-                self._stats.unknown_commit(True)
-                return True
-            if status == "aborted":
-                self._stats.unknown_commit(False)
-                return False
-            if status is None or time.monotonic() >= deadline:
-                self._stats.unknown_commit(None)
-                raise CommitOutcomeUnknown(
-                    f"the connection was lost during COMMIT of transaction {unknown.xid} and its outcome "
-                    f"could not be established (last status: {status}): do not ack; a redelivery is safe",
-                    xid=unknown.xid,
-                ) from unknown.error
-            time.sleep(
-                min(policy.backoff(polls, self._rng) + 0.005, max(deadline - time.monotonic(), 0.0))
-            )
+    def _attempt(self, attempt: Callable[[Conn], T]) -> T:
+        """One transaction: a connection, the schema check on first use, `attempt`."""
+        conn = self._acquire()
+        try:
+            _check_idle(conn)
+            if self._schema_version is None:
+                self._check_schema(conn)
+            return attempt(conn)
+        finally:
+            self._release(conn)
+
+    def _poll_status(self, xid: str) -> str | None:
+        with self._connection() as conn, _autocommit(conn):
+            cur = conn.execute(queries.XACT_STATUS, (xid,))
+            row = cur.fetchone()
+        return row[0] if row else None
+
+    def _terminate(self, backend_pid: int, xid: str) -> None:
+        with suppress(pg_errors.InsufficientPrivilege), self._connection() as conn, _autocommit(conn):
+            conn.execute(queries.TERMINATE_ORPHAN, (backend_pid, xid))
+
+    def _found_pooler(self) -> None:
+        self._behind_pooler = True
 
     # ------------------------------------------------------------------------- connections
 

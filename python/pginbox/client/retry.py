@@ -14,31 +14,22 @@ Transient: the error says nothing about the message, only about this attempt.
               behind a transaction pooler (PgBouncer) that hands each transaction another server
               session (see pginbox.pooler); the clients stop preparing statements when they see it
 
-Everything else is permanent. An exception counts as transient when it, or an exception in its
-chain of explicit causes (`raise ... from exc`), is.
+The codes and classes are those of the one SQLSTATE table, pginbox.sqlstates. Everything else is
+permanent. An exception counts as transient when it, or an exception in its chain of explicit causes
+(`raise ... from exc`), is.
 """
 
 from __future__ import annotations
 
-import enum
 import random
 from dataclasses import dataclass
 
 import psycopg
 
+from pginbox.runtime.backoff import full_jitter
+from pginbox.sqlstates import TransientKind, condition
+
 __all__ = ["RetryPolicy", "TransientKind", "classify", "is_transient"]
-
-
-class TransientKind(enum.Enum):
-    CONFLICT = "conflict"
-    TIMEOUT = "timeout"
-    CONNECTION = "connection"
-    RESOURCES = "resources"
-    POOLER = "pooler"
-
-
-#: SQLSTATEs of a prepared statement the server session does not match (see POOLER above).
-_POOLER_STATES = frozenset({"42P05", "26000"})
 
 
 def _classify_one(exc: BaseException) -> TransientKind | None:
@@ -47,17 +38,7 @@ def _classify_one(exc: BaseException) -> TransientKind | None:
     state = exc.sqlstate
     if state is None:
         return TransientKind.CONNECTION if isinstance(exc, psycopg.OperationalError) else None
-    if state.startswith("40") or state == "55P03":
-        return TransientKind.CONFLICT
-    if state == "57014":
-        return TransientKind.TIMEOUT
-    if state.startswith(("57", "08")):
-        return TransientKind.CONNECTION
-    if state.startswith("53"):
-        return TransientKind.RESOURCES
-    if state in _POOLER_STATES:
-        return TransientKind.POOLER
-    return None
+    return condition(state).transient
 
 
 def classify(exc: BaseException) -> TransientKind | None:
@@ -108,5 +89,4 @@ class RetryPolicy:
 
     def backoff(self, retry: int, rng: random.Random | None = None) -> float:
         """Seconds to sleep before retry number `retry` (1 for the first retry)."""
-        cap = min(self.max_delay, self.base_delay * 2.0 ** max(retry - 1, 0))
-        return (rng or random).uniform(0.0, cap)
+        return full_jitter(retry, self.base_delay, self.max_delay, rng)

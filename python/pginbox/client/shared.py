@@ -7,30 +7,19 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Final, cast
 
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg.types.json import Jsonb
 
+from pginbox._version import __version__
 from pginbox.client.outcomes import InboxStats, Message, Outcome, Result
-from pginbox.client.retry import TransientKind
 from pginbox.errors import PginboxError, SchemaAccessError, SchemaVersionError
 from pginbox.schema.compat import check_release
 from pginbox.sql_limits import MAX_BATCH, REASON_MAX_BYTES
 
 _OUTCOMES: Final = {o.value: o for o in Outcome}
-
-
-def _package_version() -> str:
-    try:
-        return version("pginbox")
-    except PackageNotFoundError:
-        return "0+unknown"
-
-
-__version__: Final = _package_version()
 
 
 # ----------------------------------------------------------------------------- parameters
@@ -144,6 +133,11 @@ def start_results(rows: Sequence[Sequence[Any]]) -> list[Result | None]:
     return [result_from_row(row, 1) if row[1] == "quarantined" else None for row in rows]
 
 
+def first_start(rows: Sequence[Sequence[Any]]) -> Result | None:
+    """The start_results of one message."""
+    return start_results(rows)[0]
+
+
 # ----------------------------------------------------------------------------- failures
 
 
@@ -218,28 +212,7 @@ def connection_lost(exc: BaseException, conn: psycopg.Connection[Any] | psycopg.
     return isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None
 
 
-# ----------------------------------------------------------------------------- retry signals
-
-
-class Transient(Exception):
-    """internal: this attempt ended in a transient error; run the transaction again."""
-
-    def __init__(self, kind: TransientKind, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.kind = kind
-        self.error = error
-
-
-class CommitUnknown(Exception):
-    """internal: the connection was lost during COMMIT of transaction `xid`; `value` is what the
-    attempt returns if that transaction committed."""
-
-    def __init__(self, xid: str, backend_pid: int | None, value: Any, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.xid = xid
-        self.backend_pid = backend_pid
-        self.value = value
-        self.error = error
+# ----------------------------------------------------------------------------- attempts
 
 
 @dataclass(slots=True)

@@ -45,6 +45,7 @@ from pginbox.brokers.memory import MemoryBroker, MemoryHandle
 from pginbox.brokers.port import Delivery
 from pginbox.brokers.wire import Header
 from pginbox.errors import SimulationError
+from pginbox.runtime.backoff import jittered
 
 __all__ = ["Produced", "Simulation", "SimulationSettings", "run"]
 
@@ -380,7 +381,7 @@ class _Worker(threading.Thread):
             except TRANSIENT_ERRORS:
                 conn.rollback()
                 sim.shared.count("transient_retries")
-                time.sleep(self.rng.uniform(0.5, 1.5) * 0.002 * 2 ** (attempt - 1))
+                time.sleep(jittered(attempt, 0.002, 0.1, self.rng))
                 continue
             break
         else:

@@ -28,7 +28,7 @@ from pginbox.dispatcher.queries import CLAIM, CLAIM_V2, EXTEND, IDLE, SCHEMA_VER
 from pginbox.dispatcher.reporter import Report, Reporter
 from pginbox.dispatcher.stats import DispatcherMetrics, DispatcherStats
 from pginbox.errors import ClaimError
-from pginbox.runtime.backoff import jittered
+from pginbox.runtime.backoff import doubling, jittered
 from pginbox.runtime.failover import TimelineWatch
 from pginbox.sql_limits import CLAIM_LIMIT, LEASE_MAX_SECONDS, REPORT_LIMIT
 from pginbox.transports.effect import Effect
@@ -339,18 +339,18 @@ class Dispatcher:
 
     def run(self) -> None:
         """The daemon loop: until stop(). Finishes in-flight deliveries before returning."""
-        idle_wait = self.settle
+        idle_rounds = 0  # quiet waits in a row: the wait doubles from settle up to poll_interval
         try:
             while not self._stop.is_set():
                 self._last_loop = time.monotonic()
                 if self._listener.ensure(self._stop):
                     self._registered = False  # notifications may have been lost: catch up
-                    idle_wait = self.settle
+                    idle_rounds = 0
                 self._housekeeping()
                 got = self._claim_and_submit()
                 if got > 0:
                     self._registered = False  # a claim that gets work unregisters us
-                    idle_wait = self.settle
+                    idle_rounds = 0
                     continue
                 if got == _CAPACITY_FULL:
                     continue
@@ -365,12 +365,13 @@ class Dispatcher:
                     if self._claim_and_submit() != _NOTHING_DUE:  # catch-up: committed before the registration
                         self._registered = False
                         continue
+                idle_wait = doubling(idle_rounds + 1, self.settle, self.poll_interval)
                 timeout = idle_wait if not self.in_flight else min(idle_wait, 0.05)
                 if self._listener.wait(timeout):
                     self._registered = False  # the waking commit deleted the registration
-                    idle_wait = self.settle
+                    idle_rounds = 0
                 else:
-                    idle_wait = min(idle_wait * 2, self.poll_interval)
+                    idle_rounds += 1
         finally:
             self._wait_in_flight()
 

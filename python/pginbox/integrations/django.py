@@ -16,33 +16,33 @@ Why not `pginbox.Inbox` on Django's psycopg connection: Inbox switches the conne
 around its own BEGIN, and Django forbids that inside atomic(), which `get_or_create`,
 `update_or_create` and multi-table saves open: every such handler failed with "can't change
 'autocommit' now". Here the transaction is Django's atomic() block, so the handler's nested
-atomic() blocks are savepoints in it.
+atomic() blocks are savepoints in it. The protocol around it (retries, a lost COMMIT, the handler's
+rules) is pginbox.client.protocol, shared with pginbox.Inbox.
 """
 
 from __future__ import annotations
 
-import inspect
 import random
-import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
-from dataclasses import replace
 from datetime import datetime
+from functools import partial
 from typing import Any, TypeVar
 
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db import Error as DjangoError
 from django.db.backends.base.base import BaseDatabaseWrapper
-from psycopg import errors as pg_errors
 from psycopg.types.json import Jsonb
 
 from pginbox.client import queries
 from pginbox.client import shared as _core
+from pginbox.client.drive import drive
 from pginbox.client.outcomes import Message, Outcome, Result
+from pginbox.client.protocol import Protocol, Transient, applied, commit_lost, judge_handler, raise_if_failed
 from pginbox.client.retry import RetryPolicy, TransientKind, classify
-from pginbox.client.shared import Transient
-from pginbox.errors import CommitOutcomeUnknown, HandlerProtocolError, PginboxError, RetriesExhausted
+from pginbox.client.shared import Failure
+from pginbox.errors import PginboxError
 
 __all__ = ["DjangoHandler", "DjangoInbox", "enqueue"]
 
@@ -76,6 +76,13 @@ def _lost(exc: BaseException, conn: BaseDatabaseWrapper) -> bool:
         return True
     inner = _psycopg_error(exc)
     return isinstance(inner, psycopg.OperationalError) and inner.sqlstate is None
+
+
+def _transient(exc: BaseException, conn: BaseDatabaseWrapper) -> TransientKind | None:
+    """The transient kind of a database error (Django's, or the driver's), None when permanent."""
+    if not isinstance(exc, DjangoError | psycopg.Error):
+        return None
+    return classify(exc) or (TransientKind.CONNECTION if _lost(exc, conn) else None)
 
 
 def _connection(using: str, caller: str) -> BaseDatabaseWrapper:
@@ -176,19 +183,12 @@ def enqueue(
 
 
 class _HandlerError(Exception):
-    """internal: the handler raised; the atomic() block it ran in rolled back."""
+    """internal: the handler failed (its verdict: a Transient or the error to record); raised
+    through the atomic() block so that it rolls back, caught right outside it."""
 
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-class _Failed(Exception):
-    """internal: a permanent handler error, its transaction rolled back; to be recorded."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
+    def __init__(self, verdict: BaseException) -> None:
+        super().__init__(str(verdict))
+        self.verdict = verdict
 
 
 class DjangoInbox:
@@ -245,25 +245,24 @@ class DjangoInbox:
         # A long-running worker: a connection that broke, or outlived CONN_MAX_AGE, is replaced (what
         # Django does around each request with close_old_connections).
         conn.close_if_unusable_or_obsolete()
-        retries = 0
-        if message.redelivered:
-            start, retries = self._run(conn, lambda: self._record_start(conn, message), retries)
-            if start is not None:
-                return replace(start, retries=retries) if retries else start
-        try:
-            result, retries = self._run(conn, lambda: self._handle_attempt(conn, message, handler), retries)
-            return replace(result, retries=retries) if retries else result
-        except _Failed as failed:
-            error = failed.error
-        recorded, retries = self._run(conn, lambda: self._record_failure_tx(conn, message, error), retries)
-        recorded = replace(recorded, retries=retries, exception=error)
-        if self.raise_on_failure if raise_on_failure is None else raise_on_failure:
-            error.add_note(
-                f"pginbox: recorded as {recorded.outcome.value} (attempt {recorded.attempts}, "
-                f"reason {recorded.reason_code!r}) for message {message.message_id!r}"
+        protocol = Protocol(
+            self.retry,
+            classify=partial(_transient, conn=conn),
+            poll_status=partial(self._poll_status, conn),
+            terminate=partial(self._terminate, conn),
+            rng=self._rng,
+        )
+        result = drive(
+            protocol.handle(
+                message,
+                start=partial(self._attempt, conn, partial(self._record_start, conn, message)),
+                attempt=partial(self._attempt, conn, partial(self._handle_attempt, conn, message, handler)),
+                record_failure=lambda error: partial(
+                    self._attempt, conn, partial(self._record_failure_tx, conn, message, error)
+                ),
             )
-            raise error
-        return recorded
+        )
+        return raise_if_failed(result, message, self.raise_on_failure if raise_on_failure is None else raise_on_failure)
 
     # ------------------------------------------------------------------ in the caller's atomic() block
 
@@ -330,7 +329,7 @@ class DjangoInbox:
             row = _fetch(conn, queries.RECORD_FAILURE, params)
         return _core.result_from_row(row)
 
-    def _handle_attempt(self, conn: BaseDatabaseWrapper, message: Message, handler: DjangoHandler) -> Result:
+    def _handle_attempt(self, conn: BaseDatabaseWrapper, message: Message, handler: DjangoHandler) -> Result | Failure:
         raw = self._prepare(conn)
         xid: str | None = None
         pid: int | None = None
@@ -343,28 +342,22 @@ class DjangoInbox:
                 result = _core.result_from_row(row)
                 if result.outcome is Outcome.CLAIMED:
                     self._call_handler(conn, raw, handler, message)
-                    result = Result(Outcome.APPLIED, row[1], None, row[3], row[4])
+                    result = applied(result)
                 committing = True
         except _HandlerError as failed:
-            exc = failed.error
-            kind = classify(exc) or (TransientKind.CONNECTION if _lost(exc, conn) else None)
-            if kind is not None:
-                raise Transient(kind, exc) from exc
-            raise _Failed(exc) from exc
+            if isinstance(failed.verdict, Transient):
+                raise failed.verdict from failed.verdict.error
+            return Failure(failed.verdict, result)
         except DjangoError as exc:
             if not committing:
-                raise  # the claim statement failed: _run tells transient from permanent
+                raise  # the claim statement failed: the protocol tells transient from permanent
             if _lost(exc, conn):
-                if xid is None:
-                    return result  # the transaction wrote nothing
-                conn.close()
-                if self._resolve(conn, xid, pid):
-                    return result
-                raise Transient(TransientKind.CONNECTION, exc) from exc
+                conn.close()  # the protocol asks pg_xact_status on a new connection
+                return commit_lost(xid, pid, result, exc)
             if classify(exc) is not None:
                 raise
             # The server answered COMMIT with an error (a deferred constraint): rolled back.
-            raise _Failed(exc) from exc
+            return Failure(exc, result)
         return result
 
     def _call_handler(
@@ -372,88 +365,49 @@ class DjangoInbox:
     ) -> None:
         """Runs the handler inside the atomic() block; raises _HandlerError (the block then rolls
         back) when it raised or broke the protocol."""
+        error: Exception | None = None
+        returned: object = None
         try:
             returned = handler(message)
         except Exception as exc:
-            raise _HandlerError(exc) from exc
-        if inspect.isawaitable(returned):
-            _core.discard_awaitable(returned)
-            raise _HandlerError(
-                HandlerProtocolError(
-                    "the handler returned an awaitable it did not await (a coroutine): its statements never ran; "
-                    "DjangoInbox runs sync handlers (wrap async code with asgiref's async_to_sync)",
-                    reason_code="handler_returned_awaitable",
-                )
-            )
-        if conn.needs_rollback or raw.info.transaction_status == _INERROR:
-            # An error the handler caught (inside an inner atomic(savepoint=False), or a failed
-            # statement outside any savepoint): Django would roll back at the end of the block,
-            # silently. It is the handler's failure, recorded.
-            raise _HandlerError(
-                HandlerProtocolError(
-                    "the handler returned, but a database error it caught left its transaction marked for rollback: "
-                    "rolled back (let the error propagate, or catch it outside a nested transaction.atomic())",
-                    reason_code="25P02",
-                    sqlstate="25P02",
-                )
-            )
+            error = exc
+        # An error the handler caught (inside an inner atomic(savepoint=False), or a failed statement
+        # outside any savepoint) would make Django roll back at the end of the block, silently: it is
+        # the handler's failure, recorded.
+        verdict = judge_handler(
+            error,
+            returned,
+            transient=None if error is None else classify(error),
+            lost=_lost(error, conn) if error is not None else raw.closed,
+            failed_tx=conn.needs_rollback or raw.info.transaction_status == _INERROR,
+            ended_tx=False,  # Django refuses commit() and rollback() inside atomic()
+            client="DjangoInbox",
+            await_fix="DjangoInbox runs sync handlers (wrap async code with asgiref's async_to_sync)",
+            savepoint_fix="catch it outside a nested transaction.atomic()",
+        )
+        if verdict is not None:
+            raise _HandlerError(verdict) from error
 
-    def _resolve(self, conn: BaseDatabaseWrapper, xid: str, pid: int | None) -> bool:
-        """Whether the transaction whose COMMIT answer was lost committed (pg_xact_status), on a new
-        connection of the same alias."""
-        policy = self.retry
-        first = time.monotonic()
-        deadline = first + policy.resolve_timeout
-        terminated = pid is None
-        polls = 0
-        status: str | None = "unreachable"
-        while True:
-            polls += 1
-            try:
-                status = _fetch(conn, queries.XACT_STATUS, (xid,))[0]
-                if status == "in progress" and not terminated and time.monotonic() - first >= policy.orphan_grace:
-                    terminated = True
-                    with suppress(DjangoError):
-                        _fetch(conn, queries.TERMINATE_ORPHAN, (pid, xid))
-            except DjangoError as exc:
-                if classify(exc) is None and not _lost(exc, conn):
-                    raise
+    def _attempt(self, conn: BaseDatabaseWrapper, attempt: Callable[[], T]) -> T:
+        """One transaction of `handle`; a connection that was lost is closed, so that the next
+        attempt connects again."""
+        try:
+            return attempt()
+        except Exception as exc:
+            transient = exc.kind if isinstance(exc, Transient) else _transient(exc, conn)
+            if transient is TransientKind.CONNECTION and not conn.in_atomic_block:
                 conn.close()
-            if status == "committed":
-                return True
-            if status == "aborted":
-                return False
-            if status is None or time.monotonic() >= deadline:
-                raise CommitOutcomeUnknown(
-                    f"the connection was lost during COMMIT of transaction {xid} and its outcome could not be "
-                    f"established (last status: {status}): do not ack; a redelivery is safe",
-                    xid=xid,
-                )
-            time.sleep(min(policy.backoff(polls, self._rng) + 0.005, max(deadline - time.monotonic(), 0.0)))
+            raise
 
-    def _run(self, conn: BaseDatabaseWrapper, attempt: Callable[[], T], retries: int) -> tuple[T, int]:
-        """`attempt` until it returns or raises a permanent error; (its value, retries so far)."""
-        policy = self.retry
-        number = 0
-        while True:
-            number += 1
-            try:
-                return attempt(), retries
-            except Transient as transient:
-                error, kind = transient.error, transient.kind
-            except (DjangoError, pg_errors.Error) as exc:
-                found = classify(exc) or (TransientKind.CONNECTION if _lost(exc, conn) else None)
-                if found is None:
-                    raise
-                error, kind = exc, found
-            if kind is TransientKind.CONNECTION and not conn.in_atomic_block:
-                conn.close()  # the next attempt connects again
-            if number >= policy.max_attempts:
-                inner = _psycopg_error(error)
-                raise RetriesExhausted(
-                    f"gave up after {number} attempts; the last failed with {_core.error_key(inner)}: {inner}",
-                    attempts=number,
-                    sqlstate=inner.sqlstate if isinstance(inner, psycopg.Error) else None,
-                ) from error
-            retries += 1
-            time.sleep(policy.backoff(number, self._rng))
+    def _poll_status(self, conn: BaseDatabaseWrapper, xid: str) -> str | None:
+        try:
+            status = _fetch(conn, queries.XACT_STATUS, (xid,))[0]
+        except DjangoError as exc:
+            if _transient(exc, conn) is not None:
+                conn.close()  # the next poll connects again
+            raise
+        return None if status is None else str(status)
+
+    def _terminate(self, conn: BaseDatabaseWrapper, backend_pid: int, xid: str) -> None:
+        with suppress(DjangoError):
+            _fetch(conn, queries.TERMINATE_ORPHAN, (backend_pid, xid))

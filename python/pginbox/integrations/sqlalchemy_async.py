@@ -19,8 +19,11 @@ In transactions of its own, like `pginbox.AsyncInbox.handle`:
 
     handle(target, message, handler)  claim, handler(target, message), flush, COMMIT
 
-The payload is bound as JSONB. Errors are SQLAlchemy's (`sqlalchemy.exc.DBAPIError`, the psycopg
-error in `.orig`), except the ones pginbox raises itself (pginbox.errors).
+The statements are pginbox.Inbox's own (pginbox.client.queries), run with exec_driver_sql on
+the psycopg connection; the protocol of `handle` (retries, a lost COMMIT, the handler's rules) is
+pginbox.client.protocol, shared with pginbox.Inbox. The payload is bound as JSONB. Errors are
+SQLAlchemy's (`sqlalchemy.exc.DBAPIError`, the psycopg error in `.orig`), except the ones pginbox
+raises itself (pginbox.errors).
 """
 #@ async: (a note only this flavour needs)
 # Every method is a coroutine, and so is the handler given to `handle`.
@@ -28,18 +31,16 @@ error in `.orig`), except the ones pginbox raises itself (pginbox.errors).
 
 from __future__ import annotations
 
-import asyncio
 import random
-import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
-from dataclasses import replace
 from datetime import datetime
+from functools import partial
 from typing import Any, TypeVar
 
 import psycopg
-from sqlalchemy import bindparam, text
-from sqlalchemy.dialects.postgresql import JSONB
+from psycopg import errors as pg_errors
+from psycopg.types.json import Jsonb
 from sqlalchemy.exc import DBAPIError
 
 #@ async: the asyncio classes live in sqlalchemy.ext.asyncio
@@ -49,14 +50,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 # from sqlalchemy import Connection
 # from sqlalchemy.orm import Session
 #@ end
-from sqlalchemy.sql.elements import TextClause
-
 from pginbox import pooler
+from pginbox.client import queries
 from pginbox.client import shared as _core
+from pginbox.client.drive import drive_async
 from pginbox.client.outcomes import Message, Outcome, Result
+from pginbox.client.protocol import Protocol, Transient, applied, commit_lost, judge_handler, raise_if_failed
 from pginbox.client.retry import RetryPolicy, TransientKind, classify
-from pginbox.client.shared import Transient
-from pginbox.errors import CommitOutcomeUnknown, HandlerProtocolError, PginboxError, RetriesExhausted
+from pginbox.client.shared import Failure
+from pginbox.errors import PginboxError
 from pginbox.sql_limits import MAX_BATCH
 
 __all__ = ["AsyncSQLAlchemyHandler", "AsyncSQLAlchemyInbox", "Target"]
@@ -66,52 +68,6 @@ Target = AsyncSession | AsyncConnection
 T = TypeVar("T")
 #: handler(target, message): runs in the transaction that holds the claim; raising rolls back both.
 AsyncSQLAlchemyHandler = Callable[[Any, Message], Awaitable[object]]
-
-_RESULT = """r.outcome, r.payload_sha256, r.stored_sha256, r.handler_version, r.processed_at,
-       r.quarantine_id, r.attempts, r.reason_code, r.error_message,
-       pg_catalog.pg_current_xact_id_if_assigned()::text"""
-
-
-def _jsonb(sql: str) -> TextClause:
-    return text(sql).bindparams(bindparam("payload", type_=JSONB))
-
-
-CLAIM: TextClause = _jsonb(f"""
-SELECT {_RESULT}
-  FROM inbox.claim(consumer => :consumer, producer => :producer, message_id => :message_id,
-                   payload => :payload, handler_version => :handler_version, tenant => :tenant,
-                   produced_at => CAST(:produced_at AS timestamptz)) AS r""")
-CLAIM_AND_APPLY: TextClause = _jsonb(f"""
-SELECT {_RESULT}
-  FROM inbox.claim_and_apply(consumer => :consumer, producer => :producer, message_id => :message_id,
-                             message_type => :message_type, payload => :payload, tenant => :tenant,
-                             produced_at => CAST(:produced_at AS timestamptz)) AS r""")
-CLAIM_AND_APPLY_BATCH: TextClause = text(f"""
-SELECT r.ordinal, {_RESULT}
-  FROM inbox.claim_and_apply_batch(consumer => :consumer, messages => :messages) AS r
- ORDER BY r.ordinal""").bindparams(bindparam("messages", type_=JSONB))
-RECORD_FAILURE: TextClause = _jsonb(f"""
-SELECT {_RESULT}
-  FROM inbox.record_failure(consumer => :consumer, producer => :producer, message_id => :message_id,
-                            payload => :payload, reason_code => :reason_code, error_message => :error_message,
-                            handler_version => :handler_version, tenant => :tenant,
-                            message_type => :message_type) AS r""")
-RECORD_START: TextClause = _jsonb(f"""
-SELECT {_RESULT}
-  FROM inbox.record_start(consumer => :consumer, producer => :producer, message_id => :message_id,
-                          tenant => :tenant, message_type => :message_type, payload => :payload,
-                          handler_version => :handler_version) AS r""")
-ENQUEUE: TextClause = text("""
-SELECT inbox.enqueue_effect(effect_id => :effect_id, destination => :destination, payload => :payload,
-                            headers => coalesce(:headers, CAST('{}' AS jsonb)), ordering_key => :ordering_key,
-                            available_at => coalesce(CAST(:available_at AS timestamptz), pg_catalog.now()),
-                            consumer => :consumer, tenant => :tenant)""").bindparams(
-    bindparam("payload", type_=JSONB), bindparam("headers", type_=JSONB(none_as_null=True))
-)
-SCHEMA_CHECK: TextClause = text(
-    "SELECT r.version, r.release, r.breaking_since, pg_catalog.pg_backend_pid() FROM inbox.schema_release() r"
-)
-XACT_STATUS: TextClause = text("SELECT pg_catalog.pg_xact_status(CAST(:xid AS xid8))")
 
 _INERROR = psycopg.pq.TransactionStatus.INERROR
 _IDLE = psycopg.pq.TransactionStatus.IDLE
@@ -132,6 +88,13 @@ def _lost(exc: BaseException) -> bool:
     return isinstance(inner, psycopg.OperationalError) and inner.sqlstate is None
 
 
+def _transient(exc: BaseException) -> TransientKind | None:
+    """The transient kind of a database error (SQLAlchemy's, or the driver's), None when permanent."""
+    if not isinstance(exc, DBAPIError | psycopg.Error):
+        return None
+    return classify(exc) or (TransientKind.CONNECTION if _lost(exc) else None)
+
+
 async def _dbapi(target: Target) -> psycopg.AsyncConnection[Any]:
     """The psycopg connection under `target` (in its current transaction)."""
     conn = await target.connection() if isinstance(target, AsyncSession) else target
@@ -148,12 +111,11 @@ async def _dbapi(target: Target) -> psycopg.AsyncConnection[Any]:
     return raw
 
 
-class _Failed(Exception):
-    """internal: the handler raised a permanent error; its transaction was rolled back."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
+async def _fetch(target: Target, query: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
+    """The rows of one of pginbox.client.queries, run as it is on the psycopg connection."""
+    conn = await target.connection() if isinstance(target, AsyncSession) else target
+    result = await conn.exec_driver_sql(query, tuple(params) if params is not None else ())
+    return [tuple(row) for row in result.all()]
 
 
 class AsyncSQLAlchemyInbox:
@@ -192,16 +154,14 @@ class AsyncSQLAlchemyInbox:
         """inbox.claim in the caller's transaction: CLAIMED (do the work, then commit: the claim
         commits with it), DUPLICATE, CONFLICT or QUARANTINED (do nothing)."""
         message = _core.check_message(message)
-        return _core.result_from_row(await self._one(target, CLAIM, self._claim_params(message)))
+        return _core.result_from_row(await self._one(target, queries.CLAIM, self._claim_params(message)))
 
     async def apply(self, target: Target, message: Message) -> Result:
         """inbox.claim_and_apply (the SQL handler registered for the message type) in the caller's
         transaction; a handler failure is recorded by the SQL (FAILED / QUARANTINED)."""
         message = _core.check_message(message)
-        params = {"consumer": self.consumer, "producer": message.producer, "message_id": message.message_id,
-                  "message_type": message.message_type, "payload": message.payload, "tenant": message.tenant,
-                  "produced_at": message.produced_at}
-        return _core.result_from_row(await self._one(target, CLAIM_AND_APPLY, params))
+        params = _core.apply_params(self.consumer, message)
+        return _core.result_from_row(await self._one(target, queries.CLAIM_AND_APPLY, params))
 
     async def apply_batch(self, target: Target, messages: Iterable[Message]) -> list[Result]:
         """inbox.claim_and_apply_batch in the caller's transaction, 64 messages per statement;
@@ -209,10 +169,9 @@ class AsyncSQLAlchemyInbox:
         batch = [_core.check_message(m) for m in messages]
         results: list[Result] = []
         for chunk in _core.chunks(batch, MAX_BATCH):
-            items = _core.batch_params(self.consumer, chunk)[1].obj
             await self._prepare(target)
-            rows = (await target.execute(CLAIM_AND_APPLY_BATCH, {"consumer": self.consumer, "messages": items})).all()
-            results.extend(_core.batch_results([tuple(r) for r in rows]))
+            rows = await _fetch(target, queries.CLAIM_AND_APPLY_BATCH, _core.batch_params(self.consumer, chunk))
+            results.extend(_core.batch_results(rows))
         return results
 
     async def record_failure(
@@ -231,7 +190,7 @@ class AsyncSQLAlchemyInbox:
         else:
             code, text_ = reason_code, error_message or reason_code
         params = self._failure_params(message, reason_code or code, error_message or text_)
-        return _core.result_from_row(await self._one(target, RECORD_FAILURE, params))
+        return _core.result_from_row(await self._one(target, queries.RECORD_FAILURE, params))
 
     async def enqueue(
         self, target: Target, effect_id: str, destination: str, payload: Any, *,
@@ -243,10 +202,9 @@ class AsyncSQLAlchemyInbox:
         payload). For producer-only services and handlers alike; the role must be bound to the
         consumer and the consumer to `destination` (docs/outbox.md, "Producer-only services")."""
         await self._prepare(target)
-        params = {"effect_id": effect_id, "destination": destination, "payload": payload,
-                  "headers": None if headers is None else dict(headers), "ordering_key": ordering_key,
-                  "available_at": available_at, "consumer": self.consumer, "tenant": tenant}
-        return bool((await target.execute(ENQUEUE, params)).scalar())
+        params = (effect_id, destination, Jsonb(payload), None if headers is None else Jsonb(dict(headers)),
+                  ordering_key, available_at, self.consumer, tenant)
+        return bool((await _fetch(target, queries.ENQUEUE, params))[0][0])
 
     # ------------------------------------------------------------------ transactions of its own
 
@@ -261,35 +219,31 @@ class AsyncSQLAlchemyInbox:
         pg_xact_status."""
         message = _core.check_message(message)
         self._check_idle(target)
-        retries = 0
-        if message.redelivered:
-            start, retries = await self._run(target, lambda: self._record_start(target, message), retries)
-            if start is not None:
-                return replace(start, retries=retries)
-        try:
-            result, retries = await self._run(target, lambda: self._handle_attempt(target, message, handler), retries)
-            return replace(result, retries=retries) if retries else result
-        except _Failed as failed:
-            error = failed.error
-        recorded, retries = await self._run(target, lambda: self._record_failure_tx(target, message, error), retries)
-        recorded = replace(recorded, retries=retries, exception=error)
-        if self.raise_on_failure if raise_on_failure is None else raise_on_failure:
-            error.add_note(f"pginbox: recorded as {recorded.outcome.value} (attempt {recorded.attempts}, "
-                           f"reason {recorded.reason_code!r}) for message {message.message_id!r}")
-            raise error
-        return recorded
+        protocol = Protocol(
+            self.retry,
+            classify=_transient,
+            poll_status=partial(self._poll_status, target),
+            terminate=partial(self._terminate, target),
+            on_pooler=self._found_pooler,
+            rng=self._rng,
+        )
+        result = await drive_async(protocol.handle(
+            message,
+            start=partial(self._attempt, target, partial(self._record_start, target, message)),
+            attempt=partial(self._attempt, target, partial(self._handle_attempt, target, message, handler)),
+            record_failure=lambda error: partial(
+                self._attempt, target, partial(self._record_failure_tx, target, message, error)
+            ),
+        ))
+        return raise_if_failed(result, message, self.raise_on_failure if raise_on_failure is None else raise_on_failure)
 
     # ------------------------------------------------------------------ internals
 
-    def _claim_params(self, m: Message) -> dict[str, Any]:
-        return {"consumer": self.consumer, "producer": m.producer, "message_id": m.message_id,
-                "payload": m.payload, "handler_version": self.handler_version, "tenant": m.tenant,
-                "produced_at": m.produced_at}
+    def _claim_params(self, m: Message) -> tuple[Any, ...]:
+        return _core.claim_params(self.consumer, self.handler_version, m)
 
-    def _failure_params(self, m: Message, reason_code: str, error_message: str) -> dict[str, Any]:
-        return {"consumer": self.consumer, "producer": m.producer, "message_id": m.message_id,
-                "payload": m.payload, "reason_code": reason_code, "error_message": error_message,
-                "handler_version": self.handler_version, "tenant": m.tenant, "message_type": m.message_type}
+    def _failure_params(self, m: Message, reason_code: str, error_message: str) -> tuple[Any, ...]:
+        return _core.record_failure_params(self.consumer, self.handler_version, m, reason_code, error_message)
 
     async def _prepare(self, target: Target) -> None:
         """First use: the schema check (and pooler detection); behind a pooler, no prepared
@@ -306,17 +260,19 @@ class AsyncSQLAlchemyInbox:
                 "create_engine(..., isolation_level=\"READ COMMITTED\"))"
             )
         if self._schema_version is None:
-            row = (await target.execute(SCHEMA_CHECK)).one()
-            version = _core.check_schema_version(tuple(row)[:3], _core.describe(raw.info))
+            row = (await _fetch(target, queries.SCHEMA_CHECK))[0]
+            version = _core.check_schema_version(row[:3], _core.describe(raw.info))
             if pooler.differs(raw.info.backend_pid, row[3]):
                 self._behind_pooler = True
             self._schema_version = version
         if self._behind_pooler and raw.prepare_threshold is not None:
             pooler.configure(raw)
 
-    async def _one(self, target: Target, statement: TextClause, params: Mapping[str, Any]) -> tuple[Any, ...]:
+    async def _one(self, target: Target, query: str, params: Sequence[Any]) -> tuple[Any, ...]:
         await self._prepare(target)
-        return tuple((await target.execute(statement, dict(params))).one())
+        rows = await _fetch(target, query, params)
+        assert len(rows) == 1, "the statement returns one row"
+        return rows[0]
 
     @staticmethod
     def _check_idle(target: Target) -> None:
@@ -328,124 +284,94 @@ class AsyncSQLAlchemyInbox:
             )
 
     async def _record_start(self, target: Target, message: Message) -> Result | None:
+        params = _core.record_starts_params(self.consumer, self.handler_version, [message])
         async with target.begin():
-            row = await self._one(target, RECORD_START, {
-                "consumer": self.consumer, "producer": message.producer, "message_id": message.message_id,
-                "tenant": message.tenant, "message_type": message.message_type, "payload": message.payload,
-                "handler_version": self.handler_version,
-            })
-        return _core.result_from_row(row) if row[0] == "quarantined" else None
+            await self._prepare(target)
+            rows = await _fetch(target, queries.RECORD_STARTS, params)
+        return _core.first_start(rows)
 
     async def _record_failure_tx(self, target: Target, message: Message, error: BaseException) -> Result:
         code, text_ = _core.failure_reason(_database_error(error))
         async with target.begin():
-            row = await self._one(target, RECORD_FAILURE, self._failure_params(message, code, text_))
+            row = await self._one(target, queries.RECORD_FAILURE, self._failure_params(message, code, text_))
         return _core.result_from_row(row)
 
-    async def _handle_attempt(self, target: Target, message: Message, handler: AsyncSQLAlchemyHandler) -> Result:
+    async def _handle_attempt(
+        self, target: Target, message: Message, handler: AsyncSQLAlchemyHandler
+    ) -> Result | Failure:
         tx = await target.begin()
         try:
-            row = await self._one(target, CLAIM, self._claim_params(message))
+            row = await self._one(target, queries.CLAIM, self._claim_params(message))
             claim = _core.result_from_row(row)
             xid: str | None = row[9]
+            raw = await _dbapi(target)
+            pid = raw.info.backend_pid or None
             if claim.outcome is Outcome.CLAIMED:
+                error: Exception | None = None
+                returned: object = None
                 try:
-                    await handler(target, message)
+                    returned = await handler(target, message)
                     if isinstance(target, AsyncSession):
                         await target.flush()  # ORM writes fail here, as the handler's
                 except Exception as exc:
-                    kind = classify(exc) or (TransientKind.CONNECTION if _lost(exc) else None)
+                    error = exc
+                ended = error is None and not tx.is_active
+                verdict = judge_handler(
+                    error, returned,
+                    transient=None if error is None else _transient(error),
+                    lost=_lost(error) if error is not None else raw.closed,
+                    failed_tx=not ended and error is None and raw.info.transaction_status == _INERROR,
+                    ended_tx=ended, client="AsyncSQLAlchemyInbox",
+                    savepoint_fix="use a savepoint: session.begin_nested()",
+                )
+                if verdict is not None:
                     with suppress(DBAPIError):  # the connection may be gone: nothing to roll back then
                         await tx.rollback()
-                    if kind is not None:
-                        raise Transient(kind, exc) from exc
-                    raise _Failed(exc) from exc
-                if not tx.is_active:
-                    raise HandlerProtocolError(
-                        "the handler ended the transaction that holds the claim (commit or rollback): "
-                        "AsyncSQLAlchemyInbox commits it when the handler returns",
-                        reason_code="handler_ended_transaction",
-                    )
-                raw = await _dbapi(target)
-                if raw.info.transaction_status == _INERROR:
-                    await tx.rollback()
-                    raise _Failed(HandlerProtocolError(
-                        "the handler returned, but a database error it caught left its transaction failed: "
-                        "rolled back (let the error propagate, or use a savepoint: session.begin_nested())",
-                        reason_code="25P02", sqlstate="25P02",
-                    ))
-                claim = Result(Outcome.APPLIED, claim.payload_sha256, None, claim.handler_version, claim.processed_at)
-        except (_Failed, Transient, HandlerProtocolError):
-            raise
+                    if isinstance(verdict, Transient):
+                        raise verdict from verdict.error
+                    return Failure(verdict, claim)
+                claim = applied(claim)
         except BaseException:
             if tx.is_active:
-                await tx.rollback()
+                with suppress(DBAPIError):
+                    await tx.rollback()
             raise
         try:
             await tx.commit()
         except DBAPIError as exc:
-            if _lost(exc) and xid is not None:
-                if await self._resolve(target, xid):
-                    return claim
-                raise Transient(TransientKind.CONNECTION, exc) from exc
-            raise
+            if _lost(exc):
+                return commit_lost(xid, pid, claim, exc)
+            if _transient(exc) is not None:
+                raise
+            # The server answered COMMIT with an error (a deferred constraint): rolled back.
+            return Failure(exc, claim)
         return claim
 
-    async def _resolve(self, target: Target, xid: str) -> bool:
-        """Whether the transaction whose COMMIT answer was lost committed (pg_xact_status)."""
-        policy = self.retry
-        deadline = time.monotonic() + policy.resolve_timeout
-        polls = 0
-        status: str | None = "unreachable"
-        while True:
-            polls += 1
-            try:
-                if target.in_transaction():
+    async def _attempt(self, target: Target, attempt: Callable[[], Awaitable[T]]) -> T:
+        """One transaction of `handle`; after a transient database error the target is left
+        outside any transaction, for the next attempt."""
+        try:
+            return await attempt()
+        except DBAPIError as exc:
+            if _transient(exc) is not None and target.in_transaction():
+                with suppress(DBAPIError):
                     await target.rollback()
-                async with target.begin():
-                    status = (await target.execute(XACT_STATUS, {"xid": xid})).scalar()
-            except DBAPIError as exc:
-                if classify(exc) is None:
-                    raise
-            if status == "committed":
-                return True
-            if status == "aborted":
-                return False
-            if status is None or time.monotonic() >= deadline:
-                raise CommitOutcomeUnknown(
-                    f"the connection was lost during COMMIT of transaction {xid} and its outcome could not be "
-                    f"established (last status: {status}): do not ack; a redelivery is safe",
-                    xid=xid,
-                )
-            await asyncio.sleep(min(policy.backoff(polls, self._rng) + 0.005, max(deadline - time.monotonic(), 0.0)))
+            raise
 
-    async def _run(self, target: Target, attempt: Callable[[], Awaitable[T]], retries: int) -> tuple[T, int]:
-        """`attempt` until it returns or raises a permanent error; (its value, retries so far)."""
-        policy = self.retry
-        number = 0
-        while True:
-            number += 1
-            try:
-                return await attempt(), retries
-            except Transient as transient:
-                error, kind = transient.error, transient.kind
-            except DBAPIError as exc:
-                found = classify(exc) or (TransientKind.CONNECTION if _lost(exc) else None)
-                if found is None:
-                    raise
-                error, kind = exc, found
-                if target.in_transaction():
-                    await target.rollback()
-            if kind is TransientKind.POOLER:
-                self._behind_pooler = True
-            if number >= policy.max_attempts:
-                inner = _database_error(error)
-                raise RetriesExhausted(
-                    f"gave up after {number} attempts; the last failed with {_core.error_key(inner)}: {inner}",
-                    attempts=number,
-                    sqlstate=inner.sqlstate if isinstance(inner, psycopg.Error) else None,
-                ) from error
-            retries += 1
-            await asyncio.sleep(policy.backoff(number, self._rng))
+    async def _poll_status(self, target: Target, xid: str) -> str | None:
+        if target.in_transaction():
+            await target.rollback()
+        async with target.begin():
+            rows = await _fetch(target, queries.XACT_STATUS, (xid,))
+        return rows[0][0] if rows else None
 
+    async def _terminate(self, target: Target, backend_pid: int, xid: str) -> None:
+        try:
+            async with target.begin():
+                await _fetch(target, queries.TERMINATE_ORPHAN, (backend_pid, xid))
+        except DBAPIError as exc:
+            if not isinstance(exc.orig, pg_errors.InsufficientPrivilege):
+                raise
 
+    def _found_pooler(self) -> None:
+        self._behind_pooler = True

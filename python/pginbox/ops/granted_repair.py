@@ -17,11 +17,7 @@ OperatorError with the server's reason.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
-import inspect
-import random
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -31,9 +27,12 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
 from pginbox.client import shared as _core
+from pginbox.client.drive import drive, drive_async
 from pginbox.client.outcomes import Message
-from pginbox.client.retry import RetryPolicy, classify
-from pginbox.errors import HandlerProtocolError, OperatorError, RetriesExhausted, server_message
+from pginbox.client.protocol import Protocol, Transient, judge_handler
+from pginbox.client.retry import RetryPolicy, TransientKind, classify
+from pginbox.client.shared import CallCost
+from pginbox.errors import OperatorError, RetriesExhausted, server_message
 from pginbox.ops.json_values import jsonable
 
 __all__ = ["Grant", "Redemption", "grant", "redeem", "redeem_async"]
@@ -140,28 +139,44 @@ def _attempt(conn: psycopg.Connection[Any], grant_id: int, spec: str, handler: H
             row = cur.execute(BEGIN_SQL, {"grant": grant_id, "handler": spec}).fetchone()
         assert row is not None
         message = Message(row["producer"], row["message_id"], row["message_type"], row["payload"], tenant=row["tenant"])
+        error: Exception | None = None
+        returned: object = None
         with conn.cursor() as hcur:
             try:
                 returned = handler(hcur, message)
-                if inspect.isawaitable(returned):
-                    _core.discard_awaitable(returned)
-                    raise HandlerProtocolError(
-                        "the handler returned an awaitable it did not await (a coroutine): its statements never ran",
-                        reason_code="handler_returned_awaitable",
-                    )
             except Exception as exc:
-                if classify(exc) is not None or _core.connection_lost(exc, conn):
-                    raise
-                raise _HandlerFailed(exc) from exc
-        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
-            raise _HandlerFailed(
-                HandlerProtocolError(
-                    "the handler returned, but a database error it caught left its transaction failed: rolled back",
-                    reason_code="25P02",
-                    sqlstate="25P02",
-                )
-            )
+                error = exc
+        _judge(conn, error, returned)
     return row
+
+
+def _judge(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], error: Exception | None, returned: object
+) -> None:
+    """The handler's rules of pginbox.client.protocol: a transient error is raised as it is (the
+    transaction rolls back and runs again), a failure as _HandlerFailed (rolled back, recorded)."""
+    status = conn.pgconn.transaction_status
+    verdict = judge_handler(
+        error,
+        returned,
+        transient=None if error is None else classify(error),
+        lost=conn.closed if error is None else _core.connection_lost(error, conn),
+        failed_tx=status == psycopg.pq.TransactionStatus.INERROR,
+        ended_tx=status == psycopg.pq.TransactionStatus.IDLE,
+        client="the repair",
+    )
+    if isinstance(verdict, Transient):
+        raise verdict.error
+    if verdict is not None:
+        raise _HandlerFailed(verdict) from error
+
+
+def _transient(
+    exc: BaseException, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
+) -> TransientKind | None:
+    if not isinstance(exc, psycopg.Error):
+        return None
+    return classify(exc) or (TransientKind.CONNECTION if _core.connection_lost(exc, conn) else None)
 
 
 def redeem(
@@ -177,33 +192,32 @@ def redeem(
     connection is replaced by one with the same parameters for the next attempt; if it was lost
     during COMMIT and the COMMIT happened, the next attempt is refused with "already used by ...
     (recovered)"."""
-    policy = retry or RetryPolicy()
-    rng = random.Random()
-    number = 0
-    while True:
-        number += 1
+    current = [conn]
+
+    def attempt() -> dict[str, Any] | _HandlerFailed:
+        if current[0].closed:
+            info = current[0].info
+            current[0] = psycopg.Connection.connect(
+                make_conninfo(info.dsn, **({"password": info.password} if info.password else {})),
+                autocommit=current[0].autocommit,
+            )
         try:
-            if conn.closed:
-                info = conn.info
-                conn = psycopg.Connection.connect(
-                    make_conninfo(info.dsn, **({"password": info.password} if info.password else {})),
-                    autocommit=conn.autocommit,
-                )
-            row = _attempt(conn, grant_id, spec, handler)
-            return Redemption(grant_id, row["quarantine_id"], "recovered", spec, row["handler_version"])
+            return _attempt(current[0], grant_id, spec, handler)
         except _HandlerFailed as failed:
-            error = failed.error
-            break
-        except psycopg.Error as exc:
-            if classify(exc) is None and not _core.connection_lost(exc, conn):
-                raise _refused(f"cannot run repair grant {grant_id}", exc) from exc
-            if number >= policy.max_attempts:
-                raise RetriesExhausted(
-                    f"repair grant {grant_id}: gave up after {number} attempts: {exc}",
-                    attempts=number,
-                    sqlstate=exc.sqlstate,
-                ) from exc
-            time.sleep(policy.backoff(number, rng))
+            return failed
+
+    protocol = Protocol(retry or RetryPolicy(), classify=lambda exc: _transient(exc, current[0]))
+    try:
+        outcome = drive(protocol.retry(attempt, CallCost()))
+    except RetriesExhausted as exc:
+        exc.add_note(f"pginbox: repair grant {grant_id}")
+        raise
+    except psycopg.Error as exc:
+        raise _refused(f"cannot run repair grant {grant_id}", exc) from exc
+    if not isinstance(outcome, _HandlerFailed):
+        return Redemption(grant_id, outcome["quarantine_id"], "recovered", spec, outcome["handler_version"])
+    error = outcome.error
+    conn = current[0]
     reason, text = _core.failure_reason(error)
     try:
         with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
@@ -237,21 +251,14 @@ async def _attempt_async(
             row = await (await cur.execute(BEGIN_SQL, {"grant": grant_id, "handler": spec})).fetchone()
         assert row is not None
         message = Message(row["producer"], row["message_id"], row["message_type"], row["payload"], tenant=row["tenant"])
+        error: Exception | None = None
+        returned: object = None
         async with conn.cursor() as hcur:
             try:
-                await handler(hcur, message)
+                returned = await handler(hcur, message)
             except Exception as exc:
-                if classify(exc) is not None or _core.connection_lost(exc, conn):
-                    raise
-                raise _HandlerFailed(exc) from exc
-        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
-            raise _HandlerFailed(
-                HandlerProtocolError(
-                    "the handler returned, but a database error it caught left its transaction failed: rolled back",
-                    reason_code="25P02",
-                    sqlstate="25P02",
-                )
-            )
+                error = exc
+        _judge(conn, error, returned)
     return row
 
 
@@ -260,31 +267,29 @@ async def redeem_async(
 ) -> Redemption:
     """`redeem` for an `async def` handler, on an asyncio connection of its own to `dsn` (the
     consumer's login)."""
-    policy = retry or RetryPolicy()
-    rng = random.Random()
-    number = 0
-    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=None)
+    current = [await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=None)]
+
+    async def attempt() -> dict[str, Any] | _HandlerFailed:
+        if current[0].closed:
+            current[0] = await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=None)
+        try:
+            return await _attempt_async(current[0], grant_id, spec, handler)
+        except _HandlerFailed as failed:
+            return failed
+
+    protocol = Protocol(retry or RetryPolicy(), classify=lambda exc: _transient(exc, current[0]))
     try:
-        while True:
-            number += 1
-            try:
-                if conn.closed:
-                    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=None)
-                row = await _attempt_async(conn, grant_id, spec, handler)
-                return Redemption(grant_id, row["quarantine_id"], "recovered", spec, row["handler_version"])
-            except _HandlerFailed as failed:
-                error = failed.error
-                break
-            except psycopg.Error as exc:
-                if classify(exc) is None and not _core.connection_lost(exc, conn):
-                    raise _refused(f"cannot run repair grant {grant_id}", exc) from exc
-                if number >= policy.max_attempts:
-                    raise RetriesExhausted(
-                        f"repair grant {grant_id}: gave up after {number} attempts: {exc}",
-                        attempts=number,
-                        sqlstate=exc.sqlstate,
-                    ) from exc
-                await asyncio.sleep(policy.backoff(number, rng))
+        try:
+            outcome = await drive_async(protocol.retry(attempt, CallCost()))
+        except RetriesExhausted as exc:
+            exc.add_note(f"pginbox: repair grant {grant_id}")
+            raise
+        except psycopg.Error as exc:
+            raise _refused(f"cannot run repair grant {grant_id}", exc) from exc
+        if not isinstance(outcome, _HandlerFailed):
+            return Redemption(grant_id, outcome["quarantine_id"], "recovered", spec, outcome["handler_version"])
+        error = outcome.error
+        conn = current[0]
         reason, text = _core.failure_reason(error)
         try:
             async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
@@ -305,4 +310,4 @@ async def redeem_async(
             error,
         )
     finally:
-        await conn.close()
+        await current[0].close()
