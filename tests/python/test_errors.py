@@ -22,6 +22,7 @@ NOT_PGINBOX_ERRORS = {
     "pginbox.integrations.django._Failed",  # the Django handle's internal signals, never raised out
     "pginbox.integrations.django._HandlerError",
     "pginbox.ops.granted_repair._HandlerFailed",  # a repair grant's handler failed: recorded, never raised out
+    "pginbox.ops.python_replay._HandlerFailed",  # a replay item's handler failed: recorded, never raised out
     "pginbox.brokers.wire.BadInput",  # the consumer's signal to dead-letter one message, never raised out
     "pginbox.demo.act2_simulation._Crash",
     "pginbox.demo.act3_outbox.HandlerRefused",
