@@ -46,3 +46,10 @@ def recredit_slow(cur: psycopg.Cursor[Any], message: Message) -> None:
     """`recredit`, then 0.4 s inside the item's transaction: time for a test to SIGKILL the runner."""
     recredit(cur, message)
     time.sleep(0.4)
+
+
+async def recredit_async(cur: psycopg.AsyncCursor[Any], message: Message) -> None:
+    """`recredit` as an `async def` handler (what `pginbox consume` runs on its asyncio connection)."""
+    if message.payload["amount"] < 0:
+        raise ValueError(f"negative amount in {message.message_id}")
+    await cur.execute("INSERT INTO replay_log (message_id, login) VALUES (%s, session_user)", (message.message_id,))

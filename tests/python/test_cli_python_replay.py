@@ -388,6 +388,32 @@ def test_the_handler_pginbox_consume_is_configured_with(
     assert logged(conn) == {"r-1": 1, "r-2": 1}
 
 
+def test_an_async_handler_runs_on_an_asyncio_connection(
+    history: list[dict[str, Any]],
+    service: str,
+    conn: psycopg.Connection[Any],
+    login_role: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    """`async def` handlers (what `pginbox consume` runs on its asyncio connection) get an
+    AsyncCursor, with the consumer's login; a failure is recorded as a sync one's."""
+    spec = "billing_handlers:recredit_async"
+    negative = {"account": 1, "amount": -3}
+    with psycopg.connect(service, autocommit=True) as svc:
+        svc.execute(CLAIM, ("r-neg", Jsonb(negative), "py-v1"))
+    items = [history[0], {"producer": "shop", "message_id": "r-neg", "payload": negative}, history[1]]
+    plan_id = new_plan(login_role("inbox_operator"), items, handler=spec, tmp_path=tmp_path)
+    result = cli("replay", "run", str(plan_id), "--python", spec, "--json", dsn=service)
+    assert result.exit_code == 0, result.output
+    run = json.loads(result.stdout)
+    assert run["status"] == "completed"
+    assert (run["this_run"]["applied"], run["this_run"]["failed"]) == (2, 1)
+    assert [f["reason_code"] for f in run["this_run"]["failures"]] == ["ValueError"]
+    role = conninfo_to_dict(service)["user"]
+    assert logged(conn) == {"r-1": 1, "r-2": 1}
+    assert conn.execute("SELECT DISTINCT login FROM replay_log").fetchall() == [(role,)]
+
+
 def test_the_documented_commands(
     history: list[dict[str, Any]],
     service: str,

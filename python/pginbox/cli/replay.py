@@ -23,12 +23,13 @@ transaction (sql/122_python_replay.sql); --consume-config takes the handler (and
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any, TextIO, cast
 
 import click
 
-from pginbox.cli.context import connect, dsn_option
+from pginbox.cli.context import connect, database, dsn_option
 from pginbox.cli.output import echo_json, fmt, table
 from pginbox.cli.progress import Render, duration, progress_for_stderr
 from pginbox.cli.quarantine import _consume_handler as consume_handler
@@ -295,15 +296,24 @@ def _run_python(
         handler = load_object(spec, "--python")
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--python") from None
-    if is_async_handler(handler):
-        raise click.BadParameter(
-            f"{spec} is an `async def` handler: replay plans run `def handler(cursor, message)` handlers",
-            param_hint="--python",
-        )
+    is_async = is_async_handler(handler)
+    run: python_replay.PythonRun | None = None
     with connect(ctx, command_dsn) as conn:
         check_schema(conn)
         plan_id = _python_plan_id(conn, plan)
-        run = python_replay.run_plan(conn, plan_id, spec, cast(python_replay.Handler, handler), max_items=max_items)
+        if not is_async:
+            run = python_replay.run_plan(conn, plan_id, spec, cast(python_replay.Handler, handler), max_items=max_items)
+    if run is None:
+        # An `async def` handler gets an AsyncCursor on an asyncio connection, as `pginbox consume` runs it.
+        run = asyncio.run(
+            python_replay.run_plan_async(
+                database(ctx, command_dsn),
+                plan_id,
+                spec,
+                cast(python_replay.AsyncHandler, handler),
+                max_items=max_items,
+            )
+        )
     if as_json:
         echo_json(run.as_json())
     elif not quiet:

@@ -19,10 +19,11 @@ A killed runner leaves its item pending, and the next run applies it once.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -35,7 +36,7 @@ from pginbox.client.outcomes import Message
 from pginbox.client.retry import RetryPolicy, classify
 from pginbox.errors import HandlerProtocolError, ReplayError, RetriesExhausted, server_message
 
-__all__ = ["Handler", "PythonRun", "create_plan", "run_plan"]
+__all__ = ["AsyncHandler", "Handler", "PythonRun", "create_plan", "run_plan", "run_plan_async"]
 
 #: handler(cursor, message): runs in the transaction that takes the item (pginbox.Inbox's shape).
 Handler = Callable[[psycopg.Cursor[Any], Message], object]
@@ -239,3 +240,109 @@ def run_plan(
     if progress is not None:
         progress(run)
     return run
+
+
+#: async handler(cursor, message), as `pginbox consume` runs an `async def` handler.
+AsyncHandler = Callable[[psycopg.AsyncCursor[Any], Message], Awaitable[object]]
+
+
+async def _attempt_async(
+    conn: psycopg.AsyncConnection[Any], plan_id: int, spec: str, handler: AsyncHandler
+) -> dict[str, Any]:
+    async with conn.transaction():
+        async with conn.cursor(row_factory=dict_row) as cur:
+            row = await (await cur.execute(BEGIN_SQL, {"plan_id": plan_id, "handler": spec})).fetchone()
+        assert row is not None
+        if row["action"] != "run":
+            return row
+        message = Message(
+            row["producer"],
+            row["message_id"],
+            row["message_type"],
+            row["payload"],
+            tenant=row["tenant"],
+            produced_at=row["produced_at"],
+        )
+        async with conn.cursor() as hcur:
+            try:
+                await handler(hcur, message)
+            except Exception as exc:
+                if classify(exc) is not None or _core.connection_lost(exc, conn):
+                    raise
+                raise _HandlerFailed(row["item_no"], exc) from exc
+        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+            raise _HandlerFailed(
+                row["item_no"],
+                HandlerProtocolError(
+                    "the handler returned, but a database error it caught left its transaction failed: rolled back",
+                    reason_code="25P02",
+                    sqlstate="25P02",
+                ),
+            )
+    return row
+
+
+async def run_plan_async(
+    dsn: str,
+    plan_id: int,
+    spec: str,
+    handler: AsyncHandler,
+    *,
+    max_items: int | None = None,
+    retry: RetryPolicy | None = None,
+) -> PythonRun:
+    """`run_plan` for an `async def` handler, on an asyncio connection of its own to `dsn` (the
+    consumer's login)."""
+    policy = retry or RetryPolicy()
+    rng = random.Random()
+    run = PythonRun(plan_id, spec)
+    number = 0
+    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=None)
+    try:
+        while max_items is None or run.applied_now + run.failed_now < max_items:
+            number += 1
+            try:
+                if conn.closed:
+                    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=None)
+                row = await _attempt_async(conn, plan_id, spec, handler)
+            except _HandlerFailed as failed:
+                reason, text = _core.failure_reason(failed.error)
+                params = {
+                    "plan_id": plan_id,
+                    "item_no": failed.item_no,
+                    "handler": spec,
+                    "reason": reason,
+                    "text": text,
+                }
+                try:
+                    async with conn.transaction(), conn.cursor() as cur:
+                        recorded = await (await cur.execute(FAILED_SQL, params)).fetchone()
+                except psycopg.Error as exc:
+                    what = f"cannot record the failure of item {failed.item_no} of replay plan {plan_id}"
+                    raise _refused(what, exc) from exc
+                if recorded is not None and recorded[0]:
+                    run.failed_now += 1
+                    run.failures.append((failed.item_no, reason, text))
+                number = 0
+            except psycopg.Error as exc:
+                if classify(exc) is None and not _core.connection_lost(exc, conn):
+                    raise _refused(f"cannot run replay plan {plan_id}", exc) from exc
+                if number >= policy.max_attempts:
+                    raise RetriesExhausted(
+                        f"replay plan {plan_id}: gave up after {number} attempts: {exc}",
+                        attempts=number,
+                        sqlstate=exc.sqlstate,
+                    ) from exc
+                await asyncio.sleep(policy.backoff(number, rng))
+            else:
+                number = 0
+                run.skipped_now += row["skipped_now"]
+                run.failed_now += row["failed_now"]
+                run.status = row["status"]
+                if row["action"] == "run":
+                    run.applied_now += 1
+                elif row["action"] == "done":
+                    break
+        return run
+    finally:
+        await conn.close()
