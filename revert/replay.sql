@@ -9,6 +9,8 @@ SET LOCAL ROLE inbox_owner;
 -- This version's _replay_run_start returns (plan, handler_owner): dropped so that the released one can be created.
 DROP FUNCTION inbox._replay_run_start(bigint, integer);
 DROP TYPE inbox._replay_start;
+-- New in 0.3.0: plans approved for a Python handler (python_replay_tables).
+DROP FUNCTION inbox._check_sql_plan(text, inbox.replay_plan);
 
 -- Progress per plan, and whether the pin still equals what is registered. No payloads.
 CREATE OR REPLACE VIEW inbox.replay_status AS

@@ -2,7 +2,8 @@
 -- the rights of a role bound to the consumer (inbox._check_operator_run: SECURITY DEFINER, owned by
 -- the consumer's role; the items' payloads match the hashes the consumer stored), and since 0.3.0
 -- confined (inbox._run_for_operator): run_replay_plan is SECURITY DEFINER, and its halves are its
--- own. Reworked in 0.3.0 (docs/releasing.md).
+-- own. A plan approved for a Python handler (082_python_replay_tables.sql) runs in the consumer's own
+-- login (122_python_replay.sql), never here. Reworked in 0.3.0 (docs/releasing.md).
 BEGIN;
 
 SET LOCAL search_path = pg_catalog, pg_temp;
@@ -10,16 +11,19 @@ SET LOCAL ROLE inbox_owner;
 -- DROP ... IF EXISTS below makes this script rerunnable (sqitch rework): no notices for it.
 SET LOCAL client_min_messages = warning;
 
--- Progress per plan, and whether the pin still equals what is registered. No payloads.
+-- Progress per plan, and whether the pin still equals what is registered (a Python plan's handler,
+-- module:function, is its own pin: 082_python_replay_tables.sql). No payloads.
 CREATE OR REPLACE VIEW inbox.replay_status AS
-SELECT p.plan_id, p.plan_name, p.consumer, p.message_type, p.handler::text AS handler, p.handler_version, p.status,
+SELECT p.plan_id, p.plan_name, p.consumer, p.message_type, coalesce(p.handler::text, p.python_handler) AS handler,
+       p.handler_version, p.status,
        count(i.item_no) AS total,
        count(i.item_no) FILTER (WHERE i.status = 'pending') AS pending,
        count(i.item_no) FILTER (WHERE i.status = 'applied') AS applied,
        count(i.item_no) FILTER (WHERE i.status = 'failed') AS failed,
        count(i.item_no) FILTER (WHERE i.status = 'skipped') AS skipped,
        h.handler::text AS registered_handler, h.handler_version AS registered_version,
-       coalesce(h.handler::oid = p.handler::oid AND h.handler_version = p.handler_version, false) AS pin_matches,
+       p.python_handler IS NOT NULL
+       OR coalesce(h.handler::oid = p.handler::oid AND h.handler_version = p.handler_version, false) AS pin_matches,
        p.created_at, p.created_by, p.stopped_at, p.finished_at
   FROM inbox.replay_plan p
   LEFT JOIN inbox.replay_item i ON i.plan_id = p.plan_id
@@ -145,6 +149,25 @@ BEGIN
 END
 $$;
 COMMENT ON FUNCTION inbox._check_plan_active(text, inbox.replay_plan) IS 'internal: rejects a completed or cancelled plan (55000)';
+
+-- A plan approved for a Python handler runs in the consumer's own login (122_python_replay.sql),
+-- never here, and keeps the handler it was approved for.
+CREATE OR REPLACE FUNCTION inbox._check_sql_plan(fn text, plan inbox.replay_plan) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF plan.python_handler IS NOT NULL THEN
+        RAISE EXCEPTION '%: replay plan % (%) runs the Python handler %, with a login of consumer %', fn, plan.plan_id,
+            pg_catalog.quote_literal(plan.plan_name), pg_catalog.quote_literal(plan.python_handler),
+            pg_catalog.quote_literal(plan.consumer)
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = pg_catalog.format('The consumer''s own login runs it: pginbox replay run %s --python %s --dsn <the consumer''s DSN>. For another handler or version, cancel it and create a new plan.',
+                                           plan.plan_id, plan.python_handler);
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION inbox._check_sql_plan(text, inbox.replay_plan) IS
+    'internal: rejects a plan approved for a Python handler where a SQL handler runs (55000)';
 
 -- The handler registered for (consumer, message_type) must be exactly the pair the operator names.
 CREATE OR REPLACE FUNCTION inbox._check_registered_pair(fn text, consumer text, message_type text, handler regprocedure,
@@ -339,7 +362,7 @@ BEGIN
     END LOOP;
     IF added > 0 THEN
         INSERT INTO inbox.replay_decision (plan_id, decision, handler, handler_version, items)
-        VALUES (plan.plan_id, 'add_items', plan.handler::text, plan.handler_version, added);
+        VALUES (plan.plan_id, 'add_items', coalesce(plan.handler::text, plan.python_handler), plan.handler_version, added);
     END IF;
     RETURN added;
 END
@@ -359,6 +382,7 @@ DECLARE
 BEGIN
     plan := inbox._lock_replay_plan(fn, accept_replay_version.plan_id);
     PERFORM inbox._check_plan_active(fn, plan);
+    PERFORM inbox._check_sql_plan(fn, plan);
     IF accept_replay_version.handler IS NULL THEN
         RAISE EXCEPTION '%: handler must not be NULL', fn
             USING ERRCODE = 'null_value_not_allowed', HINT = 'Pass it as ''schema.function(jsonb)''::regprocedure.';
@@ -400,7 +424,8 @@ BEGIN
     DELETE FROM inbox.retention_hold r WHERE r.holder = 'replay:' OPERATOR(pg_catalog.||) plan.plan_id;
     UPDATE inbox.replay_plan p SET status = 'cancelled', finished_at = now() WHERE p.plan_id = plan.plan_id;
     INSERT INTO inbox.replay_decision (plan_id, decision, note, handler, handler_version, items)
-    VALUES (plan.plan_id, 'cancel', cancel_replay_plan.note, plan.handler::text, plan.handler_version, skipped);
+    VALUES (plan.plan_id, 'cancel', cancel_replay_plan.note, coalesce(plan.handler::text, plan.python_handler),
+            plan.handler_version, skipped);
     SELECT p.* INTO plan FROM inbox.replay_plan p WHERE p.plan_id = cancel_replay_plan.plan_id;
     RETURN plan;
 END
@@ -439,6 +464,7 @@ BEGIN
     END IF;
     plan := inbox._lock_replay_plan(fn, _replay_run_start.plan_id);
     PERFORM inbox._check_plan_active(fn, plan);
+    PERFORM inbox._check_sql_plan(fn, plan);
     -- The pinned handler is checked again at every run, as claim_and_apply and repair do: it may have
     -- been dropped, or altered into a privileged SECURITY DEFINER function, since the plan was made.
     PERFORM inbox._check_handler(fn, plan.handler, plan.consumer, plan.message_type);
@@ -484,8 +510,8 @@ BEGIN
     END IF;
     SELECT h.* INTO registered FROM inbox.handler h
      WHERE h.consumer = plan.consumer AND h.message_type = plan.message_type;
-    IF registered.handler IS NULL OR registered.handler::oid <> plan.handler::oid
-       OR registered.handler_version <> plan.handler_version THEN
+    IF plan.handler IS NOT NULL AND (registered.handler IS NULL OR registered.handler::oid <> plan.handler::oid
+                                     OR registered.handler_version <> plan.handler_version) THEN
         UPDATE inbox.replay_plan p SET status = 'stopped_version_changed', stopped_at = now()
          WHERE p.plan_id = plan.plan_id;
         INSERT INTO inbox.replay_decision (plan_id, decision, note, handler, handler_version, previous_handler,
@@ -604,7 +630,7 @@ BEGIN
         UPDATE inbox.replay_plan p SET status = 'completed', finished_at = now() WHERE p.plan_id = plan.plan_id;
         DELETE FROM inbox.retention_hold r WHERE r.holder = 'replay:' OPERATOR(pg_catalog.||) plan.plan_id;
         INSERT INTO inbox.replay_decision (plan_id, decision, handler, handler_version, items)
-        VALUES (plan.plan_id, 'completed', plan.handler::text, plan.handler_version,
+        VALUES (plan.plan_id, 'completed', coalesce(plan.handler::text, plan.python_handler), plan.handler_version,
                 (result.applied + result.failed + result.skipped)::integer);
         plan.status := 'completed';
     END IF;
@@ -702,6 +728,7 @@ REVOKE ALL ON FUNCTION inbox.versioned_consumer(text, text),
     inbox._check_replay_note(text, text),
     inbox._lock_replay_plan(text, bigint),
     inbox._check_plan_active(text, inbox.replay_plan),
+    inbox._check_sql_plan(text, inbox.replay_plan),
     inbox._check_registered_pair(text, text, text, regprocedure, text),
     inbox.create_replay_plan(text, text, text, regprocedure, text, text),
     inbox.add_replay_items(bigint, jsonb),

@@ -39,6 +39,9 @@ BEGIN
     IF pg_catalog.has_function_privilege('public', 'inbox._check_plan_active(text, inbox.replay_plan)', 'EXECUTE') THEN
         RAISE EXCEPTION 'PUBLIC can execute inbox._check_plan_active(text, inbox.replay_plan)';
     END IF;
+    IF pg_catalog.has_function_privilege('public', 'inbox._check_sql_plan(text, inbox.replay_plan)', 'EXECUTE') THEN
+        RAISE EXCEPTION 'PUBLIC can execute inbox._check_sql_plan(text, inbox.replay_plan)';
+    END IF;
     IF pg_catalog.has_function_privilege('public', 'inbox._check_registered_pair(text, text, text, regprocedure, text)', 'EXECUTE') THEN
         RAISE EXCEPTION 'PUBLIC can execute inbox._check_registered_pair(text, text, text, regprocedure, text)';
     END IF;

@@ -26,6 +26,7 @@ SELECT set_eq($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc
                     'bind_consumer', 'unbind_consumer', 'configure_security',
                     'bind_destination', 'unbind_destination', '_generate_dispatcher', '_begin_apply_batch', '_unclaim',
                     'grant_repair', 'begin_granted_repair', 'granted_repair_failed', 'commit_durable', 'wait_durable',
+                    'create_python_replay_plan', 'begin_python_replay_item', 'python_replay_item_failed',
                     'kafka_acquire', 'kafka_store_offsets', 'kafka_release', 'kafka_reset_offsets'],
               'exactly the expected functions in schema inbox are SECURITY DEFINER');
 SELECT is_empty($$SELECT p.oid::regprocedure::text, p.proconfig::text FROM pg_catalog.pg_proc p
@@ -152,6 +153,7 @@ SELECT set_eq(format($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.
                                  '_check_text', 'versioned_consumer', '_is_transient',
                                  '_run_handler', '_run_handler_batch', '_blank', '_begin_apply_batch', '_unclaim',
                                  'idempotency_key', '_has_control', 'begin_granted_repair', 'granted_repair_failed', 'commit_durable', 'wait_durable',
+                                 'begin_python_replay_item', 'python_replay_item_failed',
                                  'kafka_acquire', 'kafka_store_offsets', 'kafka_release'], 1),
         ('inbox_operator', ARRAY['register_handler', 'configure_consumer', 'repair', 'discard', 'release',
                                  '_reason_code', 'payload_hash', 'idempotency_key', '_has_control', 'correct_watermark',
@@ -166,7 +168,7 @@ SELECT set_eq(format($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.
                                  '_check_purge_call', '_announced', '_announced_detail', 'bind_consumer',
                                  'unbind_consumer', 'configure_security', 'bind_destination',
                                  'unbind_destination', 'grant_repair', 'commit_durable', 'wait_durable',
-                                 'kafka_reset_offsets'], 2),
+                                 'create_python_replay_plan', 'kafka_reset_offsets'], 2),
         ('inbox_reader', ARRAY['schema_version', 'schema_release', 'retention_window', '_retention_window',
                                '_active_cutoff', 'metrics', 'versioned_consumer', 'replay_operation_id',
                                'idempotency_key'], 3),

@@ -2,8 +2,10 @@
 migration), see docs/replay.md.
 
     pginbox replay create NAME --consumer C --message-type T --handler 'f(jsonb)' --handler-version V --note N
+    pginbox replay create NAME --consumer C --message-type T --python MODULE:FUNCTION --handler-version V --note N
     pginbox replay add PLAN [FILE|-]              items as JSON lines {producer, message_id, tenant?, payload}
     pginbox replay run PLAN [--max-items N] [--until-done] [--progress/--no-progress] [--quiet]
+    pginbox replay run PLAN --python MODULE:FUNCTION --dsn <the consumer's DSN> [--max-items N]
     pginbox replay status [PLAN] [--json]
     pginbox replay accept-version PLAN --handler 'f(jsonb)' --handler-version V --note N
     pginbox replay cancel PLAN --note N
@@ -12,19 +14,30 @@ PLAN is a plan name or id. A run that finds the plan stopped (the registered han
 exits with status 3 and one line saying so. `replay run` shows its progress per call on a terminal
 (items done, rate, time left; never under cron) and ends with this run's failed and skipped items
 counted by reason, each skip reason explained.
+
+A plan created with --python is approved for that Python handler, handler(cursor, message): the
+consumer's own login (--dsn) runs it with `replay run PLAN --python MODULE:FUNCTION`, one item per
+transaction (sql/122_python_replay.sql); --consume-config takes the handler (and version) from the
+[consume] table `pginbox consume` runs with.
 """
 
 from __future__ import annotations
 
-from typing import Any, TextIO
+import asyncio
+from pathlib import Path
+from typing import Any, TextIO, cast
 
 import click
 
-from pginbox.cli.context import connect, dsn_option
+from pginbox.cli.context import connect, database, dsn_option
 from pginbox.cli.output import echo_json, fmt, table
 from pginbox.cli.progress import Render, duration, progress_for_stderr
-from pginbox.ops import replay
+from pginbox.cli.quarantine import _consume_handler as consume_handler
+from pginbox.consumer.core import is_async_handler
+from pginbox.ops import python_replay, replay
 from pginbox.ops.json_values import jsonable
+from pginbox.ops.status import check_schema
+from pginbox.runtime.loading import load_object
 
 __all__ = ["replay_group"]
 
@@ -40,8 +53,23 @@ def replay_group() -> None:
 @click.argument("name")
 @click.option("--consumer", required=True, help="The consumer whose processed messages are replayed.")
 @click.option("--message-type", required=True, help="The message type (selects the registered handler).")
-@click.option("--handler", required=True, metavar="REGPROCEDURE", help="Registered handler, e.g. 'app.credit(jsonb)'.")
-@click.option("--handler-version", required=True, help="The registered handler version the plan is pinned to.")
+@click.option("--handler", metavar="REGPROCEDURE", default=None, help="Registered handler, e.g. 'app.credit(jsonb)'.")
+@click.option(
+    "--python",
+    "python_handler",
+    metavar="MODULE:FUNCTION",
+    default=None,
+    help="Approve the plan for this Python handler, handler(cursor, message), instead of a registered SQL "
+    "handler: the consumer's own login runs it (replay run PLAN --python ...).",
+)
+@click.option(
+    "--consume-config",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="The TOML file `pginbox consume` runs with: its [consume] handler (and handler_version) is the "
+    "default of --python (and --handler-version).",
+)
+@click.option("--handler-version", default=None, help="The handler version the plan is pinned to.")
 @click.option("--note", required=True, help="Why: goes into the audit trail (inbox.replay_decision).")
 @dsn_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
@@ -51,17 +79,41 @@ def replay_create(
     name: str,
     consumer: str,
     message_type: str,
-    handler: str,
-    handler_version: str,
+    handler: str | None,
+    python_handler: str | None,
+    consume_config: Path | None,
+    handler_version: str | None,
     note: str,
     command_dsn: str | None,
     as_json: bool,
 ) -> None:
-    """Create a plan pinned to the handler and version registered for CONSUMER and MESSAGE_TYPE."""
+    """Create a plan pinned to the handler and version registered for CONSUMER and MESSAGE_TYPE, or
+    (--python) approved for a Python handler and version."""
+    if consume_config is not None:
+        configured, configured_version = consume_handler(consume_config)
+        python_handler = python_handler or configured
+        handler_version = handler_version or configured_version
+    if (handler is None) == (python_handler is None):
+        raise click.UsageError("name the handler: --handler REGPROCEDURE (SQL) or --python MODULE:FUNCTION")
+    if handler_version is None:
+        raise click.UsageError("Missing option '--handler-version'.")
     with connect(ctx, command_dsn) as conn:
-        plan_id = replay.create_plan(conn, name, consumer, message_type, handler, handler_version, note)
+        if python_handler is not None:
+            plan_id = python_replay.create_plan(
+                conn, name, consumer, message_type, python_handler, handler_version, note
+            )
+        else:
+            assert handler is not None
+            plan_id = replay.create_plan(conn, name, consumer, message_type, handler, handler_version, note)
     if as_json:
         echo_json({"plan_id": plan_id, "plan_name": name, "status": "open"})
+        return
+    if python_handler is not None:
+        click.echo(
+            f"replay plan {plan_id} ({name}) created, approved for the Python handler {python_handler} version "
+            f"{handler_version}. The consumer's own login runs it: pginbox replay run {plan_id} --python "
+            f"{python_handler} --dsn <the consumer's DSN>"
+        )
         return
     click.echo(f"replay plan {plan_id} ({name}) created, pinned to {handler} version {handler_version}")
 
@@ -133,6 +185,20 @@ def reason_lines(result: replay.RunResult, plan: str) -> list[str]:
     help="Show items done, rate and time left on stderr after each call [default: when stderr is a terminal].",
 )
 @click.option("--quiet", is_flag=True, help="No progress and no summary; errors still go to stderr (cron).")
+@click.option(
+    "--python",
+    "python_handler",
+    metavar="MODULE:FUNCTION",
+    default=None,
+    help="Run a plan approved for this Python handler, handler(cursor, message), with the consumer's own "
+    "login (--dsn), one item per transaction, until no item is pending (or --max-items items).",
+)
+@click.option(
+    "--consume-config",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="The TOML file `pginbox consume` runs with: its [consume] handler is the default of --python.",
+)
 @dsn_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.pass_context
@@ -143,11 +209,23 @@ def replay_run(
     until_done: bool,
     show_progress: bool | None,
     quiet: bool,
+    python_handler: str | None,
+    consume_config: Path | None,
     command_dsn: str | None,
     as_json: bool,
 ) -> None:
     """Run pending items, each exactly once, with your rights. Exit status 3 when the plan is stopped.
-    Ends with this run's applied, failed and skipped items, the failed and skipped ones by reason."""
+    Ends with this run's applied, failed and skipped items, the failed and skipped ones by reason.
+
+    With --python MODULE:FUNCTION (a plan approved for that handler) the consumer's own login (--dsn)
+    runs the handler, one item per transaction; a failed item is recorded and the plan goes on."""
+    if consume_config is not None:
+        python_handler = python_handler or consume_handler(consume_config)[0]
+    if python_handler is not None:
+        source = ctx.get_parameter_source("max_items")
+        limit = max_items if source is not None and source.name != "DEFAULT" and not until_done else None
+        _run_python(ctx, plan, python_handler, limit, quiet=quiet, as_json=as_json, command_dsn=command_dsn)
+        return
     progress = progress_for_stderr(show_progress, quiet)
     with connect(ctx, command_dsn) as conn:
         plan_id = replay.resolve_plan(conn, plan)
@@ -188,6 +266,63 @@ def replay_run(
     )
     for line in reason_lines(result, plan):
         click.echo(line)
+
+
+def _python_plan_id(conn: Any, plan: str) -> int:
+    """A plan id as given, or the id of a plan name (the consumer's login may not read plan names)."""
+    if plan.isascii() and plan.isdigit() and len(plan) <= 18:
+        return int(plan)
+    try:
+        return replay.resolve_plan(conn, plan)
+    except replay.ReplayError as exc:
+        if exc.sqlstate == "42501":
+            raise click.UsageError(
+                f"name the plan by its id with --python: this login may not read plan names ({plan!r})"
+            ) from None
+        raise
+
+
+def _run_python(
+    ctx: click.Context,
+    plan: str,
+    spec: str,
+    max_items: int | None,
+    *,
+    quiet: bool,
+    as_json: bool,
+    command_dsn: str | None,
+) -> None:
+    try:
+        handler = load_object(spec, "--python")
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--python") from None
+    is_async = is_async_handler(handler)
+    run: python_replay.PythonRun | None = None
+    with connect(ctx, command_dsn) as conn:
+        check_schema(conn)
+        plan_id = _python_plan_id(conn, plan)
+        if not is_async:
+            run = python_replay.run_plan(conn, plan_id, spec, cast(python_replay.Handler, handler), max_items=max_items)
+    if run is None:
+        # An `async def` handler gets an AsyncCursor on an asyncio connection, as `pginbox consume` runs it.
+        run = asyncio.run(
+            python_replay.run_plan_async(
+                database(ctx, command_dsn),
+                plan_id,
+                spec,
+                cast(python_replay.AsyncHandler, handler),
+                max_items=max_items,
+            )
+        )
+    if as_json:
+        echo_json(run.as_json())
+    elif not quiet:
+        click.echo(
+            f"replay plan {plan_id}: {run.status}; this run applied {run.applied_now}, failed {run.failed_now}, "
+            f"skipped {run.skipped_now} with the Python handler {spec}"
+        )
+        for item_no, code, text in run.failures:
+            click.echo(f"  item {item_no} failed ({code}): {text}")
 
 
 def _already_completed(conn: Any, plan_id: int, *, quiet: bool, as_json: bool) -> bool:
