@@ -29,10 +29,11 @@ from psycopg.rows import dict_row
 from pginbox.client import shared as _core
 from pginbox.client.drive import drive, drive_async
 from pginbox.client.outcomes import Message
-from pginbox.client.protocol import Protocol, Transient, judge_handler
-from pginbox.client.retry import RetryPolicy, TransientKind, classify
+from pginbox.client.protocol import Protocol
+from pginbox.client.retry import RetryPolicy
 from pginbox.client.shared import CallCost
 from pginbox.errors import OperatorError, RetriesExhausted, server_message
+from pginbox.ops.handler_run import judge, transient_kind
 from pginbox.ops.json_values import jsonable
 
 __all__ = ["Grant", "Redemption", "grant", "redeem", "redeem_async"]
@@ -153,30 +154,10 @@ def _attempt(conn: psycopg.Connection[Any], grant_id: int, spec: str, handler: H
 def _judge(
     conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], error: Exception | None, returned: object
 ) -> None:
-    """The handler's rules of pginbox.client.protocol: a transient error is raised as it is (the
-    transaction rolls back and runs again), a failure as _HandlerFailed (rolled back, recorded)."""
-    status = conn.pgconn.transaction_status
-    verdict = judge_handler(
-        error,
-        returned,
-        transient=None if error is None else classify(error),
-        lost=conn.closed if error is None else _core.connection_lost(error, conn),
-        failed_tx=status == psycopg.pq.TransactionStatus.INERROR,
-        ended_tx=status == psycopg.pq.TransactionStatus.IDLE,
-        client="the repair",
-    )
-    if isinstance(verdict, Transient):
-        raise verdict.error
+    """A transient error is raised as it is (rolled back, run again), a failure as _HandlerFailed."""
+    verdict = judge(conn, error, returned, client="the repair")
     if verdict is not None:
         raise _HandlerFailed(verdict) from error
-
-
-def _transient(
-    exc: BaseException, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
-) -> TransientKind | None:
-    if not isinstance(exc, psycopg.Error):
-        return None
-    return classify(exc) or (TransientKind.CONNECTION if _core.connection_lost(exc, conn) else None)
 
 
 def redeem(
@@ -206,7 +187,7 @@ def redeem(
         except _HandlerFailed as failed:
             return failed
 
-    protocol = Protocol(retry or RetryPolicy(), classify=lambda exc: _transient(exc, current[0]))
+    protocol = Protocol(retry or RetryPolicy(), classify=lambda exc: transient_kind(exc, current[0]))
     try:
         outcome = drive(protocol.retry(attempt, CallCost()))
     except RetriesExhausted as exc:
@@ -277,7 +258,7 @@ async def redeem_async(
         except _HandlerFailed as failed:
             return failed
 
-    protocol = Protocol(retry or RetryPolicy(), classify=lambda exc: _transient(exc, current[0]))
+    protocol = Protocol(retry or RetryPolicy(), classify=lambda exc: transient_kind(exc, current[0]))
     try:
         try:
             outcome = await drive_async(protocol.retry(attempt, CallCost()))

@@ -19,10 +19,6 @@ A killed runner leaves its item pending, and the next run applies it once.
 
 from __future__ import annotations
 
-import asyncio
-import inspect
-import random
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -32,9 +28,13 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
 from pginbox.client import shared as _core
+from pginbox.client.drive import drive, drive_async
 from pginbox.client.outcomes import Message
-from pginbox.client.retry import RetryPolicy, classify
-from pginbox.errors import HandlerProtocolError, ReplayError, RetriesExhausted, server_message
+from pginbox.client.protocol import Protocol
+from pginbox.client.retry import RetryPolicy
+from pginbox.client.shared import CallCost
+from pginbox.errors import ReplayError, RetriesExhausted, server_message
+from pginbox.ops.handler_run import judge, transient_kind
 
 __all__ = ["AsyncHandler", "Handler", "PythonRun", "create_plan", "run_plan", "run_plan_async"]
 
@@ -122,44 +122,42 @@ class _HandlerFailed(Exception):
         self.error = error
 
 
+def _message(row: dict[str, Any]) -> Message:
+    return Message(
+        row["producer"],
+        row["message_id"],
+        row["message_type"],
+        row["payload"],
+        tenant=row["tenant"],
+        produced_at=row["produced_at"],
+    )
+
+
+def _failed(row: dict[str, Any], error: Exception | None, verdict: BaseException) -> _HandlerFailed:
+    failed = _HandlerFailed(row["item_no"], verdict)
+    failed.__cause__ = error
+    return failed
+
+
 def _attempt(conn: psycopg.Connection[Any], plan_id: int, spec: str, handler: Handler) -> dict[str, Any]:
-    """One transaction: take the next item, run the handler on it, commit. _HandlerFailed: rolled back."""
+    """One transaction: take the next item, run the handler on it, commit. _HandlerFailed: rolled
+    back; a transient error is raised as it is (Protocol.retry runs the transaction again)."""
     with conn.transaction():
         with conn.cursor(row_factory=dict_row) as cur:
             row = cur.execute(BEGIN_SQL, {"plan_id": plan_id, "handler": spec}).fetchone()
         assert row is not None
         if row["action"] != "run":
             return row
-        message = Message(
-            row["producer"],
-            row["message_id"],
-            row["message_type"],
-            row["payload"],
-            tenant=row["tenant"],
-            produced_at=row["produced_at"],
-        )
+        error: Exception | None = None
+        returned: object = None
         with conn.cursor() as hcur:
             try:
-                returned = handler(hcur, message)
-                if inspect.isawaitable(returned):
-                    _core.discard_awaitable(returned)
-                    raise HandlerProtocolError(
-                        "the handler returned an awaitable it did not await (a coroutine): its statements never ran",
-                        reason_code="handler_returned_awaitable",
-                    )
+                returned = handler(hcur, _message(row))
             except Exception as exc:
-                if classify(exc) is not None or _core.connection_lost(exc, conn):
-                    raise
-                raise _HandlerFailed(row["item_no"], exc) from exc
-        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
-            raise _HandlerFailed(
-                row["item_no"],
-                HandlerProtocolError(
-                    "the handler returned, but a database error it caught left its transaction failed: rolled back",
-                    reason_code="25P02",
-                    sqlstate="25P02",
-                ),
-            )
+                error = exc
+        verdict = judge(conn, error, returned, client="the replay")
+        if verdict is not None:
+            raise _failed(row, error, verdict)
     return row
 
 
@@ -169,6 +167,26 @@ def _reconnect(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
         make_conninfo(info.dsn, **({"password": info.password} if info.password else {})),
         autocommit=conn.autocommit,
     )
+
+
+def _failure_params(plan_id: int, spec: str, failed: _HandlerFailed) -> dict[str, Any]:
+    reason, text = _core.failure_reason(failed.error)
+    return {"plan_id": plan_id, "item_no": failed.item_no, "handler": spec, "reason": reason, "text": text}
+
+
+def _counted(run: PythonRun, outcome: dict[str, Any] | _HandlerFailed, recorded: bool, params: dict[str, Any]) -> bool:
+    """Adds one item's outcome to `run`; True when no item is pending any more."""
+    if isinstance(outcome, _HandlerFailed):
+        if recorded:
+            run.failed_now += 1
+            run.failures.append((outcome.item_no, params["reason"], params["text"]))
+        return False
+    run.skipped_now += outcome["skipped_now"]
+    run.failed_now += outcome["failed_now"]
+    run.status = outcome["status"]
+    if outcome["action"] == "run":
+        run.applied_now += 1
+    return bool(outcome["action"] == "done")
 
 
 def run_plan(
@@ -185,56 +203,41 @@ def run_plan(
     one transaction each, on `conn`: a connection of the consumer's own login, not in a
     transaction. Stops when no item is pending (the plan completes), or after `max_items` items
     taken by the handler. A refusal raises ReplayError with the database's reason; a lost
-    connection is replaced by one with the same parameters."""
-    policy = retry or RetryPolicy()
-    rng = random.Random()
+    connection is replaced by one with the same parameters. Each item's transaction is retried
+    by pginbox.client.protocol's Protocol.retry, as pginbox.Inbox retries a delivery."""
+    current = [conn]
+    protocol = Protocol(retry or RetryPolicy(), classify=lambda exc: transient_kind(exc, current[0]))
     run = PythonRun(plan_id, spec)
-    number = 0  # attempts of the current item's transaction
-    while max_items is None or run.applied_now + run.failed_now < max_items:
-        number += 1
+
+    def attempt() -> dict[str, Any] | _HandlerFailed:
+        if current[0].closed:
+            current[0] = _reconnect(current[0])
         try:
-            if conn.closed:
-                conn = _reconnect(conn)
-            row = _attempt(conn, plan_id, spec, handler)
+            return _attempt(current[0], plan_id, spec, handler)
         except _HandlerFailed as failed:
-            reason, text = _core.failure_reason(failed.error)
-            try:
-                with conn.transaction(), conn.cursor() as cur:
-                    params = {
-                        "plan_id": plan_id,
-                        "item_no": failed.item_no,
-                        "handler": spec,
-                        "reason": reason,
-                        "text": text,
-                    }
-                    recorded = cur.execute(FAILED_SQL, params).fetchone()
-            except psycopg.Error as exc:
-                what = f"cannot record the failure of item {failed.item_no} of replay plan {plan_id}"
-                raise _refused(what, exc) from exc
-            if recorded is not None and recorded[0]:
-                run.failed_now += 1
-                run.failures.append((failed.item_no, reason, text))
-            number = 0
+            return failed
+
+    while max_items is None or run.applied_now + run.failed_now < max_items:
+        try:
+            outcome = drive(protocol.retry(attempt, CallCost()))
+        except RetriesExhausted as exc:
+            exc.add_note(f"pginbox: replay plan {plan_id}")
+            raise
         except psycopg.Error as exc:
-            if classify(exc) is None and not _core.connection_lost(exc, conn):
-                raise _refused(f"cannot run replay plan {plan_id}", exc) from exc
-            if number >= policy.max_attempts:
-                raise RetriesExhausted(
-                    f"replay plan {plan_id}: gave up after {number} attempts: {exc}",
-                    attempts=number,
-                    sqlstate=exc.sqlstate,
-                ) from exc
-            time.sleep(policy.backoff(number, rng))
-            continue
-        else:
-            number = 0
-            run.skipped_now += row["skipped_now"]
-            run.failed_now += row["failed_now"]
-            run.status = row["status"]
-            if row["action"] == "run":
-                run.applied_now += 1
-            elif row["action"] == "done":
-                break
+            raise _refused(f"cannot run replay plan {plan_id}", exc) from exc
+        params: dict[str, Any] = {}
+        recorded = False
+        if isinstance(outcome, _HandlerFailed):
+            params = _failure_params(plan_id, spec, outcome)
+            try:
+                with current[0].transaction(), current[0].cursor() as cur:
+                    row = cur.execute(FAILED_SQL, params).fetchone()
+            except psycopg.Error as exc:
+                what = f"cannot record the failure of item {outcome.item_no} of replay plan {plan_id}"
+                raise _refused(what, exc) from exc
+            recorded = row is not None and bool(row[0])
+        if _counted(run, outcome, recorded, params):
+            break
         if progress is not None:
             progress(run)
     if progress is not None:
@@ -255,30 +258,16 @@ async def _attempt_async(
         assert row is not None
         if row["action"] != "run":
             return row
-        message = Message(
-            row["producer"],
-            row["message_id"],
-            row["message_type"],
-            row["payload"],
-            tenant=row["tenant"],
-            produced_at=row["produced_at"],
-        )
+        error: Exception | None = None
+        returned: object = None
         async with conn.cursor() as hcur:
             try:
-                await handler(hcur, message)
+                returned = await handler(hcur, _message(row))
             except Exception as exc:
-                if classify(exc) is not None or _core.connection_lost(exc, conn):
-                    raise
-                raise _HandlerFailed(row["item_no"], exc) from exc
-        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
-            raise _HandlerFailed(
-                row["item_no"],
-                HandlerProtocolError(
-                    "the handler returned, but a database error it caught left its transaction failed: rolled back",
-                    reason_code="25P02",
-                    sqlstate="25P02",
-                ),
-            )
+                error = exc
+        verdict = judge(conn, error, returned, client="the replay")
+        if verdict is not None:
+            raise _failed(row, error, verdict)
     return row
 
 
@@ -293,56 +282,40 @@ async def run_plan_async(
 ) -> PythonRun:
     """`run_plan` for an `async def` handler, on an asyncio connection of its own to `dsn` (the
     consumer's login)."""
-    policy = retry or RetryPolicy()
-    rng = random.Random()
+    current = [await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=None)]
+    protocol = Protocol(retry or RetryPolicy(), classify=lambda exc: transient_kind(exc, current[0]))
     run = PythonRun(plan_id, spec)
-    number = 0
-    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=None)
+
+    async def attempt() -> dict[str, Any] | _HandlerFailed:
+        if current[0].closed:
+            current[0] = await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=None)
+        try:
+            return await _attempt_async(current[0], plan_id, spec, handler)
+        except _HandlerFailed as failed:
+            return failed
+
     try:
         while max_items is None or run.applied_now + run.failed_now < max_items:
-            number += 1
             try:
-                if conn.closed:
-                    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=None)
-                row = await _attempt_async(conn, plan_id, spec, handler)
-            except _HandlerFailed as failed:
-                reason, text = _core.failure_reason(failed.error)
-                params = {
-                    "plan_id": plan_id,
-                    "item_no": failed.item_no,
-                    "handler": spec,
-                    "reason": reason,
-                    "text": text,
-                }
-                try:
-                    async with conn.transaction(), conn.cursor() as cur:
-                        recorded = await (await cur.execute(FAILED_SQL, params)).fetchone()
-                except psycopg.Error as exc:
-                    what = f"cannot record the failure of item {failed.item_no} of replay plan {plan_id}"
-                    raise _refused(what, exc) from exc
-                if recorded is not None and recorded[0]:
-                    run.failed_now += 1
-                    run.failures.append((failed.item_no, reason, text))
-                number = 0
+                outcome = await drive_async(protocol.retry(attempt, CallCost()))
+            except RetriesExhausted as exc:
+                exc.add_note(f"pginbox: replay plan {plan_id}")
+                raise
             except psycopg.Error as exc:
-                if classify(exc) is None and not _core.connection_lost(exc, conn):
-                    raise _refused(f"cannot run replay plan {plan_id}", exc) from exc
-                if number >= policy.max_attempts:
-                    raise RetriesExhausted(
-                        f"replay plan {plan_id}: gave up after {number} attempts: {exc}",
-                        attempts=number,
-                        sqlstate=exc.sqlstate,
-                    ) from exc
-                await asyncio.sleep(policy.backoff(number, rng))
-            else:
-                number = 0
-                run.skipped_now += row["skipped_now"]
-                run.failed_now += row["failed_now"]
-                run.status = row["status"]
-                if row["action"] == "run":
-                    run.applied_now += 1
-                elif row["action"] == "done":
-                    break
+                raise _refused(f"cannot run replay plan {plan_id}", exc) from exc
+            params: dict[str, Any] = {}
+            recorded = False
+            if isinstance(outcome, _HandlerFailed):
+                params = _failure_params(plan_id, spec, outcome)
+                try:
+                    async with current[0].transaction(), current[0].cursor() as cur:
+                        row = await (await cur.execute(FAILED_SQL, params)).fetchone()
+                except psycopg.Error as exc:
+                    what = f"cannot record the failure of item {outcome.item_no} of replay plan {plan_id}"
+                    raise _refused(what, exc) from exc
+                recorded = row is not None and bool(row[0])
+            if _counted(run, outcome, recorded, params):
+                break
         return run
     finally:
-        await conn.close()
+        await current[0].close()
