@@ -1,11 +1,13 @@
 """pginbox.integrations.celery with a real Celery worker (a `celery worker` subprocess) on the
 running RabbitMQ and Redis: outcomes and their acknowledgement, growing retries ending in
 quarantine, dead letters (bad identity, undecodable bodies, unknown tasks), a database that
-refuses work (never acked), and a SIGKILL of the worker mid-task (redelivered, applied once).
+refuses work (never acked), a SIGKILL of the worker mid-task (redelivered, applied once), and a
+few hundred preloaded messages through `-P solo` without the event loop's 10 s ack stall.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +22,7 @@ from helpers_celery import broker_url, delete, drain, grant_domain, new_queue, p
 from helpers_inbox import ledger_counts, setup_domain
 
 from pginbox import Message
-from pginbox.integrations.celery import InboxTask, inbox_task
+from pginbox.integrations.celery import InboxTask, identity, inbox_task
 
 pytestmark = pytest.mark.timeout(240)
 Conn = psycopg.Connection[tuple[Any, ...]]
@@ -216,3 +218,41 @@ def test_rights_error_is_never_acked_until_fixed(
     assert ledger_counts(conn) == {"h1": 1}
     assert drain(url, f"{queue}.dead") == []
     assert waiting(url, queue) == 0
+
+
+def test_solo_worker_acks_each_task_without_stalling(conn: Conn, db_dsn: str, tmp_path: Path) -> None:
+    """Under `-P solo` a task runs inside kombu's socket reader, which the event loop calls after
+    taking its queued callbacks: an ack queued there waited for the poll's 10 s timeout whenever
+    no other frame came, i.e. as soon as every prefetched message (2 here) was done. The commits
+    of 300 preloaded messages then showed 10 s gaps, and the last message stayed unacked for
+    10 s. DeadLetteringConsumer sends the ack when the task ends."""
+    url, queue = broker_url("rabbitmq"), new_queue()
+    try:
+        setup_domain(conn)
+        _, task = producer_task(url, queue)
+        n = 300
+        with task.app.producer_or_acquire() as producer:
+            for i in range(n):
+                ident = identity(message_id=f"s{i}", producer="shop", message_type="billing.credit")
+                task.apply_async(args=({"amount": 1},), kwargs={"pginbox": ident}, producer=producer)
+        with worker(url, queue, db_dsn, tmp_path / "worker.log") as w:
+            wait_for(lambda: len(ledger_counts(conn)) == n, f"{n} messages applied", timeout=120)
+            # the last ack went with its task, not at the loop's next poll timeout: a SIGKILL
+            # 2 s later leaves nothing unacked to come back to the queue
+            time.sleep(2.0)
+            w.kill()
+            log = w.text()
+        requeued = waiting(url, queue)
+        stamps = [
+            float(r[0])
+            for r in conn.execute(
+                "SELECT extract(epoch FROM processed_at) FROM inbox.message"
+                " WHERE consumer = 'billing' AND producer = 'shop' ORDER BY processed_at"
+            )
+        ]
+    finally:
+        delete(url, queue, f"{queue}.dead")
+    assert len(stamps) == n
+    gaps = sorted((b - a for a, b in itertools.pairwise(stamps)), reverse=True)
+    assert gaps[0] < 5.0, (gaps[:5], log[-3000:])
+    assert requeued == 0, log[-3000:]
