@@ -147,9 +147,13 @@ class Place:
             try:
                 for start in range(0, n, 500):
                     async with r.pipeline(transaction=False) as pipe:
-                        for mid, body in bodies[start:start + 500]:
-                            fields: dict[Any, Any] = {Header.BODY: body, Header.MESSAGE_ID: mid,
-                                                      Header.TYPE: "credit", Header.PRODUCER: "shop"}
+                        for mid, body in bodies[start : start + 500]:
+                            fields: dict[Any, Any] = {
+                                Header.BODY: body,
+                                Header.MESSAGE_ID: mid,
+                                Header.TYPE: "credit",
+                                Header.PRODUCER: "shop",
+                            }
                             pipe.xadd(self.name, fields)
                         await pipe.execute()
             finally:
@@ -160,10 +164,21 @@ class Place:
             try:
                 ch = await conn.channel(publisher_confirms=True)
                 for start in range(0, n, 500):
-                    await asyncio.gather(*(ch.default_exchange.publish(
-                        aio_pika.Message(body, message_id=mid, type="credit", app_id="shop",
-                                         delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
-                        routing_key=self.name) for mid, body in bodies[start:start + 500]))
+                    await asyncio.gather(
+                        *(
+                            ch.default_exchange.publish(
+                                aio_pika.Message(
+                                    body,
+                                    message_id=mid,
+                                    type="credit",
+                                    app_id="shop",
+                                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                                ),
+                                routing_key=self.name,
+                            )
+                            for mid, body in bodies[start : start + 500]
+                        )
+                    )
             finally:
                 await conn.close()
             return
@@ -171,9 +186,16 @@ class Place:
         try:
             js = nc.jetstream()
             for start in range(0, n, 500):
-                await asyncio.gather(*(js.publish(self.subject, body, headers={
-                    "Nats-Msg-Id": mid, "Pginbox-Type": "credit", "Pginbox-Producer": "shop"})
-                    for mid, body in bodies[start:start + 500]))
+                await asyncio.gather(
+                    *(
+                        js.publish(
+                            self.subject,
+                            body,
+                            headers={"Nats-Msg-Id": mid, "Pginbox-Type": "credit", "Pginbox-Producer": "shop"},
+                        )
+                        for mid, body in bodies[start : start + 500]
+                    )
+                )
         finally:
             await nc.close()
 
@@ -243,9 +265,13 @@ async def hand_written(place: Place, dsn: str, n: int, consumer: str) -> float:
 def pginbox_consume(place: Place, dsn: str, n: int, consumer: str, prefetch: int) -> float:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT inbox.register_handler(%s, 'credit', 'credit(jsonb)'::regprocedure, 'v1')", (consumer,))
-    source = ({"queue": place.name} if place.broker == "rabbitmq"
-              else {"stream": place.name} if place.broker == "redis"
-              else {"stream": place.stream, "subject": place.subject, "durable": consumer})
+    source = (
+        {"queue": place.name}
+        if place.broker == "rabbitmq"
+        else {"stream": place.name}
+        if place.broker == "redis"
+        else {"stream": place.stream, "subject": place.subject, "durable": consumer}
+    )
     config = load_consume_config(None, {"url": place.url, "consumer": consumer, "prefetch": prefetch, **source})
     worker = Consumer(config, dsn, fetch_timeout=0.2)
     started = time.perf_counter()
@@ -292,17 +318,27 @@ def measure_dispatch(broker: str, dsn: str, n: int, kind: str, concurrency: int)
     asyncio.run(place.create())
     destination = f"bench-{uuid.uuid4().hex[:6]}"
     with psycopg.connect(dsn, autocommit=True) as conn, conn.transaction():
-        conn.execute("SELECT inbox.enqueue_effect(%s || g, %s, jsonb_build_object('n', g)) "
-                     "FROM generate_series(1, %s) g", (destination, destination, n))
-    transport: Any = (RabbitMQTransport(place.url, routing_key=place.name, destination=destination)
-                      if broker == "rabbitmq"
-                      else RedisStreamsTransport(place.url, stream=place.name, destination=destination)
-                      if broker == "redis"
-                      else JetStreamTransport(place.url, subject=place.subject, destination=destination))
+        conn.execute(
+            "SELECT inbox.enqueue_effect(%s || g, %s, jsonb_build_object('n', g)) FROM generate_series(1, %s) g",
+            (destination, destination, n),
+        )
+    transport: Any = (
+        RabbitMQTransport(place.url, routing_key=place.name, destination=destination)
+        if broker == "rabbitmq"
+        else RedisStreamsTransport(place.url, stream=place.name, destination=destination)
+        if broker == "redis"
+        else JetStreamTransport(place.url, subject=place.subject, destination=destination)
+    )
     chosen = transport if kind == "batched" else OneAtATime(transport)
     try:
-        with Dispatcher(dsn, f"bench-{kind}", {destination: chosen}, batch_size=200, poll_interval=0.1,
-                        concurrency_per_destination=concurrency) as d:
+        with Dispatcher(
+            dsn,
+            f"bench-{kind}",
+            {destination: chosen},
+            batch_size=200,
+            poll_interval=0.1,
+            concurrency_per_destination=concurrency,
+        ) as d:
             started = time.perf_counter()
             d.run_once()
             elapsed = time.perf_counter() - started
@@ -336,34 +372,47 @@ def main() -> None:
         for broker in brokers:
             if "consume" in parts:
                 for kind in ("hand", "pginbox50", "pginbox1"):
-                    plan.append((f"{broker} consume {kind}",
-                                 lambda b=broker, k=kind: measure_consume(b, dsn, args.messages, k)))
+                    plan.append(
+                        (f"{broker} consume {kind}", lambda b=broker, k=kind: measure_consume(b, dsn, args.messages, k))
+                    )
             if "dispatch" in parts:
                 for kind in ("confirm1", "batched"):
-                    plan.append((f"{broker} dispatch {kind}",
-                                 lambda b=broker, k=kind: measure_dispatch(b, dsn, args.effects, k, args.concurrency)))
+                    plan.append(
+                        (
+                            f"{broker} dispatch {kind}",
+                            lambda b=broker, k=kind: measure_dispatch(b, dsn, args.effects, k, args.concurrency),
+                        )
+                    )
         for round_no in range(1, args.rounds + 1):
             for label, fn in plan:
                 rate = fn()
                 results.setdefault(label, []).append(rate)
                 print(f"round {round_no}: {label:32s} {rate:10.0f} /s", flush=True)
     median = {label: statistics.median(v) for label, v in results.items()}
-    print(f"\nmedians over {args.rounds} round(s) (messages {args.messages}, effects {args.effects}, "
-          f"dispatch concurrency {args.concurrency}):")
+    print(
+        f"\nmedians over {args.rounds} round(s) (messages {args.messages}, effects {args.effects}, "
+        f"dispatch concurrency {args.concurrency}):"
+    )
     for label, rate in median.items():
         print(f"  {label:32s} {rate:10.0f} /s")
     print("ratios:")
     for broker in brokers:
         if "consume" in parts:
             hand = median[f"{broker} consume hand"]
-            print(f"  {broker}: pginbox consume prefetch 50 / hand-written = "
-                  f"{median[f'{broker} consume pginbox50'] / hand:.2f}  (target >= 3)")
-            print(f"  {broker}: pginbox consume prefetch 1 / hand-written  = "
-                  f"{median[f'{broker} consume pginbox1'] / hand:.2f}  (target >= 1.0)")
+            print(
+                f"  {broker}: pginbox consume prefetch 50 / hand-written = "
+                f"{median[f'{broker} consume pginbox50'] / hand:.2f}  (target >= 3)"
+            )
+            print(
+                f"  {broker}: pginbox consume prefetch 1 / hand-written  = "
+                f"{median[f'{broker} consume pginbox1'] / hand:.2f}  (target >= 1.0)"
+            )
         if "dispatch" in parts:
-            print(f"  {broker}: dispatch batched confirms / one confirm each = "
-                  f"{median[f'{broker} dispatch batched'] / median[f'{broker} dispatch confirm1']:.2f}  "
-                  "(target >= 3)")
+            print(
+                f"  {broker}: dispatch batched confirms / one confirm each = "
+                f"{median[f'{broker} dispatch batched'] / median[f'{broker} dispatch confirm1']:.2f}  "
+                "(target >= 3)"
+            )
 
 
 if __name__ == "__main__":

@@ -182,22 +182,33 @@ def main() -> None:
                 samples[name].append(msgs)
                 print(f"round {rnd + 1}: {name:8s} {msgs:10.0f} msgs/s", flush=True)
         with psycopg.connect(dsn, autocommit=True) as conn:
-            row = conn.execute(
-                "SELECT count(*), count(DISTINCT (producer, message_id)) FROM inbox.message").fetchone()
+            row = conn.execute("SELECT count(*), count(DISTINCT (producer, message_id)) FROM inbox.message").fetchone()
             assert row is not None and row[0] == row[1]
 
     med = {name: statistics.median(v) for name, v in samples.items()}
     # Each ratio is the median of its per-round ratios (two workloads of one round ran minutes
     # apart at most, so the machine's drift between rounds stays out of it), with their range.
-    pairs = [("apply", "floor"), ("apply", "article"), ("batch", "bare"), ("batch", "setsql"), ("apply", "bare"),
-             ("claim", "article"), ("article", "bare"), ("floor", "bare"), ("setsql", "bare"), ("batch", "apply"),
-             ("apply", "apply-noauth")]
+    pairs = [
+        ("apply", "floor"),
+        ("apply", "article"),
+        ("batch", "bare"),
+        ("batch", "setsql"),
+        ("apply", "bare"),
+        ("claim", "article"),
+        ("article", "bare"),
+        ("floor", "bare"),
+        ("setsql", "bare"),
+        ("batch", "apply"),
+        ("apply", "apply-noauth"),
+    ]
     per_round = {f"{a} / {b}": [x / y for x, y in zip(samples[a], samples[b], strict=True)] for a, b in pairs}
     ratios = {name: statistics.median(v) for name, v in per_round.items()}
     targets = {"apply / floor": 0.80, "apply / article": 1.3, "batch / bare": 3.0, "batch / setsql": 0.60}
     print()
-    print(f"commit latency: {1000 / commit_tps:.2f} ms (one client, the bare update, autocommit: {commit_tps:.0f} tps);"
-          " the ratios to bare and article depend on it, those to floor and setsql (same commits) do not")
+    print(
+        f"commit latency: {1000 / commit_tps:.2f} ms (one client, the bare update, autocommit: {commit_tps:.0f} tps);"
+        " the ratios to bare and article depend on it, those to floor and setsql (same commits) do not"
+    )
     print(f"medians over {args.rounds} rounds of {args.seconds}s, {args.clients} clients, batch {args.batch}:")
     for name, value in med.items():
         print(f"  {name:8s} {value:10.0f} msgs/s")
@@ -208,9 +219,18 @@ def main() -> None:
         spread = per_round[name]
         print(f"  {name:20s} {value:5.2f}x [{min(spread):.2f}..{max(spread):.2f}]{verdict}")
     if args.json:
-        args.json.write_text(json.dumps({"medians": med, "ratios": ratios, "per_round": per_round,
-                                         "commit_tps_one_client": commit_tps, "args": vars(args) | {"json": None}},
-                                        indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "medians": med,
+                    "ratios": ratios,
+                    "per_round": per_round,
+                    "commit_tps_one_client": commit_tps,
+                    "args": vars(args) | {"json": None},
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -67,7 +67,8 @@ BEGIN
     END LOOP;
 END $$;
 """
-PROCEDURES = """
+PROCEDURES = (
+    """
 CREATE PROCEDURE bench_apply(n integer) LANGUAGE plpgsql AS $$
 BEGIN
     FOR i IN 1 .. n LOOP
@@ -76,18 +77,26 @@ BEGIN
         COMMIT;
     END LOOP;
 END $$;
-""" + BATCH.format(name="batch", function="claim_and_apply_batch", extra="") + BATCH.format(
-    name="claim_batch", function="claim_batch", extra=", 'v1'") + OUTBOX_SETUP + OUTBOX_CALL.format(
-    name="enqueue", record="PERFORM inbox.enqueue_effect(run || '-' || i, 'webhook', payload, consumer => 'bench')",
-) + OUTBOX_CALL.format(
-    name="plain", record="INSERT INTO bench.plain_outbox (effect_id, consumer, destination, payload)"
-                         " VALUES (run || '-' || i, 'bench', 'webhook', payload)",
-) + """
+"""
+    + BATCH.format(name="batch", function="claim_and_apply_batch", extra="")
+    + BATCH.format(name="claim_batch", function="claim_batch", extra=", 'v1'")
+    + OUTBOX_SETUP
+    + OUTBOX_CALL.format(
+        name="enqueue",
+        record="PERFORM inbox.enqueue_effect(run || '-' || i, 'webhook', payload, consumer => 'bench')",
+    )
+    + OUTBOX_CALL.format(
+        name="plain",
+        record="INSERT INTO bench.plain_outbox (effect_id, consumer, destination, payload)"
+        " VALUES (run || '-' || i, 'bench', 'webhook', payload)",
+    )
+    + """
 GRANT USAGE ON SCHEMA bench TO {role};
 GRANT SELECT, INSERT ON bench.plain_outbox TO {role};
 GRANT EXECUTE ON PROCEDURE bench_apply(integer), bench_batch(integer), bench_claim_batch(integer),
                            bench_enqueue(integer), bench_plain(integer) TO {role};
 """
+)
 
 LOAD = """
 INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version,
@@ -96,8 +105,13 @@ SELECT 'bench', '', 'shop', gen_random_uuid()::text, sha256(g::text::bytea), 'v1
   FROM generate_series(1, %(rows)s) g, LATERAL (SELECT now() - interval '1 day' AS t) ts
 """
 
-WORKLOADS = {"apply": ("bench_apply", 3000), "batch": ("bench_batch", 300), "claim_batch": ("bench_claim_batch", 300),
-             "enqueue": ("bench_enqueue", 5000), "plain": ("bench_plain", 5000)}
+WORKLOADS = {
+    "apply": ("bench_apply", 3000),
+    "batch": ("bench_batch", 300),
+    "claim_batch": ("bench_claim_batch", 300),
+    "enqueue": ("bench_enqueue", 5000),
+    "plain": ("bench_plain", 5000),
+}
 
 
 def backend_cpu_ns(pid: int) -> int:
@@ -109,8 +123,9 @@ def main() -> None:
     parser.add_argument("--base", default="b2ab4df", help="git revision to compare this checkout with")
     parser.add_argument("--rows", type=int, default=1_000_000, help="identities in inbox.message before the runs")
     parser.add_argument("--runs", type=int, default=7, help="runs of each workload per database")
-    parser.add_argument("--only", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS),
-                        help="workloads to run (default: all)")
+    parser.add_argument(
+        "--only", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS), help="workloads to run (default: all)"
+    )
     args = parser.parse_args()
     workloads = {name: WORKLOADS[name] for name in args.only}
 
@@ -135,8 +150,11 @@ def main() -> None:
                     started = time.monotonic()
                     c.execute(LOAD, {"rows": args.rows})
                     c.execute("VACUUM ANALYZE")
-                    print(f"{db}: sql/ of {args.base if db == 'base' else 'this checkout'}, "
-                          f"{args.rows:,} identities loaded in {time.monotonic() - started:.0f}s", flush=True)
+                    print(
+                        f"{db}: sql/ of {args.base if db == 'base' else 'this checkout'}, "
+                        f"{args.rows:,} identities loaded in {time.monotonic() - started:.0f}s",
+                        flush=True,
+                    )
             sessions = {}
             for db in ("base", "head"):
                 c = psycopg.connect(cluster.dsn(db).replace("user=postgres", f"user={SERVICE_ROLE}"), autocommit=True)
@@ -163,8 +181,10 @@ def main() -> None:
     for name in workloads:
         base, head = samples[(name, "base")], samples[(name, "head")]
         mb, mh = statistics.median(base), statistics.median(head)
-        print(f"  {name:12s} {mb:9.1f} us ({min(base):5.1f}..{max(base):5.1f})"
-              f" {mh:9.1f} us ({min(head):5.1f}..{max(head):5.1f}) {100 * (mh / mb - 1):+7.1f}%")
+        print(
+            f"  {name:12s} {mb:9.1f} us ({min(base):5.1f}..{max(base):5.1f})"
+            f" {mh:9.1f} us ({min(head):5.1f}..{max(head):5.1f}) {100 * (mh / mb - 1):+7.1f}%"
+        )
 
 
 if __name__ == "__main__":

@@ -120,8 +120,14 @@ def pginbox_drain(dsn: str, n: int, config: PginboxConfig, tag: str) -> float:
     pginbox_enqueue(dsn, tag, n)
     checkpoint(dsn)
     transport = CallableTransport(lambda effect: None)
-    dispatcher = Dispatcher(dsn, f"bench-{tag}", {"noop": transport}, batch_size=config.batch_size,
-                            concurrency_per_destination=config.concurrency, extend_leases=False)
+    dispatcher = Dispatcher(
+        dsn,
+        f"bench-{tag}",
+        {"noop": transport},
+        batch_size=config.batch_size,
+        concurrency_per_destination=config.concurrency,
+        extend_leases=False,
+    )
     try:
         started = time.time()
         dispatcher.run_once()
@@ -353,12 +359,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rate", type=float, default=100.0, help="latency: items committed per second")
     parser.add_argument("--seconds", type=float, default=5.0, help="latency: how long the producer runs")
-    parser.add_argument("--pginbox", default="100x8,200x16,500x32",
-                        help="pginbox configurations BATCHxCONCURRENCY, comma-separated")
-    parser.add_argument("--pgqueuer", default="5x10,5x50,1x100",
-                        help="pgqueuer configurations WORKERSxBATCH, comma-separated (5x10: its own drain benchmark)")
-    parser.add_argument("--batched-reports", type=int, default=100, metavar="BATCH",
-                        help="also run the bench-only batched-reports loop with this claim size (0: skip)")
+    parser.add_argument(
+        "--pginbox", default="100x8,200x16,500x32", help="pginbox configurations BATCHxCONCURRENCY, comma-separated"
+    )
+    parser.add_argument(
+        "--pgqueuer",
+        default="5x10,5x50,1x100",
+        help="pgqueuer configurations WORKERSxBATCH, comma-separated (5x10: its own drain benchmark)",
+    )
+    parser.add_argument(
+        "--batched-reports",
+        type=int,
+        default=100,
+        metavar="BATCH",
+        help="also run the bench-only batched-reports loop with this claim size (0: skip)",
+    )
     parser.add_argument("--sql-dir", type=Path, default=ROOT / "sql", help="SQL modules to deploy (default: sql/)")
     args = parser.parse_args()
 
@@ -369,8 +384,9 @@ def main() -> None:
         pgq_install(dsn)
         from importlib.metadata import version
 
-        print(f"pgqueuer {version('pgqueuer')} (psycopg driver), backlog {args.effects} per drain, "
-              f"{args.rounds} rounds")
+        print(
+            f"pgqueuer {version('pgqueuer')} (psycopg driver), backlog {args.effects} per drain, {args.rounds} rounds"
+        )
         results: dict[str, list[float]] = {}
         for rnd in range(1, args.rounds + 1):
             runs: list[tuple[str, Callable[[], float]]] = [
@@ -379,8 +395,9 @@ def main() -> None:
             ]
             runs += [(c.label, partial(pgq_drain, dsn, args.effects, c)) for c in pgq_configs]
             if args.batched_reports:
-                runs.append((BATCHED_LABEL, partial(batched_reports_drain, dsn, args.effects, args.batched_reports,
-                                                    f"r{rnd}q")))
+                runs.append(
+                    (BATCHED_LABEL, partial(batched_reports_drain, dsn, args.effects, args.batched_reports, f"r{rnd}q"))
+                )
             random.shuffle(runs)
             for label, fn in runs:
                 rate = fn()
@@ -394,17 +411,25 @@ def main() -> None:
         best_pginbox = max((v, k) for k, v in medians.items() if k.startswith("pginbox batch"))
         best_pgq = max((v, k) for k, v in medians.items() if k.startswith("pgqueuer"))
         default_pgq = medians.get(PgqConfig(5, 10).label)
-        print(f"   ratio pginbox best / pgqueuer best: {best_pginbox[0] / best_pgq[0]:.2f}x "
-              f"({best_pginbox[1]} / {best_pgq[1]})")
+        print(
+            f"   ratio pginbox best / pgqueuer best: {best_pginbox[0] / best_pgq[0]:.2f}x "
+            f"({best_pginbox[1]} / {best_pgq[1]})"
+        )
         if default_pgq:
-            print(f"   ratio pginbox best / pgqueuer as in its drain benchmark (5x10): "
-                  f"{best_pginbox[0] / default_pgq:.2f}x")
-        print(f"   pgqueuer's drain tail (last job -> run() returned, NOT counted above): median "
-              f"{statistics.median(DRAIN_TAIL) * 1000:.0f} ms, max {max(DRAIN_TAIL) * 1000:.0f} ms")
+            print(
+                f"   ratio pginbox best / pgqueuer as in its drain benchmark (5x10): "
+                f"{best_pginbox[0] / default_pgq:.2f}x"
+            )
+        print(
+            f"   pgqueuer's drain tail (last job -> run() returned, NOT counted above): median "
+            f"{statistics.median(DRAIN_TAIL) * 1000:.0f} ms, max {max(DRAIN_TAIL) * 1000:.0f} ms"
+        )
         if BATCHED_LABEL in medians:
             batched = medians[BATCHED_LABEL]
-            print(f"   not the Dispatcher: batched reports / pgqueuer best: {batched / best_pgq[0]:.2f}x, "
-                  f"/ pginbox Dispatcher best: {batched / best_pginbox[0]:.2f}x")
+            print(
+                f"   not the Dispatcher: batched reports / pgqueuer best: {batched / best_pgq[0]:.2f}x, "
+                f"/ pginbox Dispatcher best: {batched / best_pginbox[0]:.2f}x"
+            )
 
         print(f"\nLatency commit -> delivery at {args.rate:g}/s for {args.seconds:g} s (one consumer each)")
         order = [("pginbox", pginbox_latency), ("pgqueuer", pgq_latency)]
@@ -415,9 +440,11 @@ def main() -> None:
         for name in ("pginbox", "pgqueuer"):
             samples = lat[name]
             expected = int(args.rate * args.seconds)
-            print(f"   {name:<9} p50 {percentile(samples, 0.5) * 1000:7.2f} ms   p99 "
-                  f"{percentile(samples, 0.99) * 1000:7.2f} ms   max {max(samples) * 1000:7.2f} ms   "
-                  f"({len(samples)} of {expected} delivered)")
+            print(
+                f"   {name:<9} p50 {percentile(samples, 0.5) * 1000:7.2f} ms   p99 "
+                f"{percentile(samples, 0.99) * 1000:7.2f} ms   max {max(samples) * 1000:7.2f} ms   "
+                f"({len(samples)} of {expected} delivered)"
+            )
         p50 = percentile(lat["pginbox"], 0.5) / percentile(lat["pgqueuer"], 0.5)
         p99 = percentile(lat["pginbox"], 0.99) / percentile(lat["pgqueuer"], 0.99)
         print(f"   ratio pginbox / pgqueuer: p50 {p50:.2f}x, p99 {p99:.2f}x (below 1: pginbox is faster)")

@@ -60,8 +60,10 @@ def main() -> None:
     parser.add_argument("--sql-dir", type=Path, default=ROOT / "sql", help="SQL modules to deploy (default: sql/)")
     args = parser.parse_args()
 
-    with bench_database(args.sql_dir, prefix="pginbox-bench-memory-") as (_cluster, dsn), \
-            tempfile.TemporaryDirectory(prefix="pginbox-bench-sink-") as sink_dir:
+    with (
+        bench_database(args.sql_dir, prefix="pginbox-bench-memory-") as (_cluster, dsn),
+        tempfile.TemporaryDirectory(prefix="pginbox-bench-sink-") as sink_dir,
+    ):
         Path(sink_dir, "bench_noop_sink.py").write_text(SINK, encoding="utf-8")
         started = time.monotonic()
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -72,9 +74,21 @@ def main() -> None:
         print(f"backlog: {args.effects} effects committed in {time.monotonic() - started:.1f} s")
 
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [sink_dir, os.environ.get("PYTHONPATH")])))
-        command = [str(Path(sys.executable).parent / "pginbox"), "dispatch", "--once", "--dsn", dsn,
-                   "--name", "bench-memory", "--callable", "noop=bench_noop_sink:deliver",
-                   "--batch-size", str(args.batch_size), "--concurrency", str(args.concurrency)]
+        command = [
+            str(Path(sys.executable).parent / "pginbox"),
+            "dispatch",
+            "--once",
+            "--dsn",
+            dsn,
+            "--name",
+            "bench-memory",
+            "--callable",
+            "noop=bench_noop_sink:deliver",
+            "--batch-size",
+            str(args.batch_size),
+            "--concurrency",
+            str(args.concurrency),
+        ]
         print("running: " + " ".join(command[:3]) + " --dsn ... " + " ".join(command[5:]))
         samples: list[tuple[float, int]] = []
         progress: list[tuple[float, int]] = []  # (time, delivered)
@@ -118,8 +132,10 @@ def main() -> None:
         start = after[0] if after else samples[0][1]
         peak = max(kib for _t, kib in samples)
         end = samples[-1][1]
-        print(f"delivered {delivered} of {args.effects} in {elapsed:.1f} s ({delivered / elapsed:.0f}/s), "
-              f"{len(samples)} RSS samples")
+        print(
+            f"delivered {delivered} of {args.effects} in {elapsed:.1f} s ({delivered / elapsed:.0f}/s), "
+            f"{len(samples)} RSS samples"
+        )
         quarter = [samples[int(i * (len(samples) - 1) / 4)][1] for i in range(5)]
         print("   RSS at 0/25/50/75/100% of the run: " + " / ".join(mib(k).strip() for k in quarter))
         print(f"   start  {mib(start)}   (first sample after the first delivery)")

@@ -46,14 +46,32 @@ def start_standby(primary: Cluster, directory: Path) -> Cluster:
     if os.geteuid() == 0:
         shutil.chown(directory, SERVICE_USER, SERVICE_USER)
     subprocess.run(
-        [*as_service, str(primary.bindir / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(primary.port),
-         "-U", "postgres", "-D", str(directory), "-R", "-X", "stream", "-c", "fast"],
-        check=True, capture_output=True, cwd="/",
+        [
+            *as_service,
+            str(primary.bindir / "pg_basebackup"),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(primary.port),
+            "-U",
+            "postgres",
+            "-D",
+            str(directory),
+            "-R",
+            "-X",
+            "stream",
+            "-c",
+            "fast",
+        ],
+        check=True,
+        capture_output=True,
+        cwd="/",
     )
     (directory / "postmaster.pid").unlink(missing_ok=True)
     (directory / "pginbox.conf").unlink(missing_ok=True)
-    conninfo = make_conninfo(host="127.0.0.1", port=str(primary.port), user="postgres",
-                             application_name="bench_standby")
+    conninfo = make_conninfo(
+        host="127.0.0.1", port=str(primary.port), user="postgres", application_name="bench_standby"
+    )
     with (directory / "postgresql.auto.conf").open("a") as fh:
         fh.write(f"primary_conninfo = '{conninfo}'\n")
     standby = Cluster(directory)
@@ -74,10 +92,16 @@ def consume(dsn: str, n: int, durability: str) -> float:
     asyncio.run(place.preload(n))
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("SELECT inbox.register_handler(%s, 'credit', 'credit(jsonb)'::regprocedure, 'v1')",
-                         (consumer,))
-        settings = {"url": place.url, "consumer": consumer, "prefetch": 50, "queue": place.name,
-                    "durability": durability}
+            conn.execute(
+                "SELECT inbox.register_handler(%s, 'credit', 'credit(jsonb)'::regprocedure, 'v1')", (consumer,)
+            )
+        settings = {
+            "url": place.url,
+            "consumer": consumer,
+            "prefetch": 50,
+            "queue": place.name,
+            "durability": durability,
+        }
         if durability == "standby":
             settings["standby_names"] = "bench_standby"
         worker = Consumer(load_consume_config(None, settings), dsn, fetch_timeout=0.2)

@@ -116,8 +116,27 @@ def pgbench(cluster: Cluster, script: str, clients: int, seconds: int) -> tuple[
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
         f.write(script)
     Path(f.name).chmod(0o644)
-    cmd = [str(find_bindir() / "pgbench"), "-n", "-M", "prepared", "-c", str(clients), "-j", str(clients),
-           "-T", str(seconds), "-f", f.name, "-h", "127.0.0.1", "-p", str(cluster.port), "-U", "postgres", "bench"]
+    cmd = [
+        str(find_bindir() / "pgbench"),
+        "-n",
+        "-M",
+        "prepared",
+        "-c",
+        str(clients),
+        "-j",
+        str(clients),
+        "-T",
+        str(seconds),
+        "-f",
+        f.name,
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(cluster.port),
+        "-U",
+        "postgres",
+        "bench",
+    ]
     cpu0 = server_cpu_seconds(cluster)
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     time.sleep(0.5)  # the postmaster reaps the exited backends (their CPU moves to its cutime)
@@ -163,8 +182,11 @@ def counting_bench(cluster: Cluster, dsn: str, args: argparse.Namespace) -> dict
             scraper.join()
             samples[mode].append(tps)
             cpu_us[mode].append(cpu / done * 1e6)
-            print(f"round {rnd + 1}: counting {mode:3s} {tps:8.0f} msgs/s, server CPU {cpu / done * 1e6:6.1f} us/msg"
-                  f"  ({scraper.reads} scrapes)", flush=True)
+            print(
+                f"round {rnd + 1}: counting {mode:3s} {tps:8.0f} msgs/s, server CPU {cpu / done * 1e6:6.1f} us/msg"
+                f"  ({scraper.reads} scrapes)",
+                flush=True,
+            )
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SELECT inbox.configure_metrics(counting => true, rollup_grace => '0')")
         dup = conn.execute("SELECT value FROM inbox.metrics() WHERE metric = 'pginbox_duplicates_total'").fetchone()
@@ -172,8 +194,13 @@ def counting_bench(cluster: Cluster, dsn: str, args: argparse.Namespace) -> dict
     assert pairs is not None and pairs[0] == pairs[1]
     med = {mode: statistics.median(v) for mode, v in samples.items()}
     cpu_med = {mode: statistics.median(v) for mode, v in cpu_us.items()}
-    return {"medians": med, "ratio": med["on"] / med["off"], "cpu_us_per_msg": cpu_med,
-            "cpu_ratio": cpu_med["off"] / cpu_med["on"], "duplicates_counted": dup[0] if dup else None}
+    return {
+        "medians": med,
+        "ratio": med["on"] / med["off"],
+        "cpu_us_per_msg": cpu_med,
+        "cpu_ratio": cpu_med["off"] / cpu_med["on"],
+        "duplicates_counted": dup[0] if dup else None,
+    }
 
 
 def timed_reads(dsns: dict[str, str], n: int, with_new_rows: bool) -> dict[str, tuple[float, int]]:
@@ -221,16 +248,22 @@ def read_bench(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
             size = conn.execute("SELECT pg_size_pretty(pg_total_relation_size('inbox.message'))").fetchone()
         assert total is not None and total[0] == rows, (total, rows)
         out[label] = {"rows": rows, "size": size[0] if size else None, "fill_s": filled, "first_rollup_s": first_rollup}
-        print(f"{label:5s}: {rows} rows ({out[label]['size']}), filled in {filled:.0f}s, first rollup "
-              f"{first_rollup:.1f}s", flush=True)
+        print(
+            f"{label:5s}: {rows} rows ({out[label]['size']}), filled in {filled:.0f}s, first rollup "
+            f"{first_rollup:.1f}s",
+            flush=True,
+        )
     for mode, with_new_rows in (("read_ms", False), ("read_with_2000_new_rows_ms", True)):
         for label, (ms, series) in timed_reads(dsns, args.reads, with_new_rows).items():
             out[label][mode] = ms
             out[label]["series"] = series
     for label in dsns:
         fig = out[label]
-        print(f"{label:5s}: one read {fig['read_ms']:.2f} ms idle, {fig['read_with_2000_new_rows_ms']:.2f} ms folding"
-              f" 2000 new rows ({fig['series']} series)", flush=True)
+        print(
+            f"{label:5s}: one read {fig['read_ms']:.2f} ms idle, {fig['read_with_2000_new_rows_ms']:.2f} ms folding"
+            f" 2000 new rows ({fig['series']} series)",
+            flush=True,
+        )
         with psycopg.connect(cluster.dsn("postgres"), autocommit=True) as admin:
             admin.execute(f"DROP DATABASE read_{label}")
     out["ratio_idle"] = out["large"]["read_ms"] / out["10k"]["read_ms"]
@@ -263,19 +296,27 @@ def main() -> None:
     print()
     if "counting" in figures:
         c = figures["counting"]
-        print(f"counting: medians over {args.rounds} rounds of {args.seconds}s, {args.clients} clients, "
-              f"20% duplicates: on {c['medians']['on']:.0f} msgs/s, off {c['medians']['off']:.0f} msgs/s")
-        print(f"  on / off {c['ratio']:.3f}x  target >= 0.95: {'met' if c['ratio'] >= 0.95 else 'MISSED'}"
-              f"  (duplicates counted: {c['duplicates_counted']:.0f})")
+        print(
+            f"counting: medians over {args.rounds} rounds of {args.seconds}s, {args.clients} clients, "
+            f"20% duplicates: on {c['medians']['on']:.0f} msgs/s, off {c['medians']['off']:.0f} msgs/s"
+        )
+        print(
+            f"  on / off {c['ratio']:.3f}x  target >= 0.95: {'met' if c['ratio'] >= 0.95 else 'MISSED'}"
+            f"  (duplicates counted: {c['duplicates_counted']:.0f})"
+        )
         cpu = c["cpu_us_per_msg"]
-        print(f"  server CPU per message: on {cpu['on']:.1f} us, off {cpu['off']:.1f} us: CPU-bound throughput"
-              f" on / off = {c['cpu_ratio']:.3f}x (less sensitive to other load on the machine)")
+        print(
+            f"  server CPU per message: on {cpu['on']:.1f} us, off {cpu['off']:.1f} us: CPU-bound throughput"
+            f" on / off = {c['cpu_ratio']:.3f}x (less sensitive to other load on the machine)"
+        )
     if "read" in figures:
         r = figures["read"]
-        print(f"read: inbox.metrics() on {r['large']['rows']} rows vs 10k rows: idle {r['large']['read_ms']:.2f} ms vs "
-              f"{r['10k']['read_ms']:.2f} ms ({r['ratio_idle']:.2f}x); folding 2000 new rows "
-              f"{r['large']['read_with_2000_new_rows_ms']:.2f} ms vs {r['10k']['read_with_2000_new_rows_ms']:.2f} ms "
-              f"({r['ratio_with_new_rows']:.2f}x)")
+        print(
+            f"read: inbox.metrics() on {r['large']['rows']} rows vs 10k rows: idle {r['large']['read_ms']:.2f} ms vs "
+            f"{r['10k']['read_ms']:.2f} ms ({r['ratio_idle']:.2f}x); folding 2000 new rows "
+            f"{r['large']['read_with_2000_new_rows_ms']:.2f} ms vs {r['10k']['read_with_2000_new_rows_ms']:.2f} ms "
+            f"({r['ratio_with_new_rows']:.2f}x)"
+        )
     if args.json:
         args.json.write_text(json.dumps(figures | {"args": vars(args) | {"json": None}}, indent=2, default=str))
 

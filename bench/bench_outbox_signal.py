@@ -62,10 +62,13 @@ CREATE TABLE bench.plain_outbox (
 CREATE INDEX plain_outbox_due ON bench.plain_outbox (available_at) WHERE status = 'pending';
 SELECT inbox.bind_destination('webhook', 'bench', 'benchmark');
 """
-SETUP = """
+SETUP = (
+    """
 CREATE TABLE account (id integer PRIMARY KEY, balance bigint NOT NULL DEFAULT 0);
 INSERT INTO account (id) SELECT g FROM generate_series(1, %(accounts)s) g;
-""" + OUTBOX_SETUP
+"""
+    + OUTBOX_SETUP
+)
 
 GRANTS = """
 GRANT SELECT, UPDATE ON account TO {role};
@@ -75,10 +78,10 @@ GRANT INSERT ON bench.plain_outbox TO {role};
 
 RECORD = {
     "plain": "INSERT INTO bench.plain_outbox (effect_id, consumer, destination, payload)"
-             " VALUES (:client_id::text || '-' || :fid::text, 'bench', 'webhook',"
-             " jsonb_build_object('account', :aid::integer, 'amount', 1));",
+    " VALUES (:client_id::text || '-' || :fid::text, 'bench', 'webhook',"
+    " jsonb_build_object('account', :aid::integer, 'amount', 1));",
     "enqueue": "SELECT inbox.enqueue_effect(:client_id::text || '-' || :fid::text, 'webhook',"
-               " jsonb_build_object('account', :aid::integer, 'amount', 1), consumer => 'bench');",
+    " jsonb_build_object('account', :aid::integer, 'amount', 1), consumer => 'bench');",
 }
 RECORD["notify-always"] = RECORD["enqueue"] + "\nSELECT pg_notify('inbox_outbox', '');"
 RECORD["signal-idle"] = RECORD["enqueue"]
@@ -245,8 +248,7 @@ def measure_wakeup(dsn: str, samples: int) -> list[float]:
                 time.sleep(random.uniform(0.01, 0.03))  # the dispatcher is idle again, blocked in LISTEN
                 effect_id = f"wake-{run_id}-{i}"
                 producer.execute("BEGIN")
-                producer.execute("SELECT inbox.enqueue_effect(%s, 'webhook', '{}', consumer => 'bench')",
-                                 (effect_id,))
+                producer.execute("SELECT inbox.enqueue_effect(%s, 'webhook', '{}', consumer => 'bench')", (effect_id,))
                 producer.execute("COMMIT")
                 committed = time.perf_counter()
                 with arrived:
@@ -270,10 +272,10 @@ def cpu_per_call(dsn: str, workload: str, calls: int, repeats: int) -> float:
     spread over many calls): the CPU cost. The median of `repeats` batches."""
     statement = {
         "plain": "INSERT INTO bench.plain_outbox (effect_id, consumer, destination, payload)"
-                 " SELECT 'cpu-' || %s || '-' || g, 'bench', 'webhook', jsonb_build_object('n', g)"
-                 " FROM generate_series(1, %s) g",
+        " SELECT 'cpu-' || %s || '-' || g, 'bench', 'webhook', jsonb_build_object('n', g)"
+        " FROM generate_series(1, %s) g",
         "enqueue": "SELECT count(inbox.enqueue_effect('cpu-' || %s || '-' || g, 'webhook', jsonb_build_object('n', g),"
-                   " consumer => 'bench')) FROM generate_series(1, %s) g",
+        " consumer => 'bench')) FROM generate_series(1, %s) g",
     }[workload]
     timings = []
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -294,8 +296,13 @@ def main() -> None:
     parser.add_argument("--cpu-calls", type=int, default=20000, help="enqueues per batch of the CPU measurement")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     all_workloads = ["enqueue", "notify-always", "signal-idle", "signal-drain"]
-    parser.add_argument("--only", nargs="+", choices=all_workloads, default=all_workloads,
-                        help="workloads to pair with the baseline (default: all)")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=all_workloads,
+        default=all_workloads,
+        help="workloads to pair with the baseline (default: all)",
+    )
     args = parser.parse_args()
 
     workloads = [name for name in all_workloads if name in args.only]
@@ -319,8 +326,14 @@ def main() -> None:
             listening = Background(listener(dsn))
             helper = Background(helpers[name]) if name in helpers else None
             time.sleep(0.3)
-            result = run_pgbench(cluster, SCRIPT.format(accounts=ACCOUNTS, record=RECORD[name]), args.clients,
-                                 args.seconds, user=SERVICE_ROLE, max_tries=None)
+            result = run_pgbench(
+                cluster,
+                SCRIPT.format(accounts=ACCOUNTS, record=RECORD[name]),
+                args.clients,
+                args.seconds,
+                user=SERVICE_ROLE,
+                max_tries=None,
+            )
             delivered = helper.stop() if helper else 0
             sent = listening.stop()
             tps[name].append(result)
@@ -352,8 +365,11 @@ def main() -> None:
 
     med = {name: statistics.median(v) for name, v in tps.items()}
     ratios = {f"{name} / plain": statistics.median(v) for name, v in pair_ratios.items()}
-    wake = ({"p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99), "max_ms": max(latencies)}
-            if latencies else {})
+    wake = (
+        {"p50_ms": percentile(latencies, 50), "p99_ms": percentile(latencies, 99), "max_ms": max(latencies)}
+        if latencies
+        else {}
+    )
     print()
     print(f"{args.rounds} rounds of {args.seconds}s runs, {args.clients} clients, fsync on; medians:")
     for name in ["plain", *workloads]:
@@ -365,17 +381,30 @@ def main() -> None:
         verdict = ("  target >= 0.80: " + ("met" if value >= 0.80 else "MISSED")) if name == "enqueue / plain" else ""
         print(f"  {name:22s} {value:5.3f}x {spread}{verdict}")
     extra_us = cpu_med["enqueue"] - cpu_med["plain"]
-    print(f"CPU per effect: plain insert {cpu_med['plain']:.2f} us, enqueue_effect {cpu_med['enqueue']:.2f} us "
-          f"({extra_us:+.2f} us: checks, authorization, the waiter probe)")
+    print(
+        f"CPU per effect: plain insert {cpu_med['plain']:.2f} us, enqueue_effect {cpu_med['enqueue']:.2f} us "
+        f"({extra_us:+.2f} us: checks, authorization, the waiter probe)"
+    )
     if wake:
         print(f"wake-up latency of an idle dispatcher, commit -> claimed ({len(latencies)} samples):")
         print(f"  p50 {wake['p50_ms']:6.2f} ms  target <= 10: {'met' if wake['p50_ms'] <= 10 else 'MISSED'}")
         print(f"  p99 {wake['p99_ms']:6.2f} ms  target <= 50: {'met' if wake['p99_ms'] <= 50 else 'MISSED'}")
         print(f"  max {wake['max_ms']:6.2f} ms")
     if args.json:
-        args.json.write_text(json.dumps({"medians": med, "ratios": ratios, "pair_ratios": pair_ratios,
-                                         "notifying_share": notifies, "cpu_us_per_enqueue": cpu_med,
-                                         "wakeup": wake, "args": vars(args) | {"json": None}}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "medians": med,
+                    "ratios": ratios,
+                    "pair_ratios": pair_ratios,
+                    "notifying_share": notifies,
+                    "cpu_us_per_enqueue": cpu_med,
+                    "wakeup": wake,
+                    "args": vars(args) | {"json": None},
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

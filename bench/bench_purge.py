@@ -42,15 +42,18 @@ SELECT inbox.set_retention_policy('bench', '', broker_retention => '7 days', max
     backup_restore_window => '1 day', planned_replay_horizon => '0', safety_margin => '1 hour', note => 'bench');
 """
 
-LOAD = ["""
+LOAD = [
+    """
 INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version, produced_at,
                            received_at, processed_at)
 SELECT 'bench', '', 'old', %(round)s || '-' || g, '\\x00', 'v1', now() - interval '30 days',
        now() - interval '30 days', now() - interval '30 days' + g * interval '1 ms'
   FROM generate_series(1, %(rows)s) g
-""", "DELETE FROM inbox.activity_gap WHERE consumer = 'bench'",
+""",
+    "DELETE FROM inbox.activity_gap WHERE consumer = 'bench'",
     "INSERT INTO inbox.activity_gap VALUES ('bench', '-infinity', now() - interval '60 days')",
-    "UPDATE inbox.consumer_config SET last_active_at = now() WHERE consumer = 'bench'"]
+    "UPDATE inbox.consumer_config SET last_active_at = now() WHERE consumer = 'bench'",
+]
 
 APPLY = """
 \\set aid random(1, {accounts})
@@ -70,9 +73,30 @@ def start_pgbench(cluster: Cluster, clients: int, seconds: int) -> tuple[subproc
         f.write(APPLY.format(accounts=ACCOUNTS))
         path = f.name
     Path(path).chmod(0o644)
-    cmd = [str(find_bindir() / "pgbench"), "-n", "-M", "prepared", "-c", str(clients), "-j", str(clients),
-           "-T", str(seconds), "-P", "1", "--max-tries=20", "-f", path, "-h", "127.0.0.1", "-p", str(cluster.port),
-           "-U", "postgres", "bench"]
+    cmd = [
+        str(find_bindir() / "pgbench"),
+        "-n",
+        "-M",
+        "prepared",
+        "-c",
+        str(clients),
+        "-j",
+        str(clients),
+        "-T",
+        str(seconds),
+        "-P",
+        "1",
+        "--max-tries=20",
+        "-f",
+        path,
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(cluster.port),
+        "-U",
+        "postgres",
+        "bench",
+    ]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), path
 
 
@@ -89,8 +113,9 @@ def finish_pgbench(proc: subprocess.Popen[str], path: str) -> tuple[float, list[
     raise SystemExit(f"no tps in pgbench output:\n{out}")
 
 
-def run_round(cluster: Cluster, dsn: str, args: argparse.Namespace, tag: str, rnd: int,
-              with_purge: bool) -> dict[str, float]:
+def run_round(
+    cluster: Cluster, dsn: str, args: argparse.Namespace, tag: str, rnd: int, with_purge: bool
+) -> dict[str, float]:
     """Figures of one pgbench run (with the purge running alongside when with_purge)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("DELETE FROM inbox.purge_state")
@@ -106,8 +131,15 @@ def run_round(cluster: Cluster, dsn: str, args: argparse.Namespace, tag: str, rn
         timer = threading.Timer(args.seconds, stop.set)
         timer.start()
         with psycopg.connect(dsn, autocommit=True) as conn:
-            report = retention.purge_consumer(conn, "bench", batch_size=args.batch_size, max_batches=10_000_000,
-                                              wait_timeout=60, pause=args.pause, stop=stop)
+            report = retention.purge_consumer(
+                conn,
+                "bench",
+                batch_size=args.batch_size,
+                max_batches=10_000_000,
+                wait_timeout=60,
+                pause=args.pause,
+                stop=stop,
+            )
         timer.cancel()
     tps, per_second = finish_pgbench(proc, path)
     out: dict[str, float] = {"claims_per_s": tps}
@@ -120,9 +152,11 @@ def run_round(cluster: Cluster, dsn: str, args: argparse.Namespace, tag: str, rn
     return out
 
 
-HEARTBEAT = re.compile(r"\n *(-- Retention's heartbeat[^\n]*\n)? *IF settings\.last_active_at IS NULL OR "
-                       r"settings\.last_active_at < now\(\) - '60 seconds'::interval THEN\n"
-                       r" *PERFORM inbox\._heartbeat\([^)]*\);\n *END IF;")
+HEARTBEAT = re.compile(
+    r"\n *(-- Retention's heartbeat[^\n]*\n)? *IF settings\.last_active_at IS NULL OR "
+    r"settings\.last_active_at < now\(\) - '60 seconds'::interval THEN\n"
+    r" *PERFORM inbox\._heartbeat\([^)]*\);\n *END IF;"
+)
 
 
 def heartbeat_ab(seconds: int, rounds: int) -> None:
@@ -135,8 +169,10 @@ def heartbeat_ab(seconds: int, rounds: int) -> None:
             (Path(tmp) / module.name).write_text(text)
         if removed != 3:
             raise SystemExit(f"expected 3 heartbeat blocks in sql/, found {removed}")
-        with bench_database(prefix="pginbox-bench-hb-") as (with_cluster, with_dsn), \
-             bench_database(sql_dir=Path(tmp), prefix="pginbox-bench-nohb-") as (without_cluster, without_dsn):
+        with (
+            bench_database(prefix="pginbox-bench-hb-") as (with_cluster, with_dsn),
+            bench_database(sql_dir=Path(tmp), prefix="pginbox-bench-nohb-") as (without_cluster, without_dsn),
+        ):
             clusters = {"with": with_cluster, "without": without_cluster}
             for dsn in (with_dsn, without_dsn):
                 with psycopg.connect(dsn, autocommit=True) as conn:
@@ -146,15 +182,17 @@ def heartbeat_ab(seconds: int, rounds: int) -> None:
             for rnd in range(rounds):
                 for workload in ("apply", "claim"):
                     for name in ("with", "without") if rnd % 2 == 0 else ("without", "with"):
-                        tps = run_pgbench(clusters[name], "bench", SCRIPTS[workload].format(accounts=ACCOUNTS), 8,
-                                          seconds)
+                        tps = run_pgbench(
+                            clusters[name], "bench", SCRIPTS[workload].format(accounts=ACCOUNTS), 8, seconds
+                        )
                         samples.setdefault((workload, name), []).append(tps)
                         print(f"round {rnd + 1}: {workload} {name} heartbeat {tps:.0f} tps", flush=True)
     for workload in ("apply", "claim"):
         with_hb = statistics.median(samples[(workload, "with")])
         without_hb = statistics.median(samples[(workload, "without")])
-        print(f"{workload}: with heartbeat {with_hb:.0f}/s, without {without_hb:.0f}/s, "
-              f"ratio {with_hb / without_hb:.3f}")
+        print(
+            f"{workload}: with heartbeat {with_hb:.0f}/s, without {without_hb:.0f}/s, ratio {with_hb / without_hb:.3f}"
+        )
 
 
 def main() -> None:
@@ -178,8 +216,9 @@ def main() -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(SETUP % {"accounts": ACCOUNTS})  # type: ignore[arg-type]
             conn.execute(POLICY)
-            conn.execute("SELECT inbox.claim_and_apply('bench', 'shop', 'warm-up', 'credit',"
-                         " '{\"account\": 1, \"amount\": 1}')")
+            conn.execute(
+                "SELECT inbox.claim_and_apply('bench', 'shop', 'warm-up', 'credit', '{\"account\": 1, \"amount\": 1}')"
+            )
         for index in args.indexes.split(","):
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute("DROP INDEX IF EXISTS inbox.message_purge_idx")
@@ -203,11 +242,16 @@ def main() -> None:
                     for key, value in got.items():
                         if not key.startswith("second "):
                             samples.setdefault(f"{name}:{key}", []).append(value)
-                    print(f"{index} round {rnd + 1} {name:5s}: "
-                          + " ".join(f"{k}={v:.0f}" for k, v in got.items() if not k.startswith("second ")),
-                          flush=True)
-                print(f"{index} round {rnd + 1} claims during the {overlap} s of purge: {mean_purge:.0f}/s, "
-                      f"same seconds without: {mean_base:.0f}/s, ratio {pairs[-1]:.2f}", flush=True)
+                    print(
+                        f"{index} round {rnd + 1} {name:5s}: "
+                        + " ".join(f"{k}={v:.0f}" for k, v in got.items() if not k.startswith("second ")),
+                        flush=True,
+                    )
+                print(
+                    f"{index} round {rnd + 1} claims during the {overlap} s of purge: {mean_purge:.0f}/s, "
+                    f"same seconds without: {mean_base:.0f}/s, ratio {pairs[-1]:.2f}",
+                    flush=True,
+                )
             med = {k: statistics.median(v) for k, v in samples.items()}
             med["purge:claims_per_s_during"] = statistics.median(during)
             med["claims under purge / base"] = statistics.median(pairs)
@@ -217,8 +261,10 @@ def main() -> None:
             assert row is not None and row[0] == row[1]
 
     print()
-    print(f"medians over {args.rounds} rounds of {args.seconds}s, {args.clients} clients, "
-          f"{args.rows} old rows per run, batch {args.batch_size}, pause {args.pause}s:")
+    print(
+        f"medians over {args.rounds} rounds of {args.seconds}s, {args.clients} clients, "
+        f"{args.rows} old rows per run, batch {args.batch_size}, pause {args.pause}s:"
+    )
     for index, med in results.items():
         print(f"  index {index}:")
         print(f"    claims/s without purge   {med['base:claims_per_s']:10.0f}")

@@ -154,10 +154,12 @@ def main() -> None:
             conn.execute(SETUP)
             # 0.2.0: the consumer is bound to the role that runs it, as in production (an unbound
             # superuser takes the slower refusal path of the authorization check before its bypass).
-            conn.execute("DO $$ BEGIN"
-                         " IF to_regprocedure('inbox.bind_consumer(text, regrole, text[], text)') IS NOT NULL THEN"
-                         " PERFORM inbox.bind_consumer('bench', current_user::regrole, note => 'benchmark');"
-                         " END IF; END $$")
+            conn.execute(
+                "DO $$ BEGIN"
+                " IF to_regprocedure('inbox.bind_consumer(text, regrole, text[], text)') IS NOT NULL THEN"
+                " PERFORM inbox.bind_consumer('bench', current_user::regrole, note => 'benchmark');"
+                " END IF; END $$"
+            )
             conn.execute("VACUUM ANALYZE")
 
         with ConnectionPool(dsn, min_size=args.workers, max_size=args.workers, open=False) as pool:
@@ -175,7 +177,9 @@ def main() -> None:
 
             def message(w: int, rng: random.Random, serial: int, tag: str, k: int = 0) -> Message:
                 return Message(
-                    "shop", f"{run_id}-{tag}-{w}-{serial}-{k}", "credit",
+                    "shop",
+                    f"{run_id}-{tag}-{w}-{serial}-{k}",
+                    "credit",
                     {"account": rng.randint(1, ACCOUNTS), "amount": 1},
                 )
 
@@ -236,8 +240,11 @@ def main() -> None:
                     rate, client_us, server_us = load.run(step)
                     samples[name].append(rate)
                     cpu[name].append((client_us, server_us))
-                    print(f"round {rnd + 1}: {name:13s} {rate:9.0f} msgs/s   CPU per message: "
-                          f"client {client_us:5.0f} us, server {server_us:5.0f} us", flush=True)
+                    print(
+                        f"round {rnd + 1}: {name:13s} {rate:9.0f} msgs/s   CPU per message: "
+                        f"client {client_us:5.0f} us, server {server_us:5.0f} us",
+                        flush=True,
+                    )
             stats = inbox.stats
 
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -247,8 +254,9 @@ def main() -> None:
             ).fetchone()
             assert row is not None
             if not (row[0] == row[1] == applied_counter["n"]):
-                raise SystemExit(f"invariant broken: balance sum {row[0]}, claims {row[1]}, "
-                                 f"applied {applied_counter['n']}")
+                raise SystemExit(
+                    f"invariant broken: balance sum {row[0]}, claims {row[1]}, applied {applied_counter['n']}"
+                )
 
     med = {name: statistics.median(v) for name, v in samples.items()}
     ratios: dict[str, float] = {}
@@ -264,23 +272,30 @@ def main() -> None:
         ratios["handle_batch / handle"] = med["handle_batch"] / med["handle"]
     targets = {"handle / article": 1.0, "handle_np / article": 1.0, "apply_batch / handle": 3.0}
     print()
-    print(f"medians over {args.rounds} rounds of {args.seconds:g}s, {args.workers} worker threads, "
-          f"one pool of {args.workers} connections, batch {args.batch}:")
+    print(
+        f"medians over {args.rounds} rounds of {args.seconds:g}s, {args.workers} worker threads, "
+        f"one pool of {args.workers} connections, batch {args.batch}:"
+    )
     for name, value in med.items():
         client_us = statistics.median(c for c, _ in cpu[name])
         server_us = statistics.median(s for _, s in cpu[name])
-        print(f"  {name:13s} {value:9.0f} msgs/s   CPU per message: client {client_us:5.0f} us, "
-              f"server backends {server_us:5.0f} us")
+        print(
+            f"  {name:13s} {value:9.0f} msgs/s   CPU per message: client {client_us:5.0f} us, "
+            f"server backends {server_us:5.0f} us"
+        )
     print("ratios:")
     for name, value in ratios.items():
         target = targets.get(name)
         verdict = "" if target is None else (f"  target >= {target}: " + ("met" if value >= target else "MISSED"))
         print(f"  {name:22s} {value:5.2f}x{verdict}")
-    print(f"checked: balance sum = claims = applied = {applied_counter['n']}; "
-          f"Inbox retries {stats.retries}, lock wait {stats.lock_wait_seconds:.3f}s")
+    print(
+        f"checked: balance sum = claims = applied = {applied_counter['n']}; "
+        f"Inbox retries {stats.retries}, lock wait {stats.lock_wait_seconds:.3f}s"
+    )
     if args.json:
-        args.json.write_text(json.dumps({"medians": med, "ratios": ratios, "args": vars(args) | {"json": None}},
-                                        indent=2, default=str))
+        args.json.write_text(
+            json.dumps({"medians": med, "ratios": ratios, "args": vars(args) | {"json": None}}, indent=2, default=str)
+        )
 
 
 if __name__ == "__main__":

@@ -81,11 +81,17 @@ def sizes_of(dsn: str) -> dict[str, float]:
         row = conn.execute(
             "SELECT count(*), pg_relation_size('inbox.message'), pg_relation_size('inbox.message_pkey'),"
             " pg_relation_size('inbox.message_purge_idx'), pg_total_relation_size('inbox.message')"
-            " FROM inbox.message").fetchone()
+            " FROM inbox.message"
+        ).fetchone()
     assert row is not None
     rows = max(int(row[0]), 1)
-    return {"rows": rows, "heap": row[1] / rows, "pkey": row[2] / rows, "purge_idx": row[3] / rows,
-            "total": row[4] / rows}
+    return {
+        "rows": rows,
+        "heap": row[1] / rows,
+        "pkey": row[2] / rows,
+        "purge_idx": row[3] / rows,
+        "total": row[4] / rows,
+    }
 
 
 def main() -> None:
@@ -94,9 +100,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=10, help="duration of each pgbench run")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--shared-buffers", metavar="SIZE",
-                        help="shared_buffers of the cluster (e.g. 2GB; default: PostgreSQL's 128MB, in which the "
-                             "1 GB primary key of 10M identities does not fit)")
+    parser.add_argument(
+        "--shared-buffers",
+        metavar="SIZE",
+        help="shared_buffers of the cluster (e.g. 2GB; default: PostgreSQL's 128MB, in which the "
+        "1 GB primary key of 10M identities does not fit)",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -109,7 +118,8 @@ def main() -> None:
             cluster.start()
         with psycopg.connect(dsn, autocommit=True) as conn:
             settings = conn.execute(
-                "SELECT current_setting('shared_buffers'), current_setting('max_wal_size')").fetchone()
+                "SELECT current_setting('shared_buffers'), current_setting('max_wal_size')"
+            ).fetchone()
         assert settings is not None
         print(f"cluster: shared_buffers {settings[0]}, max_wal_size {settings[1]}", flush=True)
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -127,10 +137,12 @@ def main() -> None:
                     conn.execute(LOAD % {"first": done + 1, "last": last})  # type: ignore[arg-type]
                 conn.execute("VACUUM ANALYZE")
             footprint[size] = sizes_of(dbs[size])
-            print(f"loaded {size:>10,} identities in {time.monotonic() - started:6.1f}s: "
-                  f"{footprint[size]['total']:.0f} bytes each (heap {footprint[size]['heap']:.0f}, "
-                  f"primary key {footprint[size]['pkey']:.0f}, purge index {footprint[size]['purge_idx']:.0f})",
-                  flush=True)
+            print(
+                f"loaded {size:>10,} identities in {time.monotonic() - started:6.1f}s: "
+                f"{footprint[size]['total']:.0f} bytes each (heap {footprint[size]['heap']:.0f}, "
+                f"primary key {footprint[size]['pkey']:.0f}, purge index {footprint[size]['purge_idx']:.0f})",
+                flush=True,
+            )
         subprocess.run(["psql", "-X", "-q", "-d", dsn, "-c", "CHECKPOINT"], check=True)
 
         samples: dict[int, list[float]] = {size: [] for size in sizes}
@@ -158,20 +170,36 @@ def main() -> None:
     ratio = {size: statistics.median(v) for size, v in pair.items()}
     print()
     print(f"medians over {args.rounds} rounds of {args.seconds}s, {args.clients} clients (claim_and_apply, UUID ids):")
-    print(f"  {'rows':>12s} {'msgs/s':>9s} {'vs smallest':>12s} {'bytes/identity':>15s} {'heap':>6s} {'pkey':>6s} "
-          f"{'purge':>6s}")
+    print(
+        f"  {'rows':>12s} {'msgs/s':>9s} {'vs smallest':>12s} {'bytes/identity':>15s} {'heap':>6s} {'pkey':>6s} "
+        f"{'purge':>6s}"
+    )
     for size in sizes:
         f = footprint[size]
-        print(f"  {size:>12,} {med[size]:9.0f} {ratio[size]:11.2f}x {f['total']:15.0f} {f['heap']:6.0f} "
-              f"{f['pkey']:6.0f} {f['purge_idx']:6.0f}")
+        print(
+            f"  {size:>12,} {med[size]:9.0f} {ratio[size]:11.2f}x {f['total']:15.0f} {f['heap']:6.0f} "
+            f"{f['pkey']:6.0f} {f['purge_idx']:6.0f}"
+        )
     largest, smallest = sizes[-1], sizes[0]
-    print(f"targets: throughput at {largest:,} >= 0.8x at {smallest:,}: "
-          f"{'met' if ratio[largest] >= 0.8 else 'MISSED'} ({ratio[largest]:.2f}x); "
-          f"bytes per identity <= 200: {'met' if footprint[largest]['total'] <= 200 else 'MISSED'} "
-          f"({footprint[largest]['total']:.0f})")
+    print(
+        f"targets: throughput at {largest:,} >= 0.8x at {smallest:,}: "
+        f"{'met' if ratio[largest] >= 0.8 else 'MISSED'} ({ratio[largest]:.2f}x); "
+        f"bytes per identity <= 200: {'met' if footprint[largest]['total'] <= 200 else 'MISSED'} "
+        f"({footprint[largest]['total']:.0f})"
+    )
     if args.json:
-        args.json.write_text(json.dumps({"msgs_per_s": med, "ratio_to_smallest": ratio, "footprint": footprint,
-                                         "args": vars(args) | {"json": None}, "root": str(ROOT)}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "msgs_per_s": med,
+                    "ratio_to_smallest": ratio,
+                    "footprint": footprint,
+                    "args": vars(args) | {"json": None},
+                    "root": str(ROOT),
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":
