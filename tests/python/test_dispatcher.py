@@ -567,6 +567,10 @@ def test_a_failed_claim_is_retried(
             conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (app,)).fetchone() == (1,)
         )
     )
+    # the connection must be idle in the pool, configured: a backend killed while the pool still
+    # configures it is only a failed connect (retried by the pool), and no claim would fail
+    dispatcher._pool.wait(timeout=10)
+    assert wait_until(lambda: dispatcher._pool.get_stats().get("pool_available", 0) >= 1)
     # the pool's idle connection dies: the next claim on it fails with a database error
     conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s", (app,))
     with caplog.at_level("WARNING", logger="pginbox.dispatcher"):
