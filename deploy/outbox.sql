@@ -1,4 +1,5 @@
--- Deploy pginbox:outbox. Generated from sql/065_outbox.sql by python/tools/sync_deploy.py: edit that file.
+-- Deploy pginbox:outbox: written from sql/065_outbox.sql by python/tools/sync_deploy.py, never by hand,
+-- and frozen once a tag releases it (sqitch.lock).
 -- pginbox: the transactional outbox's functions (tables in 060_outbox_tables.sql and
 -- 061_outbox_scope_tables.sql).
 -- Trust boundaries (docs/outbox.md#13-trust-boundaries):

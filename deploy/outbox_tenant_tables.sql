@@ -1,4 +1,5 @@
--- Deploy pginbox:outbox_tenant_tables. Generated from sql/100_outbox_tenant_tables.sql by python/tools/sync_deploy.py: edit that file.
+-- Deploy pginbox:outbox_tenant_tables: written from sql/100_outbox_tenant_tables.sql by python/tools/sync_deploy.py, never by hand,
+-- and frozen once a tag releases it (sqitch.lock).
 -- pginbox: the outbox's names scoped like identities (docs/outbox.md#13-trust-boundaries).
 --   * An effect belongs to a consumer and a tenant: the primary key is (effect_id, consumer, tenant),
 --     and a role bound to some tenants of a consumer enqueues only under those tenants. Tenant ''

@@ -1,4 +1,5 @@
--- Deploy pginbox:python_repair. Generated from sql/121_python_repair.sql by python/tools/sync_deploy.py: edit that file.
+-- Deploy pginbox:python_repair: written from sql/121_python_repair.sql by python/tools/sync_deploy.py, never by hand,
+-- and frozen once a tag releases it (sqitch.lock).
 -- pginbox: repairing a quarantined message with a Python handler (docs/security.md, "Python
 -- handlers: repair grants"). The tables: 120_python_repair_tables.sql.
 --   inbox.grant_repair            operator: a one-time grant to repair entry N with handler

@@ -1,4 +1,5 @@
--- Deploy pginbox:python_repair_tables. Generated from sql/120_python_repair_tables.sql by python/tools/sync_deploy.py: edit that file.
+-- Deploy pginbox:python_repair_tables: written from sql/120_python_repair_tables.sql by python/tools/sync_deploy.py, never by hand,
+-- and frozen once a tag releases it (sqitch.lock).
 -- pginbox: repair grants, for quarantined messages whose handler is Python (docs/security.md,
 -- "Python handlers: repair grants"). An operator cannot run a Python handler inside the database,
 -- and must not run it with the operator's own login: the handler acts as the consumer. So the

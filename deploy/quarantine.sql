@@ -1,4 +1,5 @@
--- Deploy pginbox:quarantine. Generated from sql/050_quarantine.sql by python/tools/sync_deploy.py: edit that file.
+-- Deploy pginbox:quarantine: written from sql/050_quarantine.sql by python/tools/sync_deploy.py, never by hand,
+-- and frozen once a tag releases it (sqitch.lock).
 -- pginbox: operator decisions on quarantine. Quarantine is a change of ownership, not success:
 -- each entry stays open until an operator repairs, discards or releases it, and every decision
 -- leaves an audit row in inbox.quarantine_decision (who, when, note, result).

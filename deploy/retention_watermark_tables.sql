@@ -1,4 +1,5 @@
--- Deploy pginbox:retention_watermark_tables. Generated from sql/101_retention_watermark_tables.sql by python/tools/sync_deploy.py: edit that file.
+-- Deploy pginbox:retention_watermark_tables: written from sql/101_retention_watermark_tables.sql by python/tools/sync_deploy.py, never by hand,
+-- and frozen once a tag releases it (sqitch.lock).
 -- pginbox: retention, 0.3.0 (docs/retention.md).
 --   * A released 'expired' entry lets exactly one delivery of its identity through: the claim that
 --     uses the release stamps release_used_at (inbox.release clears it again).

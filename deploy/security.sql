@@ -1,4 +1,5 @@
--- Deploy pginbox:security. Generated from sql/027_security.sql by python/tools/sync_deploy.py: edit that file.
+-- Deploy pginbox:security: written from sql/027_security.sql by python/tools/sync_deploy.py, never by hand,
+-- and frozen once a tag releases it (sqitch.lock).
 -- pginbox: the authorization of consumers (docs/security.md). Every function that acts under a
 -- consumer name (claim, claim_bytea, claim_and_apply[_batch], record_failure, record_start,
 -- enqueue_effect) asks inbox._acting_as first: one index probe of inbox.consumer_binding and the
