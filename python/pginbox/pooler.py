@@ -32,7 +32,6 @@ from pginbox.errors import PoolerError
 __all__ = [
     "BACKEND_PID",
     "PoolerError",
-    "abehind_pooler",
     "behind_pooler",
     "configure",
     "differs",
@@ -55,22 +54,12 @@ def configure(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> N
     conn.prepare_threshold = None
 
 
-# A sync and an async flavour: detection is one query.
 def behind_pooler(conn: psycopg.Connection[Any]) -> bool:
     """Whether a pooler answered this connection's login (one query; the connection must be idle or
     in autocommit mode, and is left as it was)."""
     row = conn.execute(BACKEND_PID, prepare=False).fetchone()
     if not conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
         conn.rollback()
-    return differs(conn.info.backend_pid, row[0] if row else None)
-
-
-async def abehind_pooler(conn: psycopg.AsyncConnection[Any]) -> bool:
-    """`behind_pooler` for an AsyncConnection."""
-    cur = await conn.execute(BACKEND_PID, prepare=False)
-    row = await cur.fetchone()
-    if not conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
-        await conn.rollback()
     return differs(conn.info.backend_pid, row[0] if row else None)
 
 
