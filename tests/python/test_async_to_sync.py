@@ -3,27 +3,17 @@ drift, and each rule of the conversion does what its docstring says (no database
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from conftest import REPO_ROOT
+from helpers_tools import load_tool
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 
-
-def load_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("async_to_sync", ROOT / "python" / "tools" / "async_to_sync.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look the module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = load_tool()
+tool = load_tool("async_to_sync")
 
 
 def test_generated_files_are_up_to_date() -> None:

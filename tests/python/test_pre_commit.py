@@ -4,11 +4,11 @@ one and not the other fails here (no database needed)."""
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 
 import yaml
+from conftest import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 VENV_BIN = ".venv/bin/"
 #: The tools whose commands in tests/run are static checks (the rest start clusters and run tests).
 STATIC = ("ruff", "mypy", "python python/tools/")

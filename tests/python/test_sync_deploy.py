@@ -4,28 +4,17 @@ script does not keep a header sending the reader to sql/."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from conftest import REPO_ROOT
+from helpers_tools import load_tool
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 WHO = "A <a@example.invalid>"
 BODY = "BEGIN;\nSET LOCAL search_path = pg_catalog, pg_temp;\n{sql}\nCOMMIT;\n"
 
-
-def load_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("sync_deploy", ROOT / "python" / "tools" / "sync_deploy.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look the module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = load_tool()
+tool = load_tool("sync_deploy")
 
 
 def test_this_checkout_is_in_step() -> None:
