@@ -173,12 +173,15 @@ def test_a_failing_item_is_recorded_and_the_plan_goes_on(
     assert claimed == (2,), "the failed item's operation id rolled back with it"
 
 
-def plan_item(conn: psycopg.Connection[Any], plan_id: int, message_id: str) -> int:
-    row = conn.execute(
-        "SELECT item_no FROM inbox.replay_item WHERE plan_id = %s AND message_id = %s", (plan_id, message_id)
-    ).fetchone()
+def one_value(conn: psycopg.Connection[Any], query: str, params: tuple[object, ...] = ()) -> Any:
+    row = conn.execute(query, params).fetchone()
     assert row is not None
-    return int(row[0])
+    return row[0]
+
+
+def plan_item(conn: psycopg.Connection[Any], plan_id: int, message_id: str) -> int:
+    query = "SELECT item_no FROM inbox.replay_item WHERE plan_id = %s AND message_id = %s"
+    return int(one_value(conn, query, (plan_id, message_id)))
 
 
 def test_refusals_come_from_the_database_before_anything_is_written(
@@ -236,11 +239,8 @@ def test_refusals_come_from_the_database_before_anything_is_written(
 
 
 def registered_version(conn: psycopg.Connection[Any]) -> str:
-    row = conn.execute(
-        "SELECT handler_version FROM inbox.handler WHERE consumer = 'billing' AND message_type = 'credit'"
-    ).fetchone()
-    assert row is not None
-    return str(row[0])
+    query = "SELECT handler_version FROM inbox.handler WHERE consumer = 'billing' AND message_type = 'credit'"
+    return str(one_value(conn, query))
 
 
 def test_a_runner_killed_mid_plan_then_run_again_applies_each_item_once(
@@ -300,11 +300,8 @@ def test_a_runner_killed_mid_plan_then_run_again_applies_each_item_once(
 
 
 def applied(conn: psycopg.Connection[Any], plan_id: int) -> int:
-    row = conn.execute(
-        "SELECT count(*) FROM inbox.replay_item WHERE plan_id = %s AND status = 'applied'", (plan_id,)
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
+    query = "SELECT count(*) FROM inbox.replay_item WHERE plan_id = %s AND status = 'applied'"
+    return int(one_value(conn, query, (plan_id,)))
 
 
 def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
