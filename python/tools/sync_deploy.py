@@ -355,6 +355,21 @@ def sync(root: Path, check: bool) -> list[str]:
         problems.append(f"sqitch.plan names change {change} but no sql/NNN_{change}.sql holds its source")
     for change in sorted(set(found) - set(changes)):
         problems.append(f"sql/{found[change].name} has no change {change} in sqitch.plan (sqitch add {change} ...)")
+    problems += released_problems(root, frozen)
+    generated = set()
+    for change, source in found.items():
+        if change in changes:
+            target = [c for c in plan.changes if c.name == change][-1].deploy_file
+            generated.add(target)
+            problems += sync_one(root, plan, frozen, change, source, check)
+    problems += pin_unreleased(root, plan, frozen, generated, check)
+    problems += unstale_copied_headers(root, plan, frozen, check)
+    return problems
+
+
+def released_problems(root: Path, frozen: dict[Path, str]) -> list[str]:
+    """A released script that is gone or differs from the hash its release recorded."""
+    problems = []
     for path, digest in sorted(frozen.items()):
         rel = path.relative_to(root)
         if not path.exists():
@@ -364,38 +379,37 @@ def sync(root: Path, check: bool) -> list[str]:
                 f"{rel} was released and has been edited since: restore it from git; "
                 "change a released change with sqitch rework (functions) or a new change (tables)"
             )
-    generated = set()
-    for change, source in found.items():
-        if change not in changes:
-            continue
-        instances = [c for c in plan.changes if c.name == change]
-        target = instances[-1].deploy_file
-        generated.add(target)
-        text = rendered(change, source, pin=target not in frozen)
-        if len(instances) > 1:
-            before = instances[-2].deploy_file
-            if before in frozen and before.exists() and generated_unchanged(change, source, before):
-                text = VERIFY_ONLY.format(change=change, source=source.name)
-        current = target.read_text() if target.exists() else None
-        if target not in frozen and (why := search_path_problem(text)):
-            problems.append(pin_problem(f"sql/{source.name}", why, fixable=False))
-        if current == text or (target in frozen and generated_unchanged(change, source, target)):
-            continue  # (a frozen script keeps the header it was written with)
-        rel = target.relative_to(root)
-        if target in frozen:
-            problems.append(
-                f"sql/{source.name} differs from {rel}, which was released and is frozen. "
-                f"Functions, views, triggers: `sqitch rework {change} -n '...'`, then run this tool again. "
-                "Tables, types, indexes: undo the edit and put the ALTER in a new change (docs/releasing.md)."
-            )
-        elif check:
-            problems.append(f"{rel} is out of date with sql/{source.name}: run python/tools/sync_deploy.py")
-        else:
-            target.parent.mkdir(exist_ok=True)
-            target.write_text(text)
-            print(f"wrote {rel}")
-    problems += pin_unreleased(root, plan, frozen, generated, check)
-    problems += unstale_copied_headers(root, plan, frozen, check)
+    return problems
+
+
+def sync_one(root: Path, plan: Plan, frozen: dict[Path, str], change: str, source: Path, check: bool) -> list[str]:
+    """Writes (or with check, compares) the deploy script of the newest instance of `change`."""
+    problems = []
+    instances = [c for c in plan.changes if c.name == change]
+    target = instances[-1].deploy_file
+    text = rendered(change, source, pin=target not in frozen)
+    if len(instances) > 1:
+        before = instances[-2].deploy_file
+        if before in frozen and before.exists() and generated_unchanged(change, source, before):
+            text = VERIFY_ONLY.format(change=change, source=source.name)
+    current = target.read_text() if target.exists() else None
+    if target not in frozen and (why := search_path_problem(text)):
+        problems.append(pin_problem(f"sql/{source.name}", why, fixable=False))
+    if current == text or (target in frozen and generated_unchanged(change, source, target)):
+        return problems  # (a frozen script keeps the header it was written with)
+    rel = target.relative_to(root)
+    if target in frozen:
+        problems.append(
+            f"sql/{source.name} differs from {rel}, which was released and is frozen. "
+            f"Functions, views, triggers: `sqitch rework {change} -n '...'`, then run this tool again. "
+            "Tables, types, indexes: undo the edit and put the ALTER in a new change (docs/releasing.md)."
+        )
+    elif check:
+        problems.append(f"{rel} is out of date with sql/{source.name}: run python/tools/sync_deploy.py")
+    else:
+        target.parent.mkdir(exist_ok=True)
+        target.write_text(text)
+        print(f"wrote {rel}")
     return problems
 
 
