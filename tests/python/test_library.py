@@ -168,6 +168,28 @@ def test_handle_outcomes_with_a_given_connection(db_dsn: str, domain: Conn, rout
     assert_applied_exactly(domain, {m.message_id: 10})
 
 
+def test_a_local_server_gets_no_pipeline_by_default(db_dsn: str, domain: Conn, tmp_path: Path) -> None:
+    """The default (pipeline=None) sends BEGIN as a simple query of its own to a server on this
+    machine, and BEGIN + the claim in one pipelined round trip when told to."""
+    traces: dict[bool | None, str] = {}
+    applied: dict[str, int] = {}
+    for setting in (None, True):
+        trace = tmp_path / f"trace-{setting}.txt"
+        m = message(uid(), 1)
+        with trace.open("w") as out, connect(db_dsn) as c:
+            inbox = Inbox(c, consumer="billing", handler_version="v1", retry=FAST_RETRY, pipeline=setting)
+            c.pgconn.trace(out.fileno())
+            assert inbox.handle(m, credit()).outcome is Outcome.APPLIED
+            c.pgconn.untrace()
+        traces[setting] = trace.read_text()
+        applied[m.message_id] = 1
+    assert_applied_exactly(domain, applied)
+    simple_begin = [line for line in traces[None].splitlines() if "\tQuery\t" in line and "BEGIN" in line]
+    assert simple_begin, traces[None]
+    assert not [line for line in traces[True].splitlines() if "\tQuery\t" in line and "BEGIN" in line]
+    assert "inbox.claim" in traces[True] and "inbox.claim" in traces[None]
+
+
 def test_handle_keeps_the_callers_connection_settings(inbox: Inbox, client: Conn) -> None:
     assert client.autocommit is False
     assert inbox.handle(message(uid()), credit()).outcome is Outcome.APPLIED

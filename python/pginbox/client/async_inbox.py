@@ -148,8 +148,10 @@ class AsyncInbox:
                       version the SQL handler was registered with).
     retry             RetryPolicy for transient errors.
     pipeline          True: BEGIN and the claim travel in one round trip (psycopg pipeline mode);
-                      False: two round trips, but less client CPU per message (a local database
-                      and a CPU-bound client). Ignored where libpq has no pipeline mode.
+                      False: two round trips, but less client CPU per message. None (default):
+                      pipelined unless the server is on this machine (a Unix socket or a loopback
+                      address), where a round trip costs less than the pipeline's client CPU.
+                      Ignored where libpq has no pipeline mode.
     raise_on_failure  default of `handle(..., raise_on_failure=)`: False returns a FAILED or
                       QUARANTINED Result; True re-raises the handler's exception after recording it.
     batch_size        chunk size of apply_batch / handle_batch (at most 64).
@@ -173,7 +175,7 @@ class AsyncInbox:
         retry: RetryPolicy | None = None,
         raise_on_failure: bool = False,
         batch_size: int = MAX_BATCH,
-        pipeline: bool = True,
+        pipeline: bool | None = None,
         durability: Durability | None = None,
     ) -> None:
         _core.check_names(consumer, handler_version)
@@ -182,7 +184,7 @@ class AsyncInbox:
         self.handler_version = handler_version
         self.raise_on_failure = raise_on_failure
         self.batch_size = _core.check_batch_size(batch_size)
-        self.pipeline = pipeline and _PIPELINE
+        self.pipeline = pipeline if _PIPELINE else False
         self._stats = _core.StatsCounter()
         self._protocol = Protocol(
             retry if retry is not None else RetryPolicy(),
@@ -465,7 +467,8 @@ class AsyncInbox:
     # ------------------------------------------------------------------------- attempts
 
     async def _handle_attempt(self, conn: AConn, message: Message, handler: AsyncHandler) -> Result | Failure:
-        switched = await _enter_autocommit(conn, self.pipeline)
+        pipeline = _core.use_pipeline(self.pipeline, conn.info)
+        switched = await _enter_autocommit(conn, pipeline)
         try:
             cur = conn.cursor(row_factory=tuple_row)
             try:
@@ -474,7 +477,7 @@ class AsyncInbox:
                     cur,
                     queries.CLAIM,
                     _core.claim_params(self.consumer, self.handler_version, message),
-                    self.pipeline,
+                    pipeline,
                 )
                 row = await cur.fetchone()
             except BaseException:
@@ -551,7 +554,7 @@ class AsyncInbox:
         the same transaction. An identity repeated within the chunk is claimed with inbox.claim
         once the earlier one is decided."""
         out: list[tuple[Result, BaseException | None]] = []
-        pipeline = self.pipeline
+        pipeline = _core.use_pipeline(self.pipeline, conn.info)
         switched = await _enter_autocommit(conn, pipeline)
         try:
             cur = conn.cursor(row_factory=tuple_row)
@@ -637,11 +640,12 @@ class AsyncInbox:
     ) -> T:
         """One statement in a transaction of its own: BEGIN + statement, then COMMIT (`extra`: a
         second statement from the first one's value, before COMMIT)."""
-        switched = await _enter_autocommit(conn, self.pipeline)
+        pipeline = _core.use_pipeline(self.pipeline, conn.info)
+        switched = await _enter_autocommit(conn, pipeline)
         try:
             cur = conn.cursor(row_factory=tuple_row)
             try:
-                await _begin_and_execute(conn, cur, query, params, self.pipeline)
+                await _begin_and_execute(conn, cur, query, params, pipeline)
                 rows = await cur.fetchall()
                 value = build(rows)
                 statement = None if extra is None else extra(value)
