@@ -50,7 +50,13 @@ def differs(client_pid: int | None, server_pid: object) -> bool:
 
 def configure(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
     """Never prepare statements on this connection (safe behind a transaction pooler). Usable as the
-    `configure` callback of a psycopg_pool pool, sync or async (it does no I/O)."""
+    `configure` callback of a sync psycopg_pool.ConnectionPool; an AsyncConnectionPool awaits its
+    callback: give it `aconfigure`."""
+    conn.prepare_threshold = None
+
+
+async def aconfigure(conn: psycopg.AsyncConnection[Any]) -> None:
+    """`configure` for a psycopg_pool.AsyncConnectionPool (which awaits its callback)."""
     conn.prepare_threshold = None
 
 
