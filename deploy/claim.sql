@@ -4,6 +4,16 @@
 -- loops are recorded here too, because quarantine is decided on the same identity.
 -- Every function acting under a consumer name first asks whether the caller may act as it
 -- (sql/027_security.sql). Reworked in 0.3.0 (docs/releasing.md).
+-- Every delivery path (claim, claim_bytea, claim_and_apply's _begin_apply, the batches'
+-- _begin_apply_batch, record_start, record_failure) makes the checks it needs in one order,
+-- before it writes:
+-- identity (inbox._identity_ok / _check_identity), may the caller act as the consumer
+-- (inbox._authorize), produced_at (_check_produced_at), delivery (_delivery_ok / _check_delivery)
+-- under the consumer's settings, then the retention heartbeat; claim_and_apply checks its handler
+-- after produced_at, the batch before it. Each path writes the sequence out: the single paths fold
+-- authorization and settings into one query, and a shared PL/pgSQL step would cost a call per
+-- claim (docs/performance.md, "One claim core"). On every claim path an identity that meets an
+-- existing row is decided in inbox._claim_core.
 BEGIN;
 
 SET LOCAL search_path = pg_catalog, pg_temp;
@@ -262,7 +272,7 @@ COMMENT ON FUNCTION inbox._check_produced_at(text, text, text, timestamptz) IS
 -- once their first-delivery INSERT met an existing row (conflicted => true: that INSERT is not
 -- made twice), claim_bytea for every delivery, and the batch for its elements that its set-based
 -- INSERT did not claim. claim and _begin_apply keep their first-delivery INSERT inline: calling
--- this function for it cost 3 % of a claim (docs/performance.md, "One claim core").
+-- this function for it costs a PL/pgSQL call per claim (docs/performance.md, "One claim core").
 -- purge_watermark: the consumer's (its settings); a first delivery produced before it may be a
 -- purged one (inbox._expire_check). message_type, purge_watermark and conflicted came in 0.3.0;
 -- their defaults keep a 0.2.0 caller (apply@v0.2.0, after a revert of apply alone) as it was.
