@@ -8,6 +8,8 @@ schema of bench_claim.py, the LOGIN role bound to consumer 'bench' (authorizatio
 role, procedures that make one call per transaction and COMMIT after each (so per-transaction
 costs count; synchronous_commit off, so the disk does not):
   apply        inbox.claim_and_apply, one message (a new random UUID) and the credit handler
+  claim        inbox.claim, one message (a new random UUID), no handler
+  duplicate    inbox.claim of one of 100 identities claimed already, same payload: 'duplicate'
   batch        inbox.claim_and_apply_batch, 50 messages
   claim_batch  inbox.claim_batch, 50 messages (no handlers)
   enqueue      UPDATE account (one row), then inbox.enqueue_effect (consumer 'bench', destination
@@ -18,7 +20,7 @@ The backend's CPU time (/proc/<pid>/schedstat) over each run is divided by the c
 base and head alternate, and the medians of --runs runs are reported.
 
 Usage:  .venv/bin/python bench/bench_cpu_ab.py [--base b2ab4df] [--rows 1000000] [--runs 7]
-            [--only apply batch claim_batch enqueue plain]
+            [--only apply claim duplicate batch claim_batch enqueue plain]
 """
 
 from __future__ import annotations
@@ -78,6 +80,24 @@ BEGIN
     END LOOP;
 END $$;
 """
+    + """
+CREATE PROCEDURE bench_claim(n integer) LANGUAGE plpgsql AS $$
+BEGIN
+    FOR i IN 1 .. n LOOP
+        PERFORM inbox.claim('bench', 'shop', gen_random_uuid()::text,
+                            jsonb_build_object('account', 1 + (i * 7919) % 100000, 'amount', 1), 'v1');
+        COMMIT;
+    END LOOP;
+END $$;
+CREATE PROCEDURE bench_duplicate(n integer) LANGUAGE plpgsql AS $$
+BEGIN
+    FOR i IN 1 .. n LOOP  -- the warm-up claims the 100 identities; every later call is a duplicate
+        PERFORM inbox.claim('bench', 'shop', 'dup-' || i % 100, jsonb_build_object('account', i % 100, 'amount', 1),
+                            'v1');
+        COMMIT;
+    END LOOP;
+END $$;
+"""
     + BATCH.format(name="batch", function="claim_and_apply_batch", extra="")
     + BATCH.format(name="claim_batch", function="claim_batch", extra=", 'v1'")
     + OUTBOX_SETUP
@@ -93,7 +113,8 @@ END $$;
     + """
 GRANT USAGE ON SCHEMA bench TO {role};
 GRANT SELECT, INSERT ON bench.plain_outbox TO {role};
-GRANT EXECUTE ON PROCEDURE bench_apply(integer), bench_batch(integer), bench_claim_batch(integer),
+GRANT EXECUTE ON PROCEDURE bench_apply(integer), bench_claim(integer), bench_duplicate(integer), bench_batch(integer),
+                           bench_claim_batch(integer),
                            bench_enqueue(integer), bench_plain(integer) TO {role};
 """
 )
@@ -107,6 +128,8 @@ SELECT 'bench', '', 'shop', gen_random_uuid()::text, sha256(g::text::bytea), 'v1
 
 WORKLOADS = {
     "apply": ("bench_apply", 3000),
+    "claim": ("bench_claim", 3000),
+    "duplicate": ("bench_duplicate", 3000),
     "batch": ("bench_batch", 300),
     "claim_batch": ("bench_claim_batch", 300),
     "enqueue": ("bench_enqueue", 5000),

@@ -12,32 +12,42 @@ BEGIN;
 SET LOCAL search_path = pg_catalog, pg_temp;
 SET LOCAL ROLE inbox_owner;
 
+-- The message type rule: a handler's name of 1 to 128 bytes, not blank, without control
+-- characters (22004, 22023, 22001). An accept test and its faults, like the rules of
+-- sql/030_claim.sql.
+CREATE OR REPLACE FUNCTION inbox._message_type_ok(message_type text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN NOT inbox._blank(message_type) AND pg_catalog.octet_length(message_type) OPERATOR(pg_catalog.<=) 128
+       AND NOT inbox._has_control(message_type);
+COMMENT ON FUNCTION inbox._message_type_ok(text) IS 'internal: the message type rule''s accept test (inlined into the hot paths)';
+
+CREATE OR REPLACE FUNCTION inbox._message_type_problem(message_type text) RETURNS text[]
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN CASE
+        WHEN inbox._message_type_ok(message_type) THEN NULL
+        WHEN message_type OPERATOR(pg_catalog.<>) '' AND inbox._blank(message_type)
+        THEN '{22023,"message_type must not be only whitespace","message_type selects the handler registered with inbox.register_handler."}'
+        WHEN inbox._has_control(message_type)
+        THEN '{22023,"message_type must not contain control characters","message_type selects the handler registered with inbox.register_handler."}'
+        ELSE ARRAY[CASE WHEN message_type IS NULL THEN '22004' WHEN message_type OPERATOR(pg_catalog.=) '' THEN '22023'
+                        ELSE '22001' END,
+                   'message_type must be a name of 1 to 128 bytes, got '
+                   OPERATOR(pg_catalog.||) coalesce(pg_catalog.quote_literal(pg_catalog.left(message_type, 40)), 'NULL'),
+                   'message_type selects the handler registered with inbox.register_handler.']
+    END;
+COMMENT ON FUNCTION inbox._message_type_problem(text) IS
+    'internal: the message type rule''s first fault {SQLSTATE, message, hint} (22004, 22023, 22001), NULL when it accepts';
+
 CREATE OR REPLACE FUNCTION inbox._check_message_type(fn text, message_type text) RETURNS void
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
     SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF message_type <> '' AND inbox._blank(message_type) THEN
-        RAISE EXCEPTION '%: message_type must not be only whitespace', fn
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'message_type selects the handler registered with inbox.register_handler.';
-    END IF;
-    IF inbox._has_control(message_type) THEN
-        RAISE EXCEPTION '%: message_type must not contain control characters', fn
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'message_type selects the handler registered with inbox.register_handler.';
-    END IF;
-    IF message_type IS NULL OR message_type = '' OR pg_catalog.octet_length(message_type) > 128 THEN
-        RAISE EXCEPTION '%: message_type must be a name of 1 to 128 bytes, got %', fn,
-            coalesce(pg_catalog.quote_literal(pg_catalog.left(message_type, 40)), 'NULL')
-            USING ERRCODE = CASE WHEN message_type IS NULL THEN 'null_value_not_allowed'
-                                 WHEN message_type = '' THEN 'invalid_parameter_value'
-                                 ELSE 'string_data_right_truncation' END,
-                  HINT = 'message_type selects the handler registered with inbox.register_handler.';
-    END IF;
+    PERFORM inbox._raise_problem(fn, inbox._message_type_problem(message_type));
 END
 $$;
-COMMENT ON FUNCTION inbox._check_message_type(text, text) IS 'internal: validates a message type name';
+COMMENT ON FUNCTION inbox._check_message_type(text, text) IS
+    'internal: raises the message type rule''s problem (inbox._message_type_problem)';
 
 -- The SQLSTATEs that are not a message's fault: serialization failure, deadlock, lock timeout
 -- (40, 55P03), connection (08), resources (53), operator intervention: cancel, shutdown (57). A
@@ -307,8 +317,7 @@ BEGIN
         PERFORM inbox._check_identity('inbox.claim_and_apply', _begin_apply.consumer, _begin_apply.producer,
                                       _begin_apply.message_id, _begin_apply.tenant);
     END IF;
-    IF _begin_apply.message_type IS NULL OR inbox._blank(_begin_apply.message_type)
-       OR pg_catalog.octet_length(_begin_apply.message_type) > 128 OR inbox._has_control(_begin_apply.message_type) THEN
+    IF inbox._message_type_ok(_begin_apply.message_type) IS NOT TRUE THEN
         PERFORM inbox._check_message_type('inbox.claim_and_apply', _begin_apply.message_type);
     END IF;
     -- One query: may the caller act as the consumer (inbox._acting_as, inlined), the handler, and
@@ -382,7 +391,8 @@ BEGIN
     ELSE
         plan.claim := inbox._claim_core(_begin_apply.consumer, _begin_apply.tenant, _begin_apply.producer,
                                         _begin_apply.message_id, hash, version, _begin_apply.produced_at,
-                                        _begin_apply.payload, NULL, settings.store_payloads);
+                                        _begin_apply.payload, NULL, settings.store_payloads, _begin_apply.message_type,
+                                        settings.purge_watermark, conflicted => true);
     END IF;
     RETURN plan;
 END
@@ -503,8 +513,7 @@ BEGIN
         IF inbox._identity_ok(_batch_messages.consumer, producer, message_id, tenant) IS NOT TRUE THEN
             PERFORM inbox._check_identity(what, _batch_messages.consumer, producer, message_id, tenant);
         END IF;
-        IF message_type IS NOT NULL AND (inbox._blank(message_type) OR pg_catalog.octet_length(message_type) > 128
-                                         OR inbox._has_control(message_type)) THEN
+        IF message_type IS NOT NULL AND inbox._message_type_ok(message_type) IS NOT TRUE THEN
             PERFORM inbox._check_message_type(what, message_type);
         END IF;
         produced_at := (item ->> 'produced_at')::timestamptz;
@@ -613,9 +622,7 @@ BEGIN
                             AND e.item ? 'payload'
                             AND (NOT e.item ? 'produced_at' OR jsonb_typeof(e.item -> 'produced_at') IN ('string', 'null'))
                             AND inbox._identity_ok(_begin_apply_batch.consumer, e.producer, e.message_id, e.tenant)
-                            AND (e.message_type IS NULL
-                                 OR NOT (inbox._blank(e.message_type) OR octet_length(e.message_type) > 128
-                                         OR inbox._has_control(e.message_type))),
+                            AND (e.message_type IS NULL OR inbox._message_type_ok(e.message_type)),
                             false) AS shape_ok
               FROM (SELECT x.o, x.item, coalesce(x.item ->> 'tenant', '') AS tenant, x.item ->> 'producer' AS producer,
                            x.item ->> 'message_id' AS message_id, x.item ->> 'message_type' AS message_type,
@@ -741,7 +748,8 @@ BEGIN
                 claims[i] := ROW('repeat', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::inbox.delivery_result;
             ELSIF claimed[i] IS NOT TRUE THEN
                 claims[i] := inbox._claim_core(_begin_apply_batch.consumer, tenants[i], producers[i], ids[i], hashes[i],
-                                               versions[i], produced[i], payloads[i], NULL, settings.store_payloads);
+                                               versions[i], produced[i], payloads[i], NULL, settings.store_payloads,
+                                               types[i], settings.purge_watermark, conflicted => true);
             ELSIF produced[i] < settings.purge_watermark THEN
                 claim := inbox._expire_check(_begin_apply_batch.consumer, tenants[i], producers[i], ids[i], hashes[i],
                                              versions[i], produced[i], types[i], payloads[i], NULL,
@@ -966,7 +974,9 @@ GRANT EXECUTE ON FUNCTION inbox._begin_apply(text, text, text, text, jsonb, text
     inbox._run_handler(regprocedure, boolean, jsonb, inbox.message_context),
     inbox._run_handler_batch(regprocedure, boolean, jsonb[], inbox.message_context[]),
     inbox._check_identity(text, text, text, text, text),
-    inbox._check_message_type(text, text) TO inbox_consumer;
+    inbox._check_message_type(text, text),
+    inbox._message_type_ok(text),
+    inbox._message_type_problem(text) TO inbox_consumer;
 
 
 -- The handlers registered already (an upgrade) get their static calls now.

@@ -5,6 +5,16 @@
 -- loops are recorded here too, because quarantine is decided on the same identity.
 -- Every function acting under a consumer name first asks whether the caller may act as it
 -- (sql/027_security.sql). Reworked in 0.3.0 (docs/releasing.md).
+-- Every delivery path (claim, claim_bytea, claim_and_apply's _begin_apply, the batches'
+-- _begin_apply_batch, record_start, record_failure) makes the checks it needs in one order,
+-- before it writes:
+-- identity (inbox._identity_ok / _check_identity), may the caller act as the consumer
+-- (inbox._authorize), produced_at (_check_produced_at), delivery (_delivery_ok / _check_delivery)
+-- under the consumer's settings, then the retention heartbeat; claim_and_apply checks its handler
+-- after produced_at, the batch before it. Each path writes the sequence out: the single paths fold
+-- authorization and settings into one query, and a shared PL/pgSQL step would cost a call per
+-- claim (docs/performance.md, "One claim core"). On every claim path an identity that meets an
+-- existing row is decided in inbox._claim_core.
 BEGIN;
 
 SET LOCAL search_path = pg_catalog, pg_temp;
@@ -26,7 +36,6 @@ CREATE OR REPLACE FUNCTION inbox.payload_hash(payload jsonb, exclude_keys text[]
         'UTF8'));
 COMMENT ON FUNCTION inbox.payload_hash(jsonb, text[]) IS 'SHA-256 of the canonical payload text, without the excluded top-level keys';
 
--- Rejects a bad identity before anything is written. fn names the public function in messages.
 -- True for a string made only of whitespace (and for ''). Inlined; operators schema-qualified.
 CREATE OR REPLACE FUNCTION inbox._blank(value text) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -40,62 +49,32 @@ CREATE OR REPLACE FUNCTION inbox._has_control(value text) RETURNS boolean
     RETURN value OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f-\x9f]';
 COMMENT ON FUNCTION inbox._has_control(text) IS 'internal: true for a string with a control character (C0, DEL, C1)';
 
-CREATE OR REPLACE FUNCTION inbox._check_identity(fn text, consumer text, producer text, message_id text, tenant text)
-    RETURNS void
+-- Each validation rule is a pair of inlined SQL functions, side by side: _x_ok, the accept test
+-- that the hot paths and the batch evaluate (the planner inlines it into their expression), and
+-- _x_problem, which starts from that test and otherwise names the first fault in the rule's order
+-- as {SQLSTATE, message, hint}. inbox._raise_problem raises a fault; the _check_x functions
+-- (validate, raise if wrong) are that call. The hot paths never evaluate _x_problem: PL/pgSQL
+-- prepares each simple expression again in every transaction, at a cost that grows with the
+-- expression (docs/performance.md, "Validation rules").
+-- Operators schema-qualified: an inlined body runs inside the caller's expression.
+CREATE OR REPLACE FUNCTION inbox._raise_problem(fn text, problem text[]) RETURNS void
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
     SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF consumer IS NULL OR producer IS NULL OR message_id IS NULL OR tenant IS NULL THEN
-        RAISE EXCEPTION '%: % must not be NULL', fn,
-            CASE WHEN consumer IS NULL THEN 'consumer' WHEN producer IS NULL THEN 'producer'
-                 WHEN message_id IS NULL THEN 'message_id' ELSE 'tenant' END
-            USING ERRCODE = 'null_value_not_allowed',
-                  HINT = CASE WHEN message_id IS NULL THEN 'Pass the producer-assigned id of the message.'
-                              WHEN tenant IS NULL THEN 'Use tenant '''' when message ids are global.'
-                              ELSE 'consumer and producer name who applies and who sent the message.' END;
-    END IF;
-    IF consumer = '' OR producer = '' OR message_id = '' THEN
-        RAISE EXCEPTION '%: % must not be empty', fn,
-            CASE WHEN consumer = '' THEN 'consumer' WHEN producer = '' THEN 'producer' ELSE 'message_id' END
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'An empty id cannot tell one message from another.';
-    END IF;
-    IF inbox._blank(consumer) OR inbox._blank(producer) OR inbox._blank(message_id)
-       OR (tenant <> '' AND inbox._blank(tenant)) THEN
-        RAISE EXCEPTION '%: % must not be only whitespace', fn,
-            CASE WHEN inbox._blank(consumer) THEN 'consumer' WHEN inbox._blank(producer) THEN 'producer'
-                 WHEN inbox._blank(message_id) THEN 'message_id' ELSE 'tenant' END
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'A blank name is almost always a bug in the producer or the consumer''s mapping.';
-    END IF;
-    IF inbox._has_control(consumer) OR inbox._has_control(producer) OR inbox._has_control(message_id)
-       OR inbox._has_control(tenant) THEN
-        RAISE EXCEPTION '%: % must not contain control characters', fn,
-            CASE WHEN inbox._has_control(consumer) THEN 'consumer' WHEN inbox._has_control(producer) THEN 'producer'
-                 WHEN inbox._has_control(message_id) THEN 'message_id' ELSE 'tenant' END
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Line breaks, tabs and escape sequences in a name or id would reach terminals and logs raw; use printable characters.';
-    END IF;
-    IF pg_catalog.octet_length(consumer) > 128 OR pg_catalog.octet_length(producer) > 128
-       OR pg_catalog.octet_length(tenant) > 128 THEN
-        RAISE EXCEPTION '%: % is longer than 128 bytes', fn,
-            CASE WHEN pg_catalog.octet_length(consumer) > 128 THEN 'consumer'
-                 WHEN pg_catalog.octet_length(producer) > 128 THEN 'producer' ELSE 'tenant' END
-            USING ERRCODE = 'string_data_right_truncation',
-                  HINT = 'consumer, producer and tenant are names: keep them to 128 bytes.';
-    END IF;
-    IF pg_catalog.octet_length(message_id) > 256 THEN
-        RAISE EXCEPTION '%: message_id is % bytes long, the limit is 256', fn, pg_catalog.octet_length(message_id)
-            USING ERRCODE = 'string_data_right_truncation',
-                  HINT = 'Use the producer''s event or command id, not the payload, as message_id.';
+    IF problem IS NULL THEN
+        RETURN;
+    ELSIF problem[3] IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = problem[1], MESSAGE = fn || ': ' || problem[2];
+    ELSE
+        RAISE EXCEPTION USING ERRCODE = problem[1], MESSAGE = fn || ': ' || problem[2], HINT = problem[3];
     END IF;
 END
 $$;
-COMMENT ON FUNCTION inbox._check_identity(text, text, text, text, text) IS 'internal: validates an identity (22004, 22023 (blank, control characters), 22001)';
+COMMENT ON FUNCTION inbox._raise_problem(text, text[]) IS 'internal: raises a rule''s fault {SQLSTATE, message, hint} as fn''s error';
 
--- The fast checks of the hot paths: inlined by the planner into one boolean expression. Only when
--- one says no does the caller run the _check_* function, which names what is wrong.
+-- The identity rule: consumer, producer, message_id and tenant (22004 NULL, 22023 empty, blank or
+-- with control characters, 22001 too long).
 CREATE OR REPLACE FUNCTION inbox._identity_ok(consumer text, producer text, message_id text, tenant text) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     RETURN NOT inbox._blank(consumer) AND NOT inbox._blank(producer) AND NOT inbox._blank(message_id)
@@ -106,7 +85,65 @@ CREATE OR REPLACE FUNCTION inbox._identity_ok(consumer text, producer text, mess
        AND pg_catalog.octet_length(message_id) OPERATOR(pg_catalog.<=) 256
        AND NOT inbox._has_control(consumer OPERATOR(pg_catalog.||) producer OPERATOR(pg_catalog.||) message_id
                                   OPERATOR(pg_catalog.||) tenant);
-COMMENT ON FUNCTION inbox._identity_ok(text, text, text, text) IS 'internal: true when inbox._check_identity would accept the identity';
+COMMENT ON FUNCTION inbox._identity_ok(text, text, text, text) IS 'internal: the identity rule''s accept test (inlined into the hot paths)';
+
+CREATE OR REPLACE FUNCTION inbox._identity_problem(consumer text, producer text, message_id text, tenant text)
+    RETURNS text[]
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN CASE
+        WHEN inbox._identity_ok(consumer, producer, message_id, tenant) THEN NULL
+        WHEN consumer IS NULL
+        THEN '{22004,"consumer must not be NULL","consumer and producer name who applies and who sent the message."}'
+        WHEN producer IS NULL
+        THEN '{22004,"producer must not be NULL","consumer and producer name who applies and who sent the message."}'
+        WHEN message_id IS NULL THEN '{22004,"message_id must not be NULL","Pass the producer-assigned id of the message."}'
+        WHEN tenant IS NULL THEN '{22004,"tenant must not be NULL","Use tenant '''' when message ids are global."}'
+        WHEN consumer OPERATOR(pg_catalog.=) ''
+        THEN '{22023,"consumer must not be empty","An empty id cannot tell one message from another."}'
+        WHEN producer OPERATOR(pg_catalog.=) ''
+        THEN '{22023,"producer must not be empty","An empty id cannot tell one message from another."}'
+        WHEN message_id OPERATOR(pg_catalog.=) ''
+        THEN '{22023,"message_id must not be empty","An empty id cannot tell one message from another."}'
+        WHEN inbox._blank(consumer)
+        THEN '{22023,"consumer must not be only whitespace","A blank name is almost always a bug in the producer or the consumer''s mapping."}'
+        WHEN inbox._blank(producer)
+        THEN '{22023,"producer must not be only whitespace","A blank name is almost always a bug in the producer or the consumer''s mapping."}'
+        WHEN inbox._blank(message_id)
+        THEN '{22023,"message_id must not be only whitespace","A blank name is almost always a bug in the producer or the consumer''s mapping."}'
+        WHEN tenant OPERATOR(pg_catalog.<>) '' AND inbox._blank(tenant)
+        THEN '{22023,"tenant must not be only whitespace","A blank name is almost always a bug in the producer or the consumer''s mapping."}'
+        WHEN inbox._has_control(consumer OPERATOR(pg_catalog.||) producer OPERATOR(pg_catalog.||) message_id
+                                OPERATOR(pg_catalog.||) tenant)
+        THEN ARRAY['22023',
+                   CASE WHEN inbox._has_control(consumer) THEN 'consumer' WHEN inbox._has_control(producer) THEN 'producer'
+                        WHEN inbox._has_control(message_id) THEN 'message_id' ELSE 'tenant' END
+                   OPERATOR(pg_catalog.||) ' must not contain control characters',
+                   'Line breaks, tabs and escape sequences in a name or id would reach terminals and logs raw; use printable characters.']
+        WHEN pg_catalog.octet_length(consumer) OPERATOR(pg_catalog.>) 128
+        THEN '{22001,"consumer is longer than 128 bytes","consumer, producer and tenant are names: keep them to 128 bytes."}'
+        WHEN pg_catalog.octet_length(producer) OPERATOR(pg_catalog.>) 128
+        THEN '{22001,"producer is longer than 128 bytes","consumer, producer and tenant are names: keep them to 128 bytes."}'
+        WHEN pg_catalog.octet_length(tenant) OPERATOR(pg_catalog.>) 128
+        THEN '{22001,"tenant is longer than 128 bytes","consumer, producer and tenant are names: keep them to 128 bytes."}'
+        WHEN pg_catalog.octet_length(message_id) OPERATOR(pg_catalog.>) 256
+        THEN ARRAY['22001', 'message_id is ' OPERATOR(pg_catalog.||) pg_catalog.octet_length(message_id)::text
+                            OPERATOR(pg_catalog.||) ' bytes long, the limit is 256',
+                   'Use the producer''s event or command id, not the payload, as message_id.']
+    END;
+COMMENT ON FUNCTION inbox._identity_problem(text, text, text, text) IS
+    'internal: the identity rule''s first fault {SQLSTATE, message, hint} (22004, 22023, 22001), NULL when it accepts';
+
+CREATE OR REPLACE FUNCTION inbox._check_identity(fn text, consumer text, producer text, message_id text, tenant text)
+    RETURNS void
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM inbox._raise_problem(fn, inbox._identity_problem(consumer, producer, message_id, tenant));
+END
+$$;
+COMMENT ON FUNCTION inbox._check_identity(text, text, text, text, text) IS
+    'internal: raises the identity rule''s fault (inbox._identity_problem)';
 
 -- The settings of a consumer that has no row: the column defaults of inbox.consumer_config
 -- (a pgTAP test keeps the two in step).
@@ -132,14 +169,42 @@ END
 $$;
 COMMENT ON FUNCTION inbox._settings(text) IS 'internal: a consumer''s settings, defaults when unconfigured';
 
--- Rejects a bad payload or handler version before anything is written. _delivery_ok is the fast,
--- inlined check of the hot paths; _check_delivery names what is wrong.
+-- The delivery rule: the payload's size within the consumer's limit, and the handler version a
+-- name (22004, 54000, 22023, 22001).
 CREATE OR REPLACE FUNCTION inbox._delivery_ok(payload_size integer, max_payload_bytes integer, handler_version text)
     RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
     RETURN payload_size OPERATOR(pg_catalog.<=) max_payload_bytes AND NOT inbox._blank(handler_version)
        AND pg_catalog.octet_length(handler_version) OPERATOR(pg_catalog.<=) 128 AND NOT inbox._has_control(handler_version);
-COMMENT ON FUNCTION inbox._delivery_ok(integer, integer, text) IS 'internal: true when inbox._check_delivery would accept the delivery';
+COMMENT ON FUNCTION inbox._delivery_ok(integer, integer, text) IS 'internal: the delivery rule''s accept test (inlined into the hot paths)';
+
+CREATE OR REPLACE FUNCTION inbox._delivery_problem(payload_size integer, max_payload_bytes integer, handler_version text)
+    RETURNS text[]
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN CASE
+        WHEN inbox._delivery_ok(payload_size, max_payload_bytes, handler_version) THEN NULL
+        WHEN payload_size IS NULL
+        THEN ARRAY['22004', 'payload must not be NULL',
+                   'Pass the message body; use ''{}''::jsonb for a message without one.']
+        WHEN payload_size OPERATOR(pg_catalog.>) max_payload_bytes
+        THEN ARRAY['54000', 'payload is ' OPERATOR(pg_catalog.||) payload_size::text
+                   OPERATOR(pg_catalog.||) ' bytes, the consumer''s limit is '
+                   OPERATOR(pg_catalog.||) max_payload_bytes::text OPERATOR(pg_catalog.||) ' bytes',
+                   'Store large bodies elsewhere and send a reference, or raise max_payload_bytes with inbox.configure_consumer.']
+        WHEN handler_version OPERATOR(pg_catalog.<>) '' AND inbox._blank(handler_version)
+        THEN ARRAY['22023', 'handler_version must not be only whitespace',
+                   'Name the version of the code that applies the message, e.g. ''v1'' or a git sha.']
+        WHEN handler_version IS NULL OR handler_version OPERATOR(pg_catalog.=) ''
+        THEN ARRAY[CASE WHEN handler_version IS NULL THEN '22004' ELSE '22023' END,
+                   'handler_version must not be NULL or empty',
+                   'Name the version of the code that applies the message, e.g. ''v1'' or a git sha.']
+        WHEN pg_catalog.octet_length(handler_version) OPERATOR(pg_catalog.>) 128
+        THEN ARRAY['22001', 'handler_version is longer than 128 bytes']
+        ELSE ARRAY['22023', 'handler_version must not contain control characters',
+                   'Name the version of the code that applies the message, e.g. ''v1'' or a git sha.']
+    END;
+COMMENT ON FUNCTION inbox._delivery_problem(integer, integer, text) IS
+    'internal: the delivery rule''s first fault {SQLSTATE, message, hint} (22004, 54000, 22023, 22001), NULL when it accepts';
 
 CREATE OR REPLACE FUNCTION inbox._check_delivery(fn text, payload_size integer, max_payload_bytes integer, handler_version text)
     RETURNS void
@@ -147,38 +212,11 @@ CREATE OR REPLACE FUNCTION inbox._check_delivery(fn text, payload_size integer, 
     SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF payload_size IS NULL THEN
-        RAISE EXCEPTION '%: payload must not be NULL', fn
-            USING ERRCODE = 'null_value_not_allowed',
-                  HINT = 'Pass the message body; use ''{}''::jsonb for a message without one.';
-    END IF;
-    IF payload_size > max_payload_bytes THEN
-        RAISE EXCEPTION '%: payload is % bytes, the consumer''s limit is % bytes', fn, payload_size, max_payload_bytes
-            USING ERRCODE = 'program_limit_exceeded',
-                  HINT = 'Store large bodies elsewhere and send a reference, or raise max_payload_bytes with inbox.configure_consumer.';
-    END IF;
-    IF handler_version IS NOT NULL AND handler_version <> '' AND inbox._blank(handler_version) THEN
-        RAISE EXCEPTION '%: handler_version must not be only whitespace', fn
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Name the version of the code that applies the message, e.g. ''v1'' or a git sha.';
-    END IF;
-    IF handler_version IS NULL OR handler_version = '' THEN
-        RAISE EXCEPTION '%: handler_version must not be NULL or empty', fn
-            USING ERRCODE = CASE WHEN handler_version IS NULL THEN 'null_value_not_allowed' ELSE 'invalid_parameter_value' END,
-                  HINT = 'Name the version of the code that applies the message, e.g. ''v1'' or a git sha.';
-    END IF;
-    IF pg_catalog.octet_length(handler_version) > 128 THEN
-        RAISE EXCEPTION '%: handler_version is longer than 128 bytes', fn
-            USING ERRCODE = 'string_data_right_truncation';
-    END IF;
-    IF inbox._has_control(handler_version) THEN
-        RAISE EXCEPTION '%: handler_version must not contain control characters', fn
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Name the version of the code that applies the message, e.g. ''v1'' or a git sha.';
-    END IF;
+    PERFORM inbox._raise_problem(fn, inbox._delivery_problem(payload_size, max_payload_bytes, handler_version));
 END
 $$;
-COMMENT ON FUNCTION inbox._check_delivery(text, integer, integer, text) IS 'internal: validates payload size and handler version (22004, 54000, 22023, 22001)';
+COMMENT ON FUNCTION inbox._check_delivery(text, integer, integer, text) IS
+    'internal: raises the delivery rule''s fault (inbox._delivery_problem)';
 
 -- The size a payload is held to: the length of its JSON text. pg_column_size would be the stored
 -- size, compressed for a value read from a table, so a large body could pass a small limit.
@@ -231,9 +269,19 @@ COMMENT ON FUNCTION inbox._check_produced_at(text, text, text, timestamptz) IS
 -- prior SELECT, decides who owns first processing. At READ COMMITTED a concurrent claimer waits
 -- for the first one to commit (then sees it) or abort (then claims). At REPEATABLE READ and above
 -- PostgreSQL raises 40001 instead: the caller retries the whole transaction and sees a duplicate.
+-- Every delivery path decides a claimed identity here: claim and claim_and_apply's _begin_apply
+-- once their first-delivery INSERT met an existing row (conflicted => true: that INSERT is not
+-- made twice), claim_bytea for every delivery, and the batch for its elements that its set-based
+-- INSERT did not claim. claim and _begin_apply keep their first-delivery INSERT inline: calling
+-- this function for it costs a PL/pgSQL call per claim (docs/performance.md, "One claim core").
+-- purge_watermark: the consumer's (its settings); a first delivery produced before it may be a
+-- purged one (inbox._expire_check). message_type, purge_watermark and conflicted came in 0.3.0;
+-- their defaults keep a 0.2.0 caller (apply@v0.2.0, after a revert of apply alone) as it was.
+DROP FUNCTION IF EXISTS inbox._claim_core(text, text, text, text, bytea, text, timestamptz, jsonb, bytea, boolean);
 CREATE OR REPLACE FUNCTION inbox._claim_core(
     consumer text, tenant text, producer text, message_id text, payload_hash bytea, handler_version text,
-    produced_at timestamptz, payload jsonb, payload_bytes bytea, store_payload boolean)
+    produced_at timestamptz, payload jsonb, payload_bytes bytea, store_payload boolean,
+    message_type text DEFAULT NULL, purge_watermark timestamptz DEFAULT 'infinity', conflicted boolean DEFAULT false)
     RETURNS inbox.delivery_result
     LANGUAGE plpgsql VOLATILE
 AS $$
@@ -241,31 +289,34 @@ DECLARE
     result inbox.delivery_result;
     existing inbox.message;
 BEGIN
-    result.payload_sha256 := pg_catalog.encode(payload_hash, 'hex');
     -- A purge may delete the existing row between our INSERT and our SELECT: then try again.
+    -- conflicted: the caller's own INSERT of this row met an existing one just now (claim,
+    -- _begin_apply, the batch): look it up first.
     FOR round IN 1..3 LOOP
-        INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version,
-                                   produced_at, processed_at)
-        VALUES (_claim_core.consumer, _claim_core.tenant, _claim_core.producer, _claim_core.message_id,
-                _claim_core.payload_hash, _claim_core.handler_version, _claim_core.produced_at, now())
-        ON CONFLICT ON CONSTRAINT message_pkey DO NOTHING;
-        IF FOUND THEN
-            -- A first delivery (also after a purge deleted the row we conflicted with): check the
-            -- purge watermark (sql/075_retention.sql).
-            IF _claim_core.produced_at IS NOT NULL THEN
-                result := coalesce(inbox._expire_check(_claim_core.consumer, _claim_core.tenant, _claim_core.producer,
-                                                       _claim_core.message_id, _claim_core.payload_hash,
-                                                       _claim_core.handler_version, _claim_core.produced_at, NULL,
-                                                       _claim_core.payload, _claim_core.payload_bytes,
-                                                       _claim_core.store_payload), result);
-                IF result.outcome IS NOT NULL THEN
-                    RETURN result;
+        IF round > 1 OR NOT _claim_core.conflicted THEN
+            INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version,
+                                       produced_at, processed_at)
+            VALUES (_claim_core.consumer, _claim_core.tenant, _claim_core.producer, _claim_core.message_id,
+                    _claim_core.payload_hash, _claim_core.handler_version, _claim_core.produced_at, now())
+            ON CONFLICT ON CONSTRAINT message_pkey DO NOTHING;
+            IF FOUND THEN
+                -- A first delivery (also after a purge deleted the row we conflicted with). Produced
+                -- before the purge watermark: maybe purged already, so expired, not new
+                -- (sql/075_retention.sql).
+                IF _claim_core.produced_at < _claim_core.purge_watermark THEN
+                    result := inbox._expire_check(_claim_core.consumer, _claim_core.tenant, _claim_core.producer,
+                                                  _claim_core.message_id, _claim_core.payload_hash,
+                                                  _claim_core.handler_version, _claim_core.produced_at,
+                                                  _claim_core.message_type, _claim_core.payload,
+                                                  _claim_core.payload_bytes, _claim_core.store_payload);
+                    IF result.outcome IS NOT NULL THEN
+                        RETURN result;
+                    END IF;
                 END IF;
+                -- The path every message takes once: one expression, no field assignments.
+                RETURN ROW('claimed', pg_catalog.encode(_claim_core.payload_hash, 'hex'), NULL, _claim_core.handler_version,
+                           now(), NULL, NULL, NULL, NULL)::inbox.delivery_result;
             END IF;
-            result.outcome := 'claimed';
-            result.handler_version := _claim_core.handler_version;
-            result.processed_at := now();
-            RETURN result;
         END IF;
         SELECT m.* INTO existing
           FROM inbox.message m
@@ -277,6 +328,7 @@ BEGIN
         RAISE EXCEPTION 'inbox.claim: the identity kept disappearing under a concurrent purge'
             USING ERRCODE = 'serialization_failure', HINT = 'Retry the transaction.';
     END IF;
+    result.payload_sha256 := pg_catalog.encode(_claim_core.payload_hash, 'hex');
 
     -- A hold announced by record_start without a payload has no hash: report NULL, not ''.
     result.stored_sha256 := pg_catalog.encode(nullif(existing.payload_sha256, '\x'::bytea), 'hex');
@@ -327,7 +379,8 @@ BEGIN
     RETURN result;
 END
 $$;
-COMMENT ON FUNCTION inbox._claim_core(text, text, text, text, bytea, text, timestamptz, jsonb, bytea, boolean) IS 'internal: the claim on a validated, hashed delivery';
+COMMENT ON FUNCTION inbox._claim_core(text, text, text, text, bytea, text, timestamptz, jsonb, bytea, boolean, text, timestamptz, boolean) IS
+    'internal: the claim on a validated, hashed delivery: claimed, duplicate, conflict, quarantined or expired';
 
 CREATE OR REPLACE FUNCTION inbox.claim(
     consumer text, producer text, message_id text, payload jsonb, handler_version text DEFAULT 'unversioned',
@@ -392,8 +445,10 @@ BEGIN
         RETURN ROW('claimed', pg_catalog.encode(hash, 'hex'), NULL, claim.handler_version, now(), NULL, NULL, NULL,
                    NULL)::inbox.delivery_result;
     END IF;
+    -- Claimed before (or by a concurrent claimer): the outcome is decided in inbox._claim_core.
     RETURN inbox._claim_core(claim.consumer, claim.tenant, claim.producer, claim.message_id, hash,
-                             claim.handler_version, claim.produced_at, claim.payload, NULL, settings.store_payloads);
+                             claim.handler_version, claim.produced_at, claim.payload, NULL, settings.store_payloads,
+                             NULL, settings.purge_watermark, conflicted => true);
 END
 $$;
 COMMENT ON FUNCTION inbox.claim(text, text, text, jsonb, text, text, timestamptz) IS
@@ -424,7 +479,7 @@ BEGIN
     END IF;
     RETURN inbox._claim_core(claim_bytea.consumer, claim_bytea.tenant, claim_bytea.producer, claim_bytea.message_id,
                              sha256(claim_bytea.payload), claim_bytea.handler_version, claim_bytea.produced_at,
-                             NULL, claim_bytea.payload, settings.store_payloads);
+                             NULL, claim_bytea.payload, settings.store_payloads, NULL, settings.purge_watermark);
 END
 $$;
 COMMENT ON FUNCTION inbox.claim_bytea(text, text, text, bytea, text, text, timestamptz) IS
@@ -782,5 +837,9 @@ GRANT EXECUTE ON FUNCTION inbox.payload_hash(jsonb, text[]) TO inbox_consumer, i
 REVOKE EXECUTE ON FUNCTION inbox.payload_hash(jsonb, text[]) FROM inbox_reader;
 GRANT EXECUTE ON FUNCTION inbox._reason_code(text, text) TO inbox_consumer, inbox_operator;
 GRANT EXECUTE ON FUNCTION inbox._blank(text), inbox._has_control(text) TO inbox_consumer, inbox_operator;
+-- inbox._check_identity runs with its caller's rights (the consumers' invoker functions call it):
+-- the rule and the raise it calls too.
+GRANT EXECUTE ON FUNCTION inbox._identity_ok(text, text, text, text), inbox._identity_problem(text, text, text, text),
+    inbox._raise_problem(text, text[]) TO inbox_consumer;
 
 COMMIT;

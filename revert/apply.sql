@@ -1,4 +1,4 @@
--- Revert pginbox:apply to @v0.2.0: the released functions again (deploy/apply@v0.2.0.sql) (its dispatcher is generated again by the released _generate_dispatcher).
+-- Revert pginbox:apply to @v0.2.0: the released functions again (deploy/apply@v0.2.0.sql) (its dispatcher is generated again by the released _generate_dispatcher), then the functions this version added.
 -- pginbox: claim_and_apply. One round trip per message: claim the identity, run the registered SQL
 -- handler with the caller's rights, and let both commit with the caller's transaction. A handler's
 -- permanent error rolls back its writes and the claim (a subtransaction) and is recorded; a
@@ -945,5 +945,7 @@ GRANT EXECUTE ON FUNCTION inbox._begin_apply(text, text, text, text, jsonb, text
 
 -- The handlers registered already (an upgrade) get their static calls now.
 DO $$ BEGIN PERFORM inbox._generate_dispatcher(); END $$;
+
+DROP FUNCTION inbox._message_type_problem(text), inbox._message_type_ok(text);
 
 COMMIT;

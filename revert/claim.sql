@@ -1,4 +1,4 @@
--- Revert pginbox:claim to @v0.2.0: the released functions again (deploy/claim@v0.2.0.sql), then the function this version added.
+-- Revert pginbox:claim to @v0.2.0: the released functions again (deploy/claim@v0.2.0.sql), then the functions this version added.
 -- pginbox: the claim. inbox.claim takes a message identity inside the caller's transaction; the
 -- caller then makes its domain change and both commit or roll back together. Failures and crash
 -- loops are recorded here too, because quarantine is decided on the same identity.
@@ -8,6 +8,10 @@ BEGIN;
 
 SET LOCAL search_path = pg_catalog, pg_temp;
 SET LOCAL ROLE inbox_owner;
+
+-- This version's _claim_core took three more arguments: the released one is created again below.
+DROP FUNCTION IF EXISTS inbox._claim_core(text, text, text, text, bytea, text, timestamptz, jsonb, bytea, boolean,
+                                          text, timestamptz, boolean);
 
 -- The semantic hash: SHA-256 of jsonb's canonical text (key order and whitespace normalised),
 -- with the named top-level keys of an object left out. Number scale is not normalised: 1.0 and
@@ -756,6 +760,10 @@ REVOKE EXECUTE ON FUNCTION inbox.payload_hash(jsonb, text[]) FROM inbox_reader;
 GRANT EXECUTE ON FUNCTION inbox._reason_code(text, text) TO inbox_consumer, inbox_operator;
 GRANT EXECUTE ON FUNCTION inbox._blank(text) TO inbox_consumer, inbox_operator;
 
+-- This version granted the identity rule's accept test to consumers (inbox._check_identity calls it).
+REVOKE EXECUTE ON FUNCTION inbox._identity_ok(text, text, text, text) FROM inbox_consumer;
+DROP FUNCTION inbox._identity_problem(text, text, text, text), inbox._delivery_problem(integer, integer, text),
+    inbox._raise_problem(text, text[]);
 DROP FUNCTION inbox._has_control(text);
 
 COMMIT;

@@ -3,6 +3,9 @@ BEGIN;
 
 SET LOCAL search_path = pg_catalog, pg_temp;
 
+-- 0.3.0: the message type rule, an accept test and its faults.
+SELECT 1 / (inbox._message_type_ok('t') AND (inbox._message_type_problem(' '))[1] = '22023')::integer;
+
 DO $verify$
 BEGIN
     IF pg_catalog.has_function_privilege('public', 'inbox._check_message_type(text, text)', 'EXECUTE') THEN

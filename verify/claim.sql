@@ -12,6 +12,12 @@ SELECT 'inbox._delivery_ok(integer, integer, text)'::regprocedure, 'inbox._check
        'inbox._identity_ok(text, text, text, text)'::regprocedure, 'inbox._blank(text)'::regprocedure,
        'inbox._payload_size(jsonb)'::regprocedure, 'inbox._default_clock_tolerance()'::regprocedure,
        'inbox._check_produced_at(text, text, text, timestamptz)'::regprocedure;
+-- 0.3.0: each rule an accept test and its faults, raised by one function.
+SELECT 'inbox._identity_problem(text, text, text, text)'::regprocedure,
+       'inbox._delivery_problem(integer, integer, text)'::regprocedure,
+       'inbox._raise_problem(text, text[])'::regprocedure;
+SELECT 1 / (inbox._identity_problem('c', 'p', 'm', '') IS NULL
+            AND (inbox._identity_problem('c', 'p', '', ''))[1] = '22023')::integer;
 -- 0.2.0: claims are authorized (the claim asks inbox._acting_as), readers get no hash function.
 SELECT 1 / (p.prosrc LIKE '%inbox._acting_as(%')::integer FROM pg_catalog.pg_proc p
  WHERE p.oid = 'inbox.claim(text, text, text, jsonb, text, text, timestamptz)'::regprocedure;
@@ -22,8 +28,8 @@ BEGIN
     IF pg_catalog.has_function_privilege('public', 'inbox._check_delivery(text, integer, integer, text)', 'EXECUTE') THEN
         RAISE EXCEPTION 'PUBLIC can execute inbox._check_delivery(text, integer, integer, text)';
     END IF;
-    IF pg_catalog.has_function_privilege('public', 'inbox._claim_core(text, text, text, text, bytea, text, timestamptz, jsonb, bytea, boolean)', 'EXECUTE') THEN
-        RAISE EXCEPTION 'PUBLIC can execute inbox._claim_core(text, text, text, text, bytea, text, timestamptz, jsonb, bytea, boolean)';
+    IF pg_catalog.has_function_privilege('public', 'inbox._claim_core(text, text, text, text, bytea, text, timestamptz, jsonb, bytea, boolean, text, timestamptz, boolean)', 'EXECUTE') THEN
+        RAISE EXCEPTION 'PUBLIC can execute inbox._claim_core(text, text, text, text, bytea, text, timestamptz, jsonb, bytea, boolean, text, timestamptz, boolean)';
     END IF;
     IF pg_catalog.has_function_privilege('public', 'inbox.claim(text, text, text, jsonb, text, text, timestamptz)', 'EXECUTE') THEN
         RAISE EXCEPTION 'PUBLIC can execute inbox.claim(text, text, text, jsonb, text, text, timestamptz)';

@@ -7,7 +7,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(87);
+SELECT plan(93);
 
 -- ------------------------------------------------------------------ schema, tables, types
 SELECT has_schema('inbox', 'schema inbox exists');
@@ -219,6 +219,54 @@ SELECT throws_ok($$SELECT inbox._check_identity('f', 'c', '', 'm', '')$$, '22023
                  '_check_identity: empty producer');
 SELECT throws_ok($$SELECT inbox._check_identity('f', 'c', 'p', repeat('é', 129), '')$$, '22001',
                  'f: message_id is 258 bytes long, the limit is 256', '_check_identity counts bytes, not characters');
+
+-- ------------------------------------------------------------------ the rules: accept test and faults agree
+-- Each rule is an inlined accept test (_x_ok) and its faults (_x_problem): over inputs that hit
+-- every branch, the test accepts exactly when there is no fault, and a fault is a SQLSTATE, a
+-- message and a hint or none.
+SELECT is((SELECT count(*)::integer FROM (VALUES ('c', 'p', 'm', ''), ('c', 'p', 'm', 't'), (NULL, 'p', 'm', ''),
+                                                 ('c', NULL, 'm', ''), ('c', 'p', NULL, ''), ('c', 'p', 'm', NULL),
+                                                 ('', 'p', 'm', ''), ('c', '', 'm', ''), ('c', 'p', '', ''),
+                                                 (' ', 'p', 'm', ''), ('c', E'\t', 'm', ''), ('c', 'p', ' ', ''),
+                                                 ('c', 'p', 'm', ' '), (E'c\n', 'p', 'm', ''), ('c', E'p\x1b', 'm', ''),
+                                                 ('c', 'p', E'm\r', ''), ('c', 'p', 'm', E't\x7f'),
+                                                 (repeat('c', 129), 'p', 'm', ''), ('c', repeat('p', 129), 'm', ''),
+                                                 ('c', 'p', 'm', repeat('t', 129)), ('c', 'p', repeat('m', 257), ''),
+                                                 (repeat('c', 128), repeat('p', 128), repeat('m', 256), repeat('t', 128))
+                                         ) v(c, p, m, t)
+            WHERE (inbox._identity_ok(v.c, v.p, v.m, v.t) IS TRUE) <> (inbox._identity_problem(v.c, v.p, v.m, v.t) IS NULL)
+               OR cardinality(inbox._identity_problem(v.c, v.p, v.m, v.t)) NOT IN (3)),
+          0, '_identity_ok accepts exactly what _identity_problem finds no fault in');
+SELECT is((SELECT count(*)::integer FROM (VALUES (1, 'v'), (NULL, 'v'), (11, 'v'), (1, NULL), (1, ''), (1, ' '),
+                                                 (1, repeat('v', 129)), (1, E'v\n'), (10, repeat('v', 128))) v(size, version)
+            WHERE (inbox._delivery_ok(v.size, 10, v.version) IS TRUE) <> (inbox._delivery_problem(v.size, 10, v.version) IS NULL)
+               OR cardinality(inbox._delivery_problem(v.size, 10, v.version)) NOT IN (2, 3)),
+          0, '_delivery_ok accepts exactly what _delivery_problem finds no fault in');
+SELECT is((SELECT count(*)::integer FROM (VALUES ('t'), (NULL), (''), (' '), (E't\n'), (repeat('t', 129)), (repeat('t', 128))) v(t)
+            WHERE (inbox._message_type_ok(v.t) IS TRUE) <> (inbox._message_type_problem(v.t) IS NULL)
+               OR cardinality(inbox._message_type_problem(v.t)) NOT IN (3)),
+          0, '_message_type_ok accepts exactly what _message_type_problem finds no fault in');
+SELECT throws_ok($$SELECT inbox._check_delivery('f', 11, 10, 'v')$$, '54000',
+                 'f: payload is 11 bytes, the consumer''s limit is 10 bytes', '_check_delivery raises the size fault');
+SELECT throws_ok($$SELECT inbox._check_message_type('f', NULL)$$, '22004',
+                 'f: message_type must be a name of 1 to 128 bytes, got NULL', '_check_message_type raises the NULL fault');
+-- The accept tests are inlined where the hot paths and the batch use them: the plan shows the
+-- expression, not a call.
+CREATE TEMP TABLE pgtap_rule_args (c text, p text, m text, t text, n integer);
+CREATE FUNCTION pg_temp.pgtap_plan(query text) RETURNS text LANGUAGE plpgsql AS $plan$
+DECLARE
+    line text;
+    plan text := '';
+BEGIN
+    FOR line IN EXECUTE 'EXPLAIN (VERBOSE, COSTS OFF) ' || query LOOP
+        plan := plan || line || E'\n';
+    END LOOP;
+    RETURN plan;
+END
+$plan$;
+SELECT unalike(pg_temp.pgtap_plan($$SELECT inbox._identity_ok(c, p, m, t), inbox._delivery_ok(n, n, t),
+                                          inbox._message_type_ok(t) FROM pgtap_rule_args$$),
+               '%\_ok(%', 'the accept tests are inlined (the plan shows their expressions, no call)');
 
 -- ------------------------------------------------------------------ ownership
 SELECT is((SELECT count(*)::integer FROM pg_catalog.pg_class c
