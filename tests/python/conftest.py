@@ -1,8 +1,18 @@
-"""Fixtures: every test runs against a real PostgreSQL.
+"""Fixtures and tiers.
+
+Tiers: a test's folder gives it its marker (pytest_collection_modifyitems): unit/ (no database:
+must not take pg_base, template_db, db_dsn, conn ...), integration/ (PostgreSQL only), e2e/
+(brokers, chains, crashes, failover, private clusters, PgBouncer, other languages). Select with
+`-m unit`, `-m "not e2e"` ...; docs/development.md.
+
+Under pytest-xdist each worker has its own template database (its name carries the worker id), so
+workers never share a database; roles are cluster-wide, so tests name theirs uniquely (or share an
+xdist_group when a name is fixed by the docs).
 
 pg_base          (session)  conninfo without dbname: $PGINBOX_TEST_DSN_BASE (tests/run sets it),
                             else a private cluster started for this session.
-template_db      (session)  name of a database deployed once per session with `sqitch deploy`.
+template_db      (session)  name of a database deployed once per session (per xdist worker) with
+                            `sqitch deploy`.
 db_dsn           (function) conninfo of a fresh clone of template_db, dropped afterwards.
 conn             (function) autocommit connection to db_dsn.
 private_cluster  (function) a cluster of its own (schema deployed in database `pginbox`) that a
@@ -39,8 +49,23 @@ from pginbox.devtools.cluster import Cluster
 from pginbox.schema import sqitch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TEMPLATE_DB = "pginbox_test_template"
+TIERS = ("unit", "integration", "e2e")
+# "gw0", "gw1" ... under pytest-xdist; "main" when run without -n.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
+TEMPLATE_DB = f"pginbox_test_template_{WORKER}"
 PRIVATE_DB = "pginbox"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its tier, the name of the folder below tests/python it lives in."""
+    tests_dir = Path(__file__).resolve().parent
+    for item in items:
+        try:
+            tier = item.path.resolve().relative_to(tests_dir).parts[0]
+        except ValueError:
+            continue
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
 
 
 def sqitch_project() -> Path | None:
@@ -128,11 +153,23 @@ def pg_base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def template_db(pg_base: str) -> Iterator[str]:
+    """Deployed with sqitch once per worker. Concurrent deploys in one cluster race on the
+    cluster-wide roles that the first change creates when missing (a unique violation on
+    pg_authid): an advisory lock of the cluster's postgres database serializes them."""
+    with psycopg.connect(dsn_for(pg_base, "postgres"), autocommit=True) as lock:
+        lock.execute("SELECT pg_advisory_lock(hashtext('pginbox tests: template deploy'))")
+        try:
+            _build_template(pg_base)
+        finally:
+            lock.execute("SELECT pg_advisory_unlock(hashtext('pginbox tests: template deploy'))")
+    yield TEMPLATE_DB
+    drop_database(pg_base, TEMPLATE_DB)
+
+
+def _build_template(pg_base: str) -> None:
     drop_database(pg_base, TEMPLATE_DB)
     create_database(pg_base, TEMPLATE_DB)
     sqitch.deploy(dsn_for(pg_base, TEMPLATE_DB), project=sqitch_project())
-    yield TEMPLATE_DB
-    drop_database(pg_base, TEMPLATE_DB)
 
 
 @pytest.fixture

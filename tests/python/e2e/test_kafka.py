@@ -30,6 +30,7 @@ import pytest
 from helpers_brokers import ConsumerThread, wait_for
 from helpers_inbox import ledger_counts, setup_domain
 from helpers_kafka import Tansu, start_tansu
+from helpers_paths import pythonpath
 
 from pginbox.client.outcomes import Message
 from pginbox.consumer import Consumer, load_consume_config
@@ -179,7 +180,7 @@ def test_sigkill_mid_batch_skips_nothing_applies_nothing_twice(tansu: Tansu, con
     env = {
         **os.environ,
         "PGINBOX_DSN": db_dsn,
-        "PYTHONPATH": os.path.dirname(__file__),
+        "PYTHONPATH": pythonpath(),
         **{
             f"PGINBOX_CONSUME_{k.upper()}": str(v)
             for k, v in settings(tansu, topic, handler="test_kafka:slow_credit", prefetch=20).items()

@@ -18,11 +18,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from helpers_paths import pythonpath
 
 from pginbox.dispatcher import CallableTransport, DeliveryReport, Dispatcher, Effect
 
 Conn = psycopg.Connection[tuple[Any, ...]]
-HERE = Path(__file__).resolve().parent
 
 
 class Recorder:
@@ -212,7 +212,7 @@ def test_cli_dispatch_once_with_a_callable(conn: Conn, db_dsn: str, tmp_path: Pa
     env = {
         **os.environ,
         "PGINBOX_TEST_SINK": str(sink),
-        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": pythonpath(),
     }
     result = subprocess.run(
         [
@@ -249,7 +249,7 @@ def _dispatch_once(db_dsn: str, sink: Path, *, name: str = "cron") -> subprocess
     env = {
         **os.environ,
         "PGINBOX_TEST_SINK": str(sink),
-        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": pythonpath(),
     }
     return subprocess.run(
         [
@@ -319,7 +319,7 @@ def test_cli_daemon_finishes_in_flight_work_on_sigterm(conn: Conn, db_dsn: str, 
     env = {
         **os.environ,
         "PGINBOX_TEST_SINK": str(sink),
-        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": pythonpath(),
     }
     with subprocess.Popen(
         [
@@ -609,7 +609,7 @@ def test_run_once_gives_up_on_persistent_claim_errors(conn: Conn, no_dispatcher_
 
 def test_cli_dispatch_once_exits_non_zero_when_claims_keep_failing(conn: Conn, no_dispatcher_role: str) -> None:
     enqueue(conn, "never-claimed")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": pythonpath()}
     result = subprocess.run(
         [
             *_pginbox(),

@@ -29,6 +29,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 from conftest import REPO_ROOT
+from helpers_paths import pythonpath
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import Jsonb
 from test_cli import Entries, cli, fails
@@ -40,7 +41,6 @@ from pginbox.cli import main
 HANDLER = "billing_handlers:recredit"
 CLAIM = "SELECT inbox.claim('billing', 'shop', %s, %s, handler_version => %s)"
 SLOW = "billing_handlers:recredit_slow"
-TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture
@@ -290,7 +290,7 @@ def test_a_runner_killed_mid_plan_then_run_again_applies_each_item_once(
         "SELECT count(*) FROM pg_stat_activity WHERE usename = %s AND datname = current_database()"
         " AND state = 'idle in transaction'"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": pythonpath()}
     command = [sys.executable, "-m", "pginbox", "replay", "run", str(plan_id), "--python", SLOW, "--dsn", service]
     with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
         wait_until(lambda: applied(conn, plan_id) >= 3, "three items applied")

@@ -26,12 +26,12 @@ from typing import Any
 import psycopg
 import pytest
 from _dispatch_sink import DedupSink
+from helpers_paths import pythonpath
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pginbox.transports.effect import idempotency_key
 
 Conn = psycopg.Connection[tuple[Any, ...]]
-HERE = Path(__file__).resolve().parent
 
 
 def pginbox_cmd() -> list[str]:
@@ -84,7 +84,7 @@ class DispatchProcess:
         self.log_path = workdir / f"{name}.log"
         self.health_port = health_port
         extra = ["--health-port", str(health_port)] if health_port is not None else []
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+        env = {**os.environ, "PYTHONPATH": pythonpath()}
         with open(self.stdout_path, "w") as out, open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
                 [*pginbox_cmd(), "--dsn", dsn, "dispatch", "--name", name, *extra, *args],

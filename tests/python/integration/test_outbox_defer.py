@@ -19,13 +19,13 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner
+from helpers_paths import pythonpath
 from prometheus_client import generate_latest
 
 from pginbox.cli import main
 from pginbox.dispatcher import CallableTransport, Dispatcher
 
 Conn = psycopg.Connection[tuple[Any, ...]]
-HERE = Path(__file__).resolve().parent
 DEFER = "SELECT * FROM inbox.defer_effects(%s::text[], %s::bigint[], %s::text[], %s::text[], %s::interval)"
 
 
@@ -144,7 +144,7 @@ def test_sighup_reloads_destinations_without_dropping_leases(conn: Conn, db_dsn:
     env = {
         **os.environ,
         "PGINBOX_TEST_SINK": str(sink),
-        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": pythonpath(),
     }
     script = Path(sys.executable).parent / "pginbox"
     command = [str(script)] if script.is_file() else [sys.executable, "-m", "pginbox"]

@@ -24,7 +24,7 @@ from psycopg.conninfo import conninfo_to_dict
 from pginbox import __version__
 from pginbox.cli import main
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "operations.md"
 Conn = psycopg.Connection[tuple[Any, ...]]
 
 

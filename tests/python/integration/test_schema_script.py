@@ -305,7 +305,7 @@ def test_registry_ddl_is_sqitchs_file() -> None:
         check=True,
     ).stdout
     sqitch_file = Path(found).with_name("pg.sql")
-    ours = Path(__file__).resolve().parents[2] / "python" / "pginbox" / "schema" / "sqitch_registry_pg.sql"
+    ours = Path(__file__).resolve().parents[3] / "python" / "pginbox" / "schema" / "sqitch_registry_pg.sql"
     assert ours.read_bytes() == sqitch_file.read_bytes()
 
 

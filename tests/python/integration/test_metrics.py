@@ -35,7 +35,7 @@ from pginbox import Inbox, Message, Outcome, RetryPolicy
 from pginbox.consumer import Consumer, load_consume_config
 from pginbox.ops.metrics import DatabaseCollector, InboxCollector
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RULES = ROOT / "docs" / "alerts" / "pginbox.rules.yml"
 PGINBOX = [sys.executable, "-m", "pginbox"]
 

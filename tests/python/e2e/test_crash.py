@@ -16,7 +16,6 @@ import sys
 import threading
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -39,12 +38,13 @@ from helpers_inbox import (
     setup_domain,
     wait_until,
 )
+from helpers_paths import TESTS_DIR
 
 from pginbox.devtools.cluster import Cluster
 
 Conn = psycopg.Connection[Any]
 
-CHILD = Path(__file__).with_name("_crash_child.py")
+CHILD = TESTS_DIR / "_crash_child.py"
 FIRST = {"claim": "claimed", "claim_and_apply": "applied"}
 
 

@@ -29,7 +29,7 @@ from pginbox.consumer import Consumer, load_consume_config
 from pginbox.dispatcher import CallableTransport, Dispatcher
 from pginbox.ops.metrics import DatabaseCollector, InboxCollector
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DASHBOARD = ROOT / "docs" / "grafana" / "pginbox.json"
 RULES = ROOT / "docs" / "alerts" / "pginbox.rules.yml"
 

@@ -14,7 +14,7 @@ from pginbox.client.retry import TransientKind, classify
 from pginbox.errors import SQLSTATE_NAMES
 from pginbox.sqlstates import SQLSTATES, condition
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # ERRCODE = 'name' or '12345', and the branches of ERRCODE = CASE ... END
 _ERRCODE = re.compile(r"ERRCODE\s*=\s*(CASE\b.*?\bEND|'[^']*')", re.IGNORECASE | re.DOTALL)
 _QUOTED = re.compile(r"'([A-Za-z0-9_]+)'")

@@ -30,6 +30,7 @@ import psycopg
 import pytest
 from conftest import REPO_ROOT, create_database, drop_database, dsn_for, make_cluster, sqitch_project
 from helpers_brokers import ConsumerThread, Out, channel, make_consumer, wait_for
+from helpers_paths import pythonpath
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.types.json import Jsonb
@@ -683,7 +684,7 @@ def test_dispatch_serves_several_shards(pg_base: str, template_db: str, tmp_path
         env = {
             **os.environ,
             "PGINBOX_TEST_SINK": str(sink),
-            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]),
+            "PYTHONPATH": pythonpath(),
         }
         argv = [sys.executable, "-m", "pginbox", "dispatch", "--once", "--name", "sharded", "--batch-size", "2"]
         argv += ["--callable", "sink=_dispatch_sink:record"]

@@ -27,6 +27,7 @@ import psycopg
 import pytest
 from helpers_inbox import assert_applied_exactly, failed_attempts, inbox_rows, setup_domain
 from helpers_library import CREDIT_SQL, credit_args, message
+from helpers_paths import pythonpath
 from helpers_pgbouncer import PgBouncer, free_port
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
@@ -326,7 +327,7 @@ def test_cli_dispatch_reads_the_listen_dsn_from_the_environment(
     env = {
         **os.environ,
         "PGINBOX_TEST_SINK": str(tmp_path / "sink.txt"),
-        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": pythonpath(),
     }
     if listen_dsn:
         env["PGINBOX_DISPATCH_LISTEN_DSN"] = db_dsn

@@ -17,7 +17,7 @@ import psycopg
 from pginbox import __version__
 from pginbox.schema.compat import BREAKING_SCHEMA_VERSIONS, KNOWN_SCHEMA_RELEASE, KNOWN_SCHEMA_VERSION
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _pginbox(*args: str) -> subprocess.CompletedProcess[str]:

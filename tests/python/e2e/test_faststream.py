@@ -27,6 +27,7 @@ import pytest
 from helpers_brokers import Channel, Out, channel, wait_for
 from helpers_celery import grant_domain
 from helpers_inbox import ledger_counts, setup_domain
+from helpers_paths import TESTS_DIR
 from psycopg_pool import AsyncConnectionPool
 
 from pginbox import AsyncInbox, Message, RetryPolicy
@@ -35,7 +36,6 @@ from pginbox.integrations.faststream import close, inbox_subscriber, subscriptio
 pytestmark = pytest.mark.timeout(180)
 Conn = psycopg.Connection[tuple[Any, ...]]
 BROKERS = ("rabbitmq", "nats", "redis")
-HERE = Path(__file__).resolve().parent
 
 
 async def credit(cur: psycopg.AsyncCursor[Any], message: Message) -> None:
@@ -236,7 +236,7 @@ def test_sigkill_mid_message_redelivered_and_applied_once(broker: str, conn: Con
         def start(log: Path, with_mark: bool) -> subprocess.Popen[bytes]:
             with log.open("wb") as out:
                 proc = subprocess.Popen(
-                    [sys.executable, str(HERE / "_faststream_app.py")],
+                    [sys.executable, str(TESTS_DIR / "_faststream_app.py")],
                     env={**env, "PGINBOX_FS_MARK": str(mark) if with_mark else ""},
                     stdout=out,
                     stderr=subprocess.STDOUT,
