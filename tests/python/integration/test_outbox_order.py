@@ -4,7 +4,7 @@ A sequence number taken at insert is not commit order: T1 can enqueue first and 
 outbox numbers keyed effects at commit (a deferred constraint trigger) under a transaction-level
 advisory lock on the key, so same-key transactions are numbered in the order they commit, and the
 dispatcher only ever claims the head of a key. These cases need two sessions, so they live here
-and not in tests/pgtap/060_outbox.sql.
+and not in tests/pgtap/065_outbox.sql.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
--- pgTAP: sql/080_replay.sql — versioned consumers, replay operation ids, replay plans (create, add,
+-- pgTAP: sql/085_replay.sql — versioned consumers, replay operation ids, replay plans (create, add,
 -- run, accept a new version, cancel), the version pin, audit rows, holds, roles and every SQLSTATE.
 \set QUIET 1
 \pset format unaligned

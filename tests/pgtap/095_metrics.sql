@@ -1,4 +1,4 @@
--- pgTAP: sql/090_metrics.sql — counts after real claims (first-seen after the rollup, duplicates,
+-- pgTAP: sql/095_metrics.sql — counts after real claims (first-seen after the rollup, duplicates,
 -- conflicts, failures by reason code, quarantine in and recovered), the bounded rollup, counting
 -- switched off, a long transaction holding a duplicate event that blocks nobody, and grants.
 -- The section "two backends" uses dblink: its sessions commit, and clean up after themselves.

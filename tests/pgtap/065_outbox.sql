@@ -1,4 +1,4 @@
--- pgTAP: sql/060_outbox.sql — the transactional outbox: effect ids, enqueue, commit order, claims
+-- pgTAP: sql/065_outbox.sql — the transactional outbox: effect ids, enqueue, commit order, claims
 -- under leases with fencing tokens, results, backoff, dead effects and redrive, purge, the
 -- wake-up signal's waiter table, and privileges tried as an attacker.
 -- Runs as the superuser that deployed. Time stands still inside the test transaction (now()), so

@@ -1,5 +1,5 @@
 -- pgTAP: no caller's search_path can change what an inbox function decides.
--- SECURITY DEFINER functions pin their search_path (090_security.sql). A SECURITY INVOKER function
+-- SECURITY DEFINER functions pin their search_path (027_security.sql). A SECURITY INVOKER function
 -- that some role may call runs with that caller's search_path, and a schema ahead of pg_catalog can
 -- shadow an operator (a `text <> text` that turns a duplicate into 'claimed'). So each of them pins
 -- its own search_path, or names every operator with its schema (OPERATOR(pg_catalog.=)): the ones

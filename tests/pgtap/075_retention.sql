@@ -1,4 +1,4 @@
--- pgTAP: sql/070_retention.sql — policy, window, heartbeat and active time, watermark and the
+-- pgTAP: sql/075_retention.sql — policy, window, heartbeat and active time, watermark and the
 -- outcome 'expired', purge steps, status view. Runs as the superuser that deployed, in one
 -- transaction: the commits of a real purge (announce, wait, delete) are tested in
 -- tests/python/test_retention.py; here the purge state is stepped by hand.
