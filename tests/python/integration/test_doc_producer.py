@@ -27,6 +27,8 @@ from pginbox.integrations.sqlalchemy_async import AsyncSQLAlchemyInbox
 PAGE = "docs/outbox.md"
 SECTION = "## 14. Producer-only services"
 ROLE = "shop_api"  # the doc's login role (cluster-wide: dropped after each test)
+# the doc's login role shop_api is cluster-wide: one worker runs these tests (pytest-xdist).
+pytestmark = pytest.mark.xdist_group("role_shop_api")
 
 
 def section_blocks() -> dict[str, str]:
