@@ -3,8 +3,8 @@
 -- wake-up signal's waiter table, and privileges tried as an attacker.
 -- Runs as the superuser that deployed. Time stands still inside the test transaction (now()), so
 -- leases are expired and backoffs elapsed by moving available_at / delivered_at by hand.
--- Out-of-order commits need two sessions: tests/python/test_outbox_order.py; real NOTIFY delivery
--- needs a commit: tests/python/test_outbox_signal.py.
+-- Out-of-order commits need two sessions: tests/python/integration/test_outbox_order.py; real NOTIFY delivery
+-- needs a commit: tests/python/integration/test_outbox_signal.py.
 \set QUIET 1
 \pset format unaligned
 \pset tuples_only true
@@ -667,7 +667,7 @@ SELECT is(public.tap_writes(), :w0::bigint, 'purge: invalid input wrote nothing'
 -- ================================================================== wake-up signal (waiter table)
 -- An enqueue looks at the waiter table itself (0.2.0; a deferred trigger per effect in 0.1.0): it
 -- deletes the idle dispatchers' registrations and calls pg_notify('inbox_outbox', ''), both taking
--- effect with its transaction's commit (tests/python/test_outbox_signal.py: the NOTIFY, the race
+-- effect with its transaction's commit (tests/python/integration/test_outbox_signal.py: the NOTIFY, the race
 -- of a dispatcher registering after the enqueue and before its commit).
 DELETE FROM inbox.outbox;
 SELECT lives_ok($$SELECT inbox.dispatcher_idle('tap-w1', true)$$, 'dispatcher_idle: registers an idle dispatcher');

@@ -1,7 +1,7 @@
 -- pgTAP: sql/075_retention.sql — policy, window, heartbeat and active time, watermark and the
 -- outcome 'expired', purge steps, status view. Runs as the superuser that deployed, in one
 -- transaction: the commits of a real purge (announce, wait, delete) are tested in
--- tests/python/test_retention.py; here the purge state is stepped by hand.
+-- tests/python/integration/test_retention.py; here the purge state is stepped by hand.
 \set QUIET 1
 \pset format unaligned
 \pset tuples_only true

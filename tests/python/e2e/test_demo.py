@@ -69,7 +69,7 @@ def test_demo_subprocess(db_dsn: str) -> None:
     out = result.stdout
     assert "Act 1:" in out and "Act 2: 300 messages" in out and "Act 3:" in out
     assert_invariant_proven(out)
-    assert "OUTBOX PROMISE HOLDS" in out  # act 3 (tests/python/test_demo_outbox.py looks closer)
+    assert "OUTBOX PROMISE HOLDS" in out  # act 3 (tests/python/e2e/test_demo_outbox.py looks closer)
     # Act 1's attempts count up to the quarantine, crashed starts included (it printed attempts=0).
     crash = [line.split("->")[1].strip() for line in out.splitlines() if line.strip().startswith("m-5 ")]
     assert (
