@@ -66,6 +66,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
+    # The longest first, so that pytest-xdist's workers do not end on a long test that started
+    # last: the tests marked slow, then e2e, integration and unit (the order within stays).
+    rank = {"e2e": 0, "integration": 1, "unit": 2}
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("slow") is None,
+            min((rank[t] for t in TIERS if item.get_closest_marker(t)), default=1),
+        )
+    )
 
 
 def sqitch_project() -> Path | None:
@@ -138,6 +147,16 @@ def drop_database(base: str, name: str) -> None:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
+def throw_away(base: str) -> None:
+    """No fsync for a cluster nobody crashes and nobody keeps (pg_base's own; tests/run does the
+    same): creating and dropping a database per test, and every sqitch deploy, cost about half as
+    much. synchronous_commit stays on (inbox.wait_durable reads it)."""
+    with psycopg.connect(dsn_for(base, "postgres"), autocommit=True) as admin:
+        admin.execute("ALTER SYSTEM SET fsync = off")
+        admin.execute("ALTER SYSTEM SET full_page_writes = off")
+        admin.execute("SELECT pg_catalog.pg_reload_conf()")
+
+
 @pytest.fixture(scope="session")
 def pg_base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     base = os.environ.get("PGINBOX_TEST_DSN_BASE")
@@ -146,30 +165,58 @@ def pg_base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return
     cluster = make_cluster(tmp_path_factory.mktemp("pg_base"))
     try:
+        throw_away(cluster.dsn_base())
         yield cluster.dsn_base()
     finally:
         cluster.destroy()
 
 
+TEMPLATE_LOCK = "SELECT pg_advisory_lock(hashtext('pginbox tests: template deploy'))"
+TEMPLATE_UNLOCK = "SELECT pg_advisory_unlock(hashtext('pginbox tests: template deploy'))"
+
+
 @pytest.fixture(scope="session")
-def template_db(pg_base: str) -> Iterator[str]:
-    """Deployed with sqitch once per worker. Concurrent deploys in one cluster race on the
-    cluster-wide roles that the first change creates when missing (a unique violation on
-    pg_authid): an advisory lock of the cluster's postgres database serializes them."""
+def template_db(pg_base: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """The schema deployed with `sqitch deploy`, once per run. Under pytest-xdist the first worker
+    deploys a template of the run (named after xdist's testrunuid) and every worker clones it into
+    a template of its own (a clone takes under a second, a deploy 10 s and more). An advisory lock
+    of the cluster's postgres database serializes this: concurrent deploys into one cluster would
+    race on the cluster-wide roles the first change creates when missing."""
+    workerinput: dict[str, Any] | None = getattr(request.config, "workerinput", None)
+    run_template = f"pginbox_test_template_run_{workerinput['testrunuid'][:12]}" if workerinput else None
     with psycopg.connect(dsn_for(pg_base, "postgres"), autocommit=True) as lock:
-        lock.execute("SELECT pg_advisory_lock(hashtext('pginbox tests: template deploy'))")
+        lock.execute(TEMPLATE_LOCK)
         try:
-            _build_template(pg_base)
+            drop_database(pg_base, TEMPLATE_DB)
+            if run_template is None:
+                deploy_database(pg_base, TEMPLATE_DB)
+            else:
+                exists = lock.execute("SELECT 1 FROM pg_database WHERE datname = %s", (run_template,)).fetchone()
+                if exists is None:
+                    deploy_database(pg_base, run_template)
+                create_database(pg_base, TEMPLATE_DB, template=run_template)
         finally:
-            lock.execute("SELECT pg_advisory_unlock(hashtext('pginbox tests: template deploy'))")
+            lock.execute(TEMPLATE_UNLOCK)
     yield TEMPLATE_DB
     drop_database(pg_base, TEMPLATE_DB)
+    if run_template is not None:
+        # The first worker done drops it; a worker that had not cloned it yet deploys it again.
+        with psycopg.connect(dsn_for(pg_base, "postgres"), autocommit=True) as lock:
+            lock.execute(TEMPLATE_LOCK)
+            try:
+                drop_database(pg_base, run_template)
+            finally:
+                lock.execute(TEMPLATE_UNLOCK)
 
 
-def _build_template(pg_base: str) -> None:
-    drop_database(pg_base, TEMPLATE_DB)
-    create_database(pg_base, TEMPLATE_DB)
-    sqitch.deploy(dsn_for(pg_base, TEMPLATE_DB), project=sqitch_project())
+def deploy_database(pg_base: str, name: str) -> None:
+    """A new database `name` with the schema deployed by `sqitch deploy` (dropped if that fails)."""
+    create_database(pg_base, name)
+    try:
+        sqitch.deploy(dsn_for(pg_base, name), project=sqitch_project())
+    except BaseException:
+        drop_database(pg_base, name)
+        raise
 
 
 @pytest.fixture

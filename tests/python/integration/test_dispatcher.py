@@ -467,6 +467,7 @@ def test_a_lost_signal_is_covered_by_polling(conn: Conn, make_dispatcher: Callab
 # ------------------------------------------------------------------ discard, health
 
 
+@pytest.mark.slow
 def test_cli_outbox_discard_lets_the_ordering_key_move_on(
     conn: Conn, db_dsn: str, make_dispatcher: Callable[..., Dispatcher]
 ) -> None:
@@ -539,6 +540,7 @@ def test_health_reports_a_loop_that_does_not_run(conn: Conn, make_dispatcher: Ca
 # ------------------------------------------------------------------ capacity, claim errors, batched reports
 
 
+@pytest.mark.slow
 def test_run_once_drains_everything_when_in_flight_capacity_is_full(
     conn: Conn, make_dispatcher: Callable[..., Dispatcher]
 ) -> None:

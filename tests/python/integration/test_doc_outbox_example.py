@@ -33,6 +33,8 @@ from conftest import PRIVATE_DB, REPO_ROOT, make_cluster, sqitch_project
 from pginbox.devtools.cluster import Cluster
 from pginbox.schema import sqitch
 
+pytestmark = pytest.mark.slow  # a private cluster per module
+
 PAGE = "docs/outbox.md"
 SECTION = "## 10. Example"
 DATABASE = "docs_ob"  # the transcript's \c lines and psql's "You are now connected" name it

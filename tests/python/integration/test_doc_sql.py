@@ -29,6 +29,8 @@ from conftest import PRIVATE_DB, REPO_ROOT, make_cluster, sqitch_project
 from pginbox.devtools.cluster import Cluster
 from pginbox.schema import sqitch
 
+pytestmark = pytest.mark.slow  # a private cluster per module
+
 MARKER = re.compile(r"^-- (?:once, |then, |per message, )?as (a superuser|[a-z_][a-z0-9_]*)\b")
 SKIP = "-- doc test: skip"
 SIGNATURE = re.compile(r"^inbox\.[a-z_]+\(")

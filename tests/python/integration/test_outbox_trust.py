@@ -359,6 +359,7 @@ def empty_db(pg_base: str) -> Iterator[str]:
         drop_database(pg_base, name)
 
 
+@pytest.mark.slow
 def test_an_upgrade_keeps_anonymous_enqueue_working(empty_db: str) -> None:
     # 0.1.0 is the release before the outbox's trust boundaries (change outbox_scope_tables, 0.2.0).
     sqitch.deploy(empty_db, to_change="@v0.1.0", project=sqitch_project())

@@ -819,6 +819,7 @@ PG_CRON = Path("/usr/lib/postgresql/15/lib/pg_cron.so")
 
 
 @pytest.mark.skipif(not PG_CRON.is_file(), reason="pg_cron is not installed (apt-get install postgresql-15-cron)")
+@pytest.mark.slow
 def test_pg_cron_runs_the_purge(private_cluster: Any) -> None:
     """`SELECT cron.schedule(..., 'CALL inbox.purge(...)')` as documented, on a cluster of its own
     (pg_cron needs shared_preload_libraries and a restart). pg_cron 1.4 schedules by the minute:

@@ -150,6 +150,7 @@ def built_both_ways(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
             cluster.destroy()
 
 
+@pytest.mark.slow
 def test_sql_sources_and_sqitch_build_the_same_schema(built_both_ways: tuple[str, str]) -> None:
     by_sqitch, by_sql = built_both_ways
     dump = schema_dump(by_sqitch)
@@ -167,6 +168,7 @@ def test_sql_sources_and_sqitch_build_the_same_schema(built_both_ways: tuple[str
         pytest.param(DATABASE_SETTINGS_QUERY, id="database-acl-and-settings"),
     ],
 )
+@pytest.mark.slow
 def test_sql_sources_and_sqitch_build_the_same_globals(built_both_ways: tuple[str, str], statement: str) -> None:
     by_sqitch, by_sql = built_both_ways
     expected = [repr(row) for row in query(by_sqitch, statement)]
@@ -174,6 +176,7 @@ def test_sql_sources_and_sqitch_build_the_same_globals(built_both_ways: tuple[st
     assert_same_lines(expected, actual, "catalog rows")
 
 
+@pytest.mark.slow
 def test_sqitch_creates_the_inbox_roles(built_both_ways: tuple[str, str]) -> None:
     by_sqitch, _ = built_both_ways
     roles = {row[0]: row for row in query(by_sqitch, ROLES_QUERY)}
@@ -186,6 +189,7 @@ def test_sqitch_creates_the_inbox_roles(built_both_ways: tuple[str, str]) -> Non
 # --------------------------------------------------------------------------- (b)
 
 
+@pytest.mark.slow
 def test_revert_leaves_nothing_behind_and_deploy_works_again(pg_base: str, template_db: str, db_dsn: str) -> None:
     empty = "t_empty_baseline"
     drop_database(pg_base, empty)
@@ -321,6 +325,7 @@ SELECT inbox.register_handler('smoke', 'm', 'public.smoke_handler(jsonb)', 'v1')
 
 
 @pytest.mark.parametrize("to_change", plan_targets()[plan_targets().index("apply@v0.1.0") : -1])
+@pytest.mark.slow
 def test_reverting_the_later_changes_leaves_working_claims(db_dsn: str, to_change: str) -> None:
     """`sqitch revert --to X` for every X from `apply` on: the claim paths of what is left must
     still work (later modules hook into them; their reverts must put the hooks back), and

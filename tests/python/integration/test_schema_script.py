@@ -234,6 +234,7 @@ def deployed_changes(dsn: str) -> list[str]:
 # --------------------------------------------------------------------------- (1) the whole plan
 
 
+@pytest.mark.slow
 def test_whole_plan_is_what_sqitch_deploys(widgets: Path, new_db: Callable[[], str]) -> None:
     by_script, by_sqitch = new_db(), new_db()
     output = apply_ok(by_script, render_script(widgets))
@@ -254,6 +255,7 @@ def test_whole_plan_is_what_sqitch_deploys(widgets: Path, new_db: Callable[[], s
     assert query(by_script, "SELECT to_regprocedure('widgets.decoy()')") == [(None,)]
 
 
+@pytest.mark.slow
 def test_ids_are_sqitchs_own(widgets: Path, new_db: Callable[[], str]) -> None:
     """read_plan's ids and hashes, the ones rendered into the script, are those Sqitch computes."""
     by_sqitch = new_db()
@@ -269,6 +271,7 @@ def test_ids_are_sqitchs_own(widgets: Path, new_db: Callable[[], str]) -> None:
     assert plan.changes[4].deploy_file.name == "label.sql"
 
 
+@pytest.mark.slow
 def test_default_and_given_committer(widgets: Path, new_db: Callable[[], str]) -> None:
     by_default, by_name = new_db(), new_db()
     apply_ok(by_default, render_script(widgets))
@@ -281,6 +284,7 @@ def test_default_and_given_committer(widgets: Path, new_db: Callable[[], str]) -
         assert query(dsn, "SELECT creator_name, creator_email FROM sqitch.projects") == [who]
 
 
+@pytest.mark.slow
 def test_repository_plan_is_what_sqitch_deploys(pg_base: str, template_db: str, new_db: Callable[[], str]) -> None:
     """The real plan, rendered and applied, against the session's database that `sqitch deploy` built."""
     by_script, by_sqitch = new_db(), dsn_for(pg_base, template_db)
@@ -312,6 +316,7 @@ def test_registry_ddl_is_sqitchs_file() -> None:
 # --------------------------------------------------------------------------- (2) ranges
 
 
+@pytest.mark.slow
 def test_upgrade_from_a_tag_equals_a_full_sqitch_deploy(widgets: Path, new_db: Callable[[], str]) -> None:
     upgraded, by_sqitch = new_db(), new_db()
     run_sqitch(widgets, "deploy", upgraded, "--to-change", "@v1")
@@ -326,6 +331,7 @@ def test_upgrade_from_a_tag_equals_a_full_sqitch_deploy(widgets: Path, new_db: C
     assert_same(schema_snapshot(by_sqitch), schema_snapshot(upgraded), "schemas")
 
 
+@pytest.mark.slow
 def test_upgrade_logs_a_tag_planned_after_the_database_was_deployed(widgets: Path, new_db: Callable[[], str]) -> None:
     """Sqitch's deploy records the tags added to the plan after the change the database is at
     (Engine::_sync_plan -> log_new_tags); the rendered upgrade does the same."""
@@ -345,6 +351,7 @@ def test_upgrade_logs_a_tag_planned_after_the_database_was_deployed(widgets: Pat
     assert_same(registry(by_sqitch), registry(by_script), "registry rows")
 
 
+@pytest.mark.slow
 def test_to_and_since_stop_where_sqitch_stops(widgets: Path, new_db: Callable[[], str]) -> None:
     by_script, by_sqitch = new_db(), new_db()
     apply_ok(by_script, render_script(widgets, to="@v1"))
@@ -359,6 +366,7 @@ def test_to_and_since_stop_where_sqitch_stops(widgets: Path, new_db: Callable[[]
     assert_same(schema_snapshot(by_sqitch), schema_snapshot(by_script), "schemas at @v2")
 
 
+@pytest.mark.slow
 def test_running_the_script_again_deploys_nothing(widgets: Path, new_db: Callable[[], str]) -> None:
     dsn = new_db()
     script = render_script(widgets)
@@ -369,6 +377,7 @@ def test_running_the_script_again_deploys_nothing(widgets: Path, new_db: Callabl
     assert registry(dsn) == before
 
 
+@pytest.mark.slow
 def test_a_database_in_another_state_is_refused_before_anything_runs(widgets: Path, new_db: Callable[[], str]) -> None:
     fresh = new_db()
     result = apply_script(fresh, render_script(widgets, since="v1"))
@@ -384,6 +393,7 @@ def test_a_database_in_another_state_is_refused_before_anything_runs(widgets: Pa
     assert deployed_changes(at_v2) == ["base", "items", "label", "audit"]
 
 
+@pytest.mark.slow
 def test_project_dependencies_resolve_in_the_database(tmp_path: Path, new_db: Callable[[], str]) -> None:
     ext = make_ext(tmp_path)
     widgets = make_widgets(tmp_path, PLAN.replace("items [base !ext:legacy]", "items [base ext:ext_base !ext:legacy]"))
@@ -405,6 +415,7 @@ def test_project_dependencies_resolve_in_the_database(tmp_path: Path, new_db: Ca
 # --------------------------------------------------------------------------- (3) Sqitch takes over
 
 
+@pytest.mark.slow
 def test_sqitch_takes_over_after_the_script(widgets: Path, new_db: Callable[[], str]) -> None:
     dsn = new_db()
     apply_ok(dsn, render_script(widgets, committer_name="Rita Renderer", committer_email="rita@example.com"))

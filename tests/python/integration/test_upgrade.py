@@ -54,6 +54,8 @@ from psycopg.rows import dict_row
 from pginbox.schema import sqitch
 from pginbox.transports.effect import idempotency_key
 
+pytestmark = pytest.mark.slow  # every test deploys released tags with sqitch
+
 Conn = psycopg.Connection[Any]
 
 CONSUMER = "billing"
