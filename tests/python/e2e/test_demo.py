@@ -7,14 +7,15 @@ from __future__ import annotations
 import io
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import psycopg
 import pytest
 from click.testing import CliRunner
-from conftest import _let_postgres_in
 
 from pginbox.cli import main
 from pginbox.demo import act2_simulation as simulation
@@ -94,11 +95,15 @@ def test_demo_subprocess(db_dsn: str) -> None:
 
 
 @pytest.mark.slow
-def test_demo_on_the_private_cluster(tmp_path: Path) -> None:
+def test_demo_on_the_private_cluster() -> None:
     """No DATABASE_URL, no --dsn: the demo starts a cluster of its own in PGINBOX_CLUSTER_DIR,
-    deploys, runs; a second run reuses the cluster and the database."""
-    _let_postgres_in(tmp_path)
-    datadir = tmp_path / "cluster"
+    deploys, runs; a second run reuses the cluster and the database. The cluster lives right under
+    the system temporary directory, as make_cluster's do: another pytest session on the machine
+    resets the modes of pytest's tree to 0700, and the server (the postgres OS user, as root)
+    then cannot open a data directory there (seen in a parallel run)."""
+    home = Path(tempfile.mkdtemp(prefix="pginbox-test-demo-"))
+    home.chmod(0o755)
+    datadir = home / "cluster"
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGINBOX_TEST_DSN_BASE")}
     env["PGINBOX_CLUSTER_DIR"] = str(datadir)
     try:
@@ -116,6 +121,7 @@ def test_demo_on_the_private_cluster(tmp_path: Path) -> None:
     finally:
         Cluster(datadir).destroy()
     assert not Cluster(datadir).is_running()
+    shutil.rmtree(home, ignore_errors=True)
 
 
 def test_the_proof_catches_a_double_credit(db_dsn: str) -> None:
