@@ -7,9 +7,10 @@ takes a connection from the pool. Messages per second, medians over interleaved 
   article       hand-written psycopg issuing the article's statements: BEGIN; INSERT INTO
                 consumer_inbox ... ON CONFLICT DO NOTHING RETURNING; UPDATE account; UPDATE
                 consumer_inbox SET processed_at; COMMIT (payload hash computed in Python)
-  handle        Inbox.handle with a Python handler running the same UPDATE account (default:
-                BEGIN and inbox.claim in one round trip, psycopg pipeline mode)
-  handle_np     the same with Inbox(pipeline=False): BEGIN in a round trip of its own
+  handle        Inbox.handle with a Python handler running the same UPDATE account (default
+                pipeline=None: the server is local, so BEGIN is a round trip of its own)
+  handle_pl     the same with Inbox(pipeline=True): BEGIN and inbox.claim in one round trip,
+                psycopg pipeline mode (the default to a server on another machine)
   apply         Inbox.apply: inbox.claim_and_apply with a PL/pgSQL handler running that UPDATE
   handle_batch  Inbox.handle_batch, --batch messages per call, same Python handler
   apply_batch   Inbox.apply_batch, --batch messages per call
@@ -165,9 +166,9 @@ def main() -> None:
         with ConnectionPool(dsn, min_size=args.workers, max_size=args.workers, open=False) as pool:
             pool.wait()
             inbox = Inbox(pool, consumer="bench", handler_version="v1")
-            inbox_np = Inbox(pool, consumer="bench", handler_version="v1", pipeline=False)
+            inbox_pl = Inbox(pool, consumer="bench", handler_version="v1", pipeline=True)
             inbox.check_schema()
-            inbox_np.check_schema()
+            inbox_pl.check_schema()
             pids: list[int] = []
             held = [pool.getconn() for _ in range(args.workers)]
             pids = [c.info.backend_pid for c in held]
@@ -209,8 +210,8 @@ def main() -> None:
             def handle(w: int, rng: random.Random, serial: int) -> int:
                 return count_applied([inbox.handle(message(w, rng, serial, "handle"), credit)])
 
-            def handle_np(w: int, rng: random.Random, serial: int) -> int:
-                return count_applied([inbox_np.handle(message(w, rng, serial, "handle_np"), credit)])
+            def handle_pl(w: int, rng: random.Random, serial: int) -> int:
+                return count_applied([inbox_pl.handle(message(w, rng, serial, "handle_pl"), credit)])
 
             def apply(w: int, rng: random.Random, serial: int) -> int:
                 return count_applied([inbox.apply(message(w, rng, serial, "apply"))])
@@ -226,7 +227,7 @@ def main() -> None:
             workloads: dict[str, Callable[[int, random.Random, int], int]] = {
                 "article": article,
                 "handle": handle,
-                "handle_np": handle_np,
+                "handle_pl": handle_pl,
                 "apply": apply,
                 "handle_batch": handle_batch,
                 "apply_batch": apply_batch,
@@ -262,15 +263,15 @@ def main() -> None:
     ratios: dict[str, float] = {}
     if "handle" in med and "article" in med:
         ratios["handle / article"] = med["handle"] / med["article"]
-    if "handle_np" in med and "article" in med:
-        ratios["handle_np / article"] = med["handle_np"] / med["article"]
+    if "handle_pl" in med and "article" in med:
+        ratios["handle_pl / article"] = med["handle_pl"] / med["article"]
     if "apply_batch" in med and "handle" in med:
         ratios["apply_batch / handle"] = med["apply_batch"] / med["handle"]
     if "apply" in med and "article" in med:
         ratios["apply / article"] = med["apply"] / med["article"]
     if "handle_batch" in med and "handle" in med:
         ratios["handle_batch / handle"] = med["handle_batch"] / med["handle"]
-    targets = {"handle / article": 1.0, "handle_np / article": 1.0, "apply_batch / handle": 3.0}
+    targets = {"handle / article": 1.0, "handle_pl / article": 1.0, "apply_batch / handle": 3.0}
     print()
     print(
         f"medians over {args.rounds} rounds of {args.seconds:g}s, {args.workers} worker threads, "

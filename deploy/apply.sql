@@ -1,4 +1,5 @@
--- Deploy pginbox:apply. Generated from sql/040_apply.sql by python/tools/sync_deploy.py: edit that file.
+-- Deploy pginbox:apply: written from sql/040_apply.sql by python/tools/sync_deploy.py, never by hand,
+-- and frozen once a tag releases it (sqitch.lock).
 -- pginbox: claim_and_apply. One round trip per message: claim the identity, run the registered SQL
 -- handler with the caller's rights, and let both commit with the caller's transaction. A handler's
 -- permanent error rolls back its writes and the claim (a subtransaction) and is recorded; a

@@ -1,4 +1,5 @@
--- Deploy pginbox:claim. Generated from sql/030_claim.sql by python/tools/sync_deploy.py: edit that file.
+-- Deploy pginbox:claim: written from sql/030_claim.sql by python/tools/sync_deploy.py, never by hand,
+-- and frozen once a tag releases it (sqitch.lock).
 -- pginbox: the claim. inbox.claim takes a message identity inside the caller's transaction; the
 -- caller then makes its domain change and both commit or roll back together. Failures and crash
 -- loops are recorded here too, because quarantine is decided on the same identity.

@@ -1,4 +1,5 @@
--- Deploy pginbox:durability. Generated from sql/115_durability.sql by python/tools/sync_deploy.py: edit that file.
+-- Deploy pginbox:durability: written from sql/115_durability.sql by python/tools/sync_deploy.py, never by hand,
+-- and frozen once a tag releases it (sqitch.lock).
 -- pginbox: is a commit on the standbys? (issue 24, docs/failover.md). A broker message must be acked
 -- only once its transaction survives a failover: with an asynchronous standby, COMMIT returning on
 -- the primary is not enough. These functions read the standbys' reported positions
@@ -27,7 +28,6 @@
 -- pg_read_all_stats (granted below when the deploying role may grant it; else a NOTICE, and the
 -- functions answer 42501 with the GRANT to run), USAGE on schema inbox and EXECUTE on the two
 -- internal helpers, nothing else. Logical replication senders do not count.
--- New in 0.3.0.
 BEGIN;
 
 SET LOCAL search_path = pg_catalog, pg_temp;

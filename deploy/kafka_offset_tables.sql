@@ -1,4 +1,5 @@
--- Deploy pginbox:kafka_offset_tables. Generated from sql/110_kafka_offset_tables.sql by python/tools/sync_deploy.py: edit that file.
+-- Deploy pginbox:kafka_offset_tables: written from sql/110_kafka_offset_tables.sql by python/tools/sync_deploy.py, never by hand,
+-- and frozen once a tag releases it (sqitch.lock).
 -- pginbox: Kafka consumption progress in the database (docs/kafka.md). `pginbox consume` stores the
 -- next offset of every partition it consumed in the transaction that claims and applies the batch,
 -- so that a rollback, a crash or a failover rolls the position back with the data. A partition's

@@ -1,4 +1,5 @@
--- Deploy pginbox:kafka_offsets. Generated from sql/111_kafka_offsets.sql by python/tools/sync_deploy.py: edit that file.
+-- Deploy pginbox:kafka_offsets: written from sql/111_kafka_offsets.sql by python/tools/sync_deploy.py, never by hand,
+-- and frozen once a tag releases it (sqitch.lock).
 -- pginbox: the Kafka offset protocol (docs/kafka.md, "The offset protocol").
 --   inbox.kafka_acquire        on assignment: advance the owner generation of each partition and
 --                              return the stored next offset (the consumer seeks there) and whether

@@ -1,5 +1,6 @@
--- Deploy pginbox:outbox_defer. Generated from sql/126_outbox_defer.sql by python/tools/sync_deploy.py: edit that file.
--- pginbox: deferring an effect without spending an attempt (0.3.0, issue 26); the columns are in
+-- Deploy pginbox:outbox_defer: written from sql/126_outbox_defer.sql by python/tools/sync_deploy.py, never by hand,
+-- and frozen once a tag releases it (sqitch.lock).
+-- pginbox: deferring an effect without spending an attempt; the columns are in
 -- 125_outbox_defer_tables.sql.
 -- A deployment-order incident is not a failed delivery: the dispatcher has no transport configured
 -- for the destination yet, or the broker cannot route the message yet (RabbitMQ answers

@@ -1,5 +1,6 @@
--- Deploy pginbox:outbox_defer_tables. Generated from sql/125_outbox_defer_tables.sql by python/tools/sync_deploy.py: edit that file.
--- pginbox: the columns of deferred effects (0.3.0, issue 26): why the dispatcher last handed an
+-- Deploy pginbox:outbox_defer_tables: written from sql/125_outbox_defer_tables.sql by python/tools/sync_deploy.py, never by hand,
+-- and frozen once a tag releases it (sqitch.lock).
+-- pginbox: the columns of deferred effects: why the dispatcher last handed an
 -- effect back without spending an attempt, when, and how often. Functions in 126_outbox_defer.sql.
 BEGIN;
 

@@ -1,4 +1,5 @@
--- Deploy pginbox:python_repair. Generated from sql/121_python_repair.sql by python/tools/sync_deploy.py: edit that file.
+-- Deploy pginbox:python_repair: written from sql/121_python_repair.sql by python/tools/sync_deploy.py, never by hand,
+-- and frozen once a tag releases it (sqitch.lock).
 -- pginbox: repairing a quarantined message with a Python handler (docs/security.md, "Python
 -- handlers: repair grants"). The tables: 120_python_repair_tables.sql.
 --   inbox.grant_repair            operator: a one-time grant to repair entry N with handler
@@ -17,7 +18,7 @@
 -- as the consumer, never with the operator's login). A grant is used once (applied or failed),
 -- names the handler the redeemer must run, and expires. Every decision is audited in
 -- inbox.quarantine_decision like inbox.repair's, decided_by the operator who granted it; the note
--- says which handler ran, as which login, under which grant. New in 0.3.0.
+-- says which handler ran, as which login, under which grant.
 BEGIN;
 
 SET LOCAL search_path = pg_catalog, pg_temp;

@@ -1,4 +1,5 @@
--- Deploy pginbox:python_repair_tables. Generated from sql/120_python_repair_tables.sql by python/tools/sync_deploy.py: edit that file.
+-- Deploy pginbox:python_repair_tables: written from sql/120_python_repair_tables.sql by python/tools/sync_deploy.py, never by hand,
+-- and frozen once a tag releases it (sqitch.lock).
 -- pginbox: repair grants, for quarantined messages whose handler is Python (docs/security.md,
 -- "Python handlers: repair grants"). An operator cannot run a Python handler inside the database,
 -- and must not run it with the operator's own login: the handler acts as the consumer. So the
@@ -7,7 +8,7 @@
 -- (inbox.begin_granted_repair), or the failure is audited (inbox.granted_repair_failed). A grant is
 -- used once, and expires. Every decision still lands in inbox.quarantine_decision, decided_by the
 -- operator who granted it; this table says who ran it, with which handler.
--- Tables and types only: the functions are in 121_python_repair.sql. New in 0.3.0.
+-- Tables and types only: the functions are in 121_python_repair.sql.
 BEGIN;
 
 SET LOCAL search_path = pg_catalog, pg_temp;

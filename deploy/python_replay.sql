@@ -1,4 +1,5 @@
--- Deploy pginbox:python_replay. Generated from sql/122_python_replay.sql by python/tools/sync_deploy.py: edit that file.
+-- Deploy pginbox:python_replay: written from sql/122_python_replay.sql by python/tools/sync_deploy.py, never by hand,
+-- and frozen once a tag releases it (sqitch.lock).
 -- pginbox: replay plans with a Python handler (docs/replay.md, "Python handlers"; the column and the
 -- type: 082_python_replay_tables.sql).
 --   inbox.create_python_replay_plan   operator: a plan approved for one Python handler

@@ -1,4 +1,5 @@
--- Deploy pginbox:python_replay_tables. Generated from sql/082_python_replay_tables.sql by python/tools/sync_deploy.py: edit that file.
+-- Deploy pginbox:python_replay_tables: written from sql/082_python_replay_tables.sql by python/tools/sync_deploy.py, never by hand,
+-- and frozen once a tag releases it (sqitch.lock).
 -- pginbox: replay plans whose handler is Python (docs/replay.md, "Python handlers"). A consumer
 -- whose handler is Python (what `pginbox consume --handler MODULE:FUNCTION` runs) has no SQL handler
 -- registered for inbox.run_replay_plan to run, and an operator must not run its code with the
@@ -8,7 +9,7 @@
 -- handler, then COMMIT; inbox.python_replay_item_failed after a failure). A plan names either a
 -- SQL handler (handler, regprocedure) or a Python one (python_handler, module:function), never both.
 -- Sorted before 085_replay.sql: its view and runner read python_handler. Tables and types only: the
--- functions are in 122_python_replay.sql. New in 0.3.0.
+-- functions are in 122_python_replay.sql.
 BEGIN;
 
 SET LOCAL search_path = pg_catalog, pg_temp;

@@ -1,4 +1,5 @@
--- Deploy pginbox:replay. Generated from sql/085_replay.sql by python/tools/sync_deploy.py: edit that file.
+-- Deploy pginbox:replay: written from sql/085_replay.sql by python/tools/sync_deploy.py, never by hand,
+-- and frozen once a tag releases it (sqitch.lock).
 -- pginbox: replay's functions (tables in 080_replay_tables.sql). A plan runs its handler only within
 -- the rights of a role bound to the consumer (inbox._check_operator_run: SECURITY DEFINER, owned by
 -- the consumer's role; the items' payloads match the hashes the consumer stored), and since 0.3.0

@@ -1,4 +1,5 @@
--- Deploy pginbox:retention. Generated from sql/075_retention.sql by python/tools/sync_deploy.py: edit that file.
+-- Deploy pginbox:retention: written from sql/075_retention.sql by python/tools/sync_deploy.py, never by hand,
+-- and frozen once a tag releases it (sqitch.lock).
 -- pginbox: retention's functions (tables in 070_retention_tables.sql and
 -- 071_retention_watermark_tables.sql). The watermark never moves back; since 0.3.0 it is the
 -- announced cutoff itself, and the purge deletes only rows produced before it, so that no margin

@@ -1,4 +1,5 @@
--- Deploy pginbox:security. Generated from sql/027_security.sql by python/tools/sync_deploy.py: edit that file.
+-- Deploy pginbox:security: written from sql/027_security.sql by python/tools/sync_deploy.py, never by hand,
+-- and frozen once a tag releases it (sqitch.lock).
 -- pginbox: the authorization of consumers (docs/security.md). Every function that acts under a
 -- consumer name (claim, claim_bytea, claim_and_apply[_batch], record_failure, record_start,
 -- enqueue_effect) asks inbox._acting_as first: one index probe of inbox.consumer_binding and the
@@ -13,7 +14,6 @@
 -- An operator's repair or replay runs the consumer's handler through inbox._run_for_operator: the
 -- handler's code acts with its owner's rights, recorded for the call in inbox.operator_run, and
 -- runs confined (inbox._run_confined, owned by inbox_runner, which holds no rights).
--- Reworked in 0.3.0 (docs/releasing.md).
 BEGIN;
 
 SET LOCAL search_path = pg_catalog, pg_temp;
@@ -68,8 +68,8 @@ BEGIN ATOMIC
            AND pg_catalog.pg_has_role(inbox._caller(), b.role, 'USAGE')
            -- A dropped role matches nobody (a superuser is a member of any OID). pg_get_userbyid
            -- looks the OID up in the role cache and names a missing one 'unknown (OID=n)'; a role
-           -- that calls itself so only locks itself out. (A subplan on pg_roles cost 2 us of every
-           -- claim; as a join, the planner called pg_has_role for every role of the cluster.)
+           -- that calls itself so only locks itself out. (A subplan on pg_roles costs every claim
+           -- time, docs/performance.md; as a join, the planner calls pg_has_role for every role of the cluster.)
            AND pg_catalog.pg_get_userbyid(b.role) OPERATOR(pg_catalog.<>)
                ('unknown (OID=' OPERATOR(pg_catalog.||) b.role::pg_catalog.text OPERATOR(pg_catalog.||) ')')
            AND (NOT pg_catalog.pg_has_role(inbox._caller(), 'inbox_runner'::pg_catalog.name, 'MEMBER')

@@ -1,4 +1,5 @@
--- Deploy pginbox:security_run_tables. Generated from sql/024_security_run_tables.sql by python/tools/sync_deploy.py: edit that file.
+-- Deploy pginbox:security_run_tables: written from sql/024_security_run_tables.sql by python/tools/sync_deploy.py, never by hand,
+-- and frozen once a tag releases it (sqitch.lock).
 -- pginbox: operator runs (docs/security.md#repair-and-replay). An operator's repair or replay runs
 -- a consumer's handler, and the handler acts as the consumer: an effect it enqueues belongs to the
 -- consumer. Who it acts for is recorded here by the SECURITY DEFINER functions that run it
@@ -7,7 +8,7 @@
 -- The handler is called by inbox._run_confined, owned by the role inbox_runner, which holds no
 -- rights at all: a handler that is SECURITY DEFINER (what repair requires) runs with its owner's
 -- rights, one altered into SECURITY INVOKER behind the check's back runs with none.
--- Tables only: the functions are in 027_security.sql. New in 0.3.0.
+-- Tables only: the functions are in 027_security.sql.
 BEGIN;
 
 SET LOCAL search_path = pg_catalog, pg_temp;

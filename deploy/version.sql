@@ -1,4 +1,5 @@
--- Deploy pginbox:version. Generated from sql/999_version.sql by python/tools/sync_deploy.py: edit that file.
+-- Deploy pginbox:version: written from sql/999_version.sql by python/tools/sync_deploy.py, never by hand,
+-- and frozen once a tag releases it (sqitch.lock).
 -- pginbox: the schema version clients check before they run. This change is reworked at every
 -- release (docs/releasing.md): version goes up by one, and breaking_since names the version of the
 -- last release that broke clients of earlier ones. A client knows the versions up to its own:

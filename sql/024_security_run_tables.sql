@@ -6,7 +6,7 @@
 -- The handler is called by inbox._run_confined, owned by the role inbox_runner, which holds no
 -- rights at all: a handler that is SECURITY DEFINER (what repair requires) runs with its owner's
 -- rights, one altered into SECURITY INVOKER behind the check's back runs with none.
--- Tables only: the functions are in 027_security.sql. New in 0.3.0.
+-- Tables only: the functions are in 027_security.sql.
 BEGIN;
 
 SET LOCAL search_path = pg_catalog, pg_temp;

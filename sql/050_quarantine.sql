@@ -10,12 +10,11 @@
 -- A conflict entry can only be discarded: its identity was already applied once.
 -- repair never runs a handler with more rights than a role bound to the consumer, nor on a payload
 -- such a role did not send (inbox._check_operator_run, sql/027_security.sql): the handler must be
--- SECURITY DEFINER owned by the consumer's role. repair is SECURITY DEFINER itself since 0.3.0: it
+-- SECURITY DEFINER owned by the consumer's role. repair is SECURITY DEFINER itself: it
 -- runs the handler through inbox._run_for_operator (confined, its code acting with its owner's
 -- rights for the call), and nobody can call its halves outside it.
--- Expired entries hold their identity like failure entries (a placeholder row in inbox.message,
--- since 0.2.0); releasing one lets exactly one delivery through (release_used_at, 0.3.0).
--- Reworked in 0.3.0 (docs/releasing.md).
+-- Expired entries hold their identity like failure entries (a placeholder row in inbox.message);
+-- releasing one lets exactly one delivery through (release_used_at).
 BEGIN;
 
 SET LOCAL search_path = pg_catalog, pg_temp;
@@ -117,7 +116,7 @@ COMMENT ON FUNCTION inbox.release(bigint, text) IS 'Lift the hold on a failed or
 -- The first half of repair: checks the entry can be repaired, turns the quarantine hold into a
 -- processed claim with the current handler version, closes the entry as recovered and returns the
 -- handler call and the rights it runs with (its owner's). All of it rolls back with the handler if
--- the handler fails. Called by inbox.repair only (0.3.0: no longer granted to operators).
+-- the handler fails. Called by inbox.repair only (not granted to operators).
 DROP FUNCTION IF EXISTS inbox._begin_repair(bigint, text);
 DROP TYPE IF EXISTS inbox._repair_call;
 CREATE TYPE inbox._repair_call AS (
@@ -262,7 +261,7 @@ COMMENT ON FUNCTION inbox.repair(bigint, text) IS
 
 REVOKE ALL ON FUNCTION inbox.discard(bigint, text), inbox.release(bigint, text), inbox.repair(bigint, text),
     inbox._begin_repair(bigint, text), inbox._repair_failed(bigint, text, text, text) FROM PUBLIC;
--- 0.2.0 granted the halves of repair to operators: they are repair's alone now.
+-- The halves of repair are repair's alone: a database upgraded from 0.2.0 granted them to operators.
 REVOKE ALL ON FUNCTION inbox._begin_repair(bigint, text), inbox._repair_failed(bigint, text, text, text)
     FROM inbox_operator;
 GRANT EXECUTE ON FUNCTION inbox.discard(bigint, text), inbox.release(bigint, text), inbox.repair(bigint, text)

@@ -11,7 +11,6 @@
 --     anything is written; an available_at in the past means now (it cannot jump the queue).
 --   * A lease token is 63 random bits, and a report is accepted only from the role that claimed the
 --     lease (outbox.lease_role) with that token.
--- Reworked in 0.3.0 (docs/releasing.md).
 BEGIN;
 
 SET LOCAL search_path = pg_catalog, pg_temp;
@@ -366,8 +365,8 @@ CREATE CONSTRAINT TRIGGER outbox_order_at_commit
     FOR EACH ROW WHEN (NEW.ordering_key IS NOT NULL)
     EXECUTE FUNCTION inbox._order_at_commit();
 
--- The wake-up signal was a deferred trigger per inserted effect in 0.1.0 (~20 us each); since 0.2.0
--- inbox.enqueue_effect checks for idle dispatchers itself (~6 us).
+-- inbox.enqueue_effect checks for idle dispatchers itself, at a fraction of the cost of a deferred
+-- trigger per inserted effect (docs/performance.md): a database that has the trigger loses it.
 DROP TRIGGER IF EXISTS outbox_signal_at_commit ON inbox.outbox;
 DROP FUNCTION IF EXISTS inbox._signal_at_commit();
 
@@ -438,7 +437,7 @@ COMMENT ON FUNCTION inbox._authorize_enqueue(text, text, text, text) IS
 -- As with inbox.claim, the primary key decides: a concurrent enqueue of the same id waits for the
 -- first transaction; at REPEATABLE READ and above it gets 40001 instead (retry the transaction).
 -- The id is remembered as long as the effect row is kept (see purge_delivered_effects).
--- 0.3.0 added `tenant` (dropped and created again: a call without it resolves to this function).
+-- The signature without `tenant` is dropped: a call without it resolves to this function.
 DROP FUNCTION IF EXISTS inbox.enqueue_effect(text, text, jsonb, jsonb, text, timestamptz, text);
 CREATE OR REPLACE FUNCTION inbox.enqueue_effect(
     effect_id text, destination text, payload jsonb, headers jsonb DEFAULT '{}', ordering_key text DEFAULT NULL,
@@ -448,8 +447,9 @@ CREATE OR REPLACE FUNCTION inbox.enqueue_effect(
     SET search_path = pg_catalog, pg_temp
     -- Generic plans, always: a custom plan of the authorization query folds its CASE on the
     -- consumer and always looks cheaper than the generic one, so the plan cache planned that query
-    -- again at every call (inlining inbox._acting_as each time): 125-150 us per enqueue instead of
-    -- 35 once the outbox held rows. Every statement here is a key lookup a generic plan does as well.
+    -- again at every call (inlining inbox._acting_as each time), several times the cost of a call
+    -- once the outbox held rows (docs/performance.md). Every statement here is a key lookup a generic
+    -- plan does as well.
     SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
@@ -686,7 +686,7 @@ COMMENT ON FUNCTION inbox._new_lease_token() IS 'internal: a new fencing token, 
 -- bare effect id for effects enqueued before 0.3.0). key_aware: the caller sends idempotency_key.
 -- A dispatcher of an earlier release calls this without it and sends the bare effect id: it is
 -- given only effects whose key is their id, so that no effect is ever sent under two keys while
--- dispatchers of two releases run side by side (0.3.0: dropped and created again).
+-- dispatchers of two releases run side by side (the signature without key_aware is dropped).
 DROP FUNCTION IF EXISTS inbox.claim_effects(text, integer, interval);
 CREATE OR REPLACE FUNCTION inbox.claim_effects(dispatcher text, max_effects integer DEFAULT 10,
                                                lease interval DEFAULT '30 seconds', key_aware boolean DEFAULT false)
@@ -1374,8 +1374,7 @@ COMMENT ON FUNCTION inbox._lock_dead_effect(text, text, text, text, text, text, 
 
 -- dead -> pending, due now, attempts reset; one audit row with the session user and the note.
 -- The effect keeps its place in its ordering key. consumer, tenant: whose effect, needed only when
--- several consumers or tenants hold the id (0.2.0 added consumer, 0.3.0 tenant: dropped and created
--- again).
+-- several consumers or tenants hold the id (the signature without them is dropped).
 DROP FUNCTION IF EXISTS inbox.redrive_effect(text, text, text);
 CREATE OR REPLACE FUNCTION inbox.redrive_effect(effect_id text, note text, consumer text DEFAULT NULL,
                                                 tenant text DEFAULT NULL)

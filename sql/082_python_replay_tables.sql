@@ -7,7 +7,7 @@
 -- handler, then COMMIT; inbox.python_replay_item_failed after a failure). A plan names either a
 -- SQL handler (handler, regprocedure) or a Python one (python_handler, module:function), never both.
 -- Sorted before 085_replay.sql: its view and runner read python_handler. Tables and types only: the
--- functions are in 122_python_replay.sql. New in 0.3.0.
+-- functions are in 122_python_replay.sql.
 BEGIN;
 
 SET LOCAL search_path = pg_catalog, pg_temp;

@@ -10,7 +10,7 @@
 --     another's that use the same key. Their commit-time numbering serializes on rows of
 --     inbox.outbox_order_lock, which nobody but the package can lock (an advisory lock could be
 --     taken by any session that guessed or saw its key).
--- Tables only: the functions are in 065_outbox.sql. New in 0.3.0, numbered after the released
+-- Tables only: the functions are in 065_outbox.sql. Numbered after the released
 -- changes (096_reader_grants.sql would otherwise drop its column grants).
 -- The upgrade rebuilds the primary key and the ordering index of inbox.outbox (ACCESS EXCLUSIVE on
 -- inbox.outbox while it runs: enqueues and claims wait, in proportion to the table's size).

@@ -1,11 +1,11 @@
--- pginbox: retention, 0.3.0 (docs/retention.md).
+-- pginbox: retention's watermark and released expired entries (docs/retention.md).
 --   * A released 'expired' entry lets exactly one delivery of its identity through: the claim that
 --     uses the release stamps release_used_at (inbox.release clears it again).
 --   * The purge deletes only rows produced before the watermark it announced, and records the
 --     latest produced_at it deleted (purged_produced_max): an operator may move a watermark that a
 --     mistaken policy pushed too far back down to that, never below (inbox.correct_watermark,
 --     audited in inbox.watermark_change).
--- Tables only: the functions are in 075_retention.sql. New in 0.3.0, numbered after the released
+-- Tables only: the functions are in 075_retention.sql. Numbered after the released
 -- changes (a reader grant of 096_reader_grants.sql would otherwise drop its column grant).
 BEGIN;
 

@@ -26,7 +26,6 @@
 -- pg_read_all_stats (granted below when the deploying role may grant it; else a NOTICE, and the
 -- functions answer 42501 with the GRANT to run), USAGE on schema inbox and EXECUTE on the two
 -- internal helpers, nothing else. Logical replication senders do not count.
--- New in 0.3.0.
 BEGIN;
 
 SET LOCAL search_path = pg_catalog, pg_temp;

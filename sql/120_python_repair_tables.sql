@@ -6,7 +6,7 @@
 -- (inbox.begin_granted_repair), or the failure is audited (inbox.granted_repair_failed). A grant is
 -- used once, and expires. Every decision still lands in inbox.quarantine_decision, decided_by the
 -- operator who granted it; this table says who ran it, with which handler.
--- Tables and types only: the functions are in 121_python_repair.sql. New in 0.3.0.
+-- Tables and types only: the functions are in 121_python_repair.sql.
 BEGIN;
 
 SET LOCAL search_path = pg_catalog, pg_temp;

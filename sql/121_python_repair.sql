@@ -16,7 +16,7 @@
 -- as the consumer, never with the operator's login). A grant is used once (applied or failed),
 -- names the handler the redeemer must run, and expires. Every decision is audited in
 -- inbox.quarantine_decision like inbox.repair's, decided_by the operator who granted it; the note
--- says which handler ran, as which login, under which grant. New in 0.3.0.
+-- says which handler ran, as which login, under which grant.
 BEGIN;
 
 SET LOCAL search_path = pg_catalog, pg_temp;

@@ -1,4 +1,4 @@
--- pginbox: the columns of deferred effects (0.3.0, issue 26): why the dispatcher last handed an
+-- pginbox: the columns of deferred effects: why the dispatcher last handed an
 -- effect back without spending an attempt, when, and how often. Functions in 126_outbox_defer.sql.
 BEGIN;
 

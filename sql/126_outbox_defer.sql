@@ -1,4 +1,4 @@
--- pginbox: deferring an effect without spending an attempt (0.3.0, issue 26); the columns are in
+-- pginbox: deferring an effect without spending an attempt; the columns are in
 -- 125_outbox_defer_tables.sql.
 -- A deployment-order incident is not a failed delivery: the dispatcher has no transport configured
 -- for the destination yet, or the broker cannot route the message yet (RabbitMQ answers

@@ -32,7 +32,6 @@ from pginbox.errors import PoolerError
 __all__ = [
     "BACKEND_PID",
     "PoolerError",
-    "abehind_pooler",
     "behind_pooler",
     "configure",
     "differs",
@@ -51,26 +50,22 @@ def differs(client_pid: int | None, server_pid: object) -> bool:
 
 def configure(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
     """Never prepare statements on this connection (safe behind a transaction pooler). Usable as the
-    `configure` callback of a psycopg_pool pool, sync or async (it does no I/O)."""
+    `configure` callback of a sync psycopg_pool.ConnectionPool; an AsyncConnectionPool awaits its
+    callback: give it `aconfigure`."""
     conn.prepare_threshold = None
 
 
-# A sync and an async flavour: detection is one query.
+async def aconfigure(conn: psycopg.AsyncConnection[Any]) -> None:
+    """`configure` for a psycopg_pool.AsyncConnectionPool (which awaits its callback)."""
+    conn.prepare_threshold = None
+
+
 def behind_pooler(conn: psycopg.Connection[Any]) -> bool:
     """Whether a pooler answered this connection's login (one query; the connection must be idle or
     in autocommit mode, and is left as it was)."""
     row = conn.execute(BACKEND_PID, prepare=False).fetchone()
     if not conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
         conn.rollback()
-    return differs(conn.info.backend_pid, row[0] if row else None)
-
-
-async def abehind_pooler(conn: psycopg.AsyncConnection[Any]) -> bool:
-    """`behind_pooler` for an AsyncConnection."""
-    cur = await conn.execute(BACKEND_PID, prepare=False)
-    row = await cur.fetchone()
-    if not conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
-        await conn.rollback()
     return differs(conn.info.backend_pid, row[0] if row else None)
 
 

@@ -9,16 +9,16 @@ keeps the source's layout and comments line for line, so the two files read side
 
 The conversion, in order:
 
-1. Directive blocks (comment lines starting with `#@`), for the few places where the two
-   flavours cannot be written the same way:
+1. Directive blocks (comment lines `# @ async`, `# @ sync`, `# @ end`: the spelling `ruff format`
+   gives them), for the few places where the two flavours cannot be written the same way:
 
-       #@ async: why
+       # @ async: why
        ...lines only the async module has...
-       #@ sync
+       # @ sync
        # ...the lines the sync module has instead, commented out (taken as they are, not renamed)
-       #@ end
+       # @ end
 
-   The `#@ sync` part is optional. The async module runs and is type-checked as written; the sync
+   The `# @ sync` part is optional. The async module runs and is type-checked as written; the sync
    lines are checked when the generated module is (ruff and mypy run over both).
 2. Tokens: `async` before def/with/for and every `await` are dropped; `Awaitable[X]` becomes `X`;
    names, attributes and dotted names are renamed by NAMES and DOTTED; identifiers inside strings,
@@ -27,7 +27,8 @@ The conversion, in order:
    the ones only the async module used, and joins the `with` statements the async module had to
    nest (a sync and an async context manager); it is the `ruff` of the environment (a dev
    dependency).
-4. A header says where the file came from.
+4. A header says where the file came from, and `ruff format` lays the result out, so that the
+   generated module is what `ruff format --check` expects (the async sources are formatted too).
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ TEXT: dict[str, str] = {
 }
 
 _TEXT_RE = re.compile(r"\b(" + "|".join(re.escape(k) for k in sorted(TEXT, key=len, reverse=True)) + r")\b")
-_DIRECTIVE = re.compile(r"^(\s*)#@\s*(async|sync|end)\b")
+_DIRECTIVE = re.compile(r"^(\s*)# ?@ ?(async|sync|end)\b")
 _SCRIPT = "python/tools/async_to_sync.py"
 
 
@@ -127,7 +128,7 @@ class _Edit:
 
 def _blocks(lines: list[str], name: str) -> tuple[list[str], set[int]]:
     """Lines of the sync module after the directive blocks, and the (0-based) indices of the lines
-    that came from `#@ sync` parts (kept as they are)."""
+    that came from `# @ sync` parts (kept as they are)."""
     out: list[str] = []
     verbatim: set[int] = set()
     mode = None  # None | "async" | "sync"
@@ -137,7 +138,7 @@ def _blocks(lines: list[str], name: str) -> tuple[list[str], set[int]]:
             word = found.group(2)
             allowed = {"async": (None,), "sync": ("async",), "end": ("async", "sync")}[word]
             if mode not in allowed:
-                raise ConversionError(f"{name}:{number}: `#@ {word}` where a block is {mode or 'not'} open")
+                raise ConversionError(f"{name}:{number}: `# @ {word}` where a block is {mode or 'not'} open")
             mode = None if word == "end" else word
             continue
         if mode == "async":
@@ -145,7 +146,7 @@ def _blocks(lines: list[str], name: str) -> tuple[list[str], set[int]]:
         if mode == "sync":
             stripped = line.lstrip()
             if not stripped.startswith("#"):
-                raise ConversionError(f"{name}:{number}: lines of a `#@ sync` part are comments")
+                raise ConversionError(f"{name}:{number}: lines of a `# @ sync` part are comments")
             indent = line[: len(line) - len(stripped)]
             code = stripped[1:]
             verbatim.add(len(out))
@@ -153,7 +154,7 @@ def _blocks(lines: list[str], name: str) -> tuple[list[str], set[int]]:
             continue
         out.append(line)
     if mode is not None:
-        raise ConversionError(f"{name}: a `#@ {mode}` block is not closed with `#@ end`")
+        raise ConversionError(f"{name}: a `# @ {mode}` block is not closed with `# @ end`")
     return out, verbatim
 
 
@@ -242,24 +243,19 @@ def _apply(lines: list[str], edits: list[_Edit]) -> list[str]:
     return text.splitlines(keepends=True)
 
 
-def _ruff_fix(source: str, output: Path) -> str:
+def _ruff(arguments: Sequence[str], source: str, output: Path) -> str:
+    """`source` through `ruff <arguments>`, configured as the file `output` would be."""
     ruff = Path(sys.executable).with_name("ruff")
-    command = [
-        str(ruff) if ruff.is_file() else "ruff",
-        "check",
-        "--fix-only",
-        "--exit-zero",
-        "--quiet",
-        "--select",
-        "I,F401,SIM117",
-        "--stdin-filename",
-        str(output),
-        "-",
-    ]
+    command = [str(ruff) if ruff.is_file() else "ruff", *arguments, "--stdin-filename", str(output), "-"]
     done = subprocess.run(command, input=source, capture_output=True, text=True, cwd=ROOT, check=False)
     if done.returncode != 0:
-        raise ConversionError(f"ruff failed on {output}: {done.stderr.strip()}")
+        raise ConversionError(f"ruff {arguments[0]} failed on {output}: {done.stderr.strip()}")
     return done.stdout
+
+
+def _ruff_fix(source: str, output: Path) -> str:
+    fixed = _ruff(["check", "--fix-only", "--exit-zero", "--quiet", "--select", "I,F401,SIM117"], source, output)
+    return _ruff(["format", "--quiet"], fixed, output)
 
 
 def convert(source: str, name: str, output: Path) -> str:

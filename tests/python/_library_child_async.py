@@ -1,6 +1,6 @@
-#@ async: this child is the source of _library_child.py
+# @ async: this child is the source of _library_child.py
 # python/tools/async_to_sync.py writes _library_child.py from this file: edit this one.
-#@ end
+# @ end
 """Child process for the crash-loop test in test_library_async.py.
 
 Usage: _library_child_async.py DSN MESSAGE_ID REDELIVERED(0|1)
@@ -37,8 +37,8 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    #@ async
+    # @ async
     asyncio.run(main())
-    #@ sync
+    # @ sync
     # main()
-    #@ end
+    # @ end

@@ -10,10 +10,11 @@ import socket
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 import psycopg
@@ -89,10 +90,7 @@ class _Destinations:
         )
 
     def close(self) -> None:
-        for transport in self.built:  # the broker transports hold connections and a loop
-            close = getattr(transport, "close", None)
-            if callable(close):
-                close()
+        _close_transports(self.built)
 
 
 @contextmanager
@@ -285,10 +283,22 @@ def dispatch(
     SIGHUP: read the destinations again, leases kept).
     With --once: exit status 3, and the count on stderr, when effects went dead during the run
     (also those whose last lease expired, when the role can read inbox.outbox)."""
-    from pginbox.dispatcher import Dispatcher, HealthServer
-    from pginbox.ops.metrics import DatabaseCollector
-
     state = ctx.find_object(State)
+    run = _RunSettings(
+        once=once,
+        name=name or f"pginbox-{socket.gethostname()}-{os.getpid()}",
+        verbose=state is not None and state.verbose,
+        dispatcher={
+            "batch_size": batch_size,
+            "lease": lease,
+            "concurrency_per_destination": concurrency,
+            "poll_interval": poll_interval,
+            "delivery_timeout": delivery_timeout,
+            "defer_after": defer_after,
+        },
+        purge_every=purge_every,
+        keep_delivered=datetime.timedelta(seconds=keep_delivered),
+    )
     if shard_dsns:
         for flag, value in (
             ("--health-port", health_port),
@@ -300,84 +310,24 @@ def dispatch(
                     f"{flag} serves one database: with --shard-dsn, run one process per shard for it (docs/scaling.md)"
                 )
         transports = _transports(config, callables)
-        logging.basicConfig(
-            level=logging.DEBUG if state is not None and state.verbose else logging.INFO,
-            format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        )
-        base = name or f"pginbox-{socket.gethostname()}-{os.getpid()}"
-        shards = [database(ctx, shard_dsn) for shard_dsn in shard_dsns]
-        dispatchers = [
-            Dispatcher(
-                shard_dsn,
-                f"{base}-shard{i}",
-                transports,
-                batch_size=batch_size,
-                lease=lease,
-                concurrency_per_destination=concurrency,
-                poll_interval=poll_interval,
-                delivery_timeout=delivery_timeout,
-            )
-            for i, shard_dsn in enumerate(shards)
-        ]
-        purgers = [
-            PeriodicPurger(shard_dsn, purge_every, keep_delivered=datetime.timedelta(seconds=keep_delivered))
-            if purge_every is not None
-            else None
-            for shard_dsn in shards
-        ]
-        try:
-            failures = _run_shards(dispatchers, purgers, once=once)
-        finally:
-            for purger in purgers:
-                if purger is not None:
-                    purger.stop()
-            for one in dispatchers:
-                one.close()
-            for transport in transports.values():
-                close = getattr(transport, "close", None)
-                if callable(close):
-                    close()
-        for shard_dsn, one in zip(shards, dispatchers, strict=True):
-            stats = one.stats.as_dict()
-            click.echo(
-                f"shard={mask_dsn(shard_dsn)} " + " ".join(f"{k}={'-' if v is None else v}" for k, v in stats.items())
-            )
-        if failures:
-            raise click.ClickException("; ".join(failures))
-        died = sum(one.stats.dead for one in dispatchers)
-        if once and died:
-            click.echo(
-                f"pginbox dispatch: {died} effect{'s' if died != 1 else ''} went dead during this run; "
-                "see `pginbox outbox list --status dead` on each shard",
-                err=True,
-            )
-            raise click.exceptions.Exit(EXIT_EFFECTS_DEAD)
+        run.configure_logging()
+        _dispatch_shards(run, [database(ctx, shard_dsn) for shard_dsn in shard_dsns], transports)
         return
+
+    from pginbox.dispatcher import HealthServer
+    from pginbox.ops.metrics import DatabaseCollector
 
     dsn = database(ctx, command_dsn)
     destinations = _Destinations(config, callables)
-    logging.basicConfig(
-        level=logging.DEBUG if state is not None and state.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
-    dispatcher = Dispatcher(
+    run.configure_logging()
+    dispatcher = run.new_dispatcher(
         dsn,
-        name or f"pginbox-{socket.gethostname()}-{os.getpid()}",
+        run.name,
         destinations.current,
-        batch_size=batch_size,
-        lease=lease,
-        concurrency_per_destination=concurrency,
-        poll_interval=poll_interval,
-        delivery_timeout=delivery_timeout,
         extra_collectors=[DatabaseCollector(dsn)] if database_metrics else (),
         listen_dsn=listen_dsn,
-        defer_after=defer_after,
     )
-    purger = None
-    if purge_every is not None:
-        purger = PeriodicPurger(
-            listen_dsn or dsn, purge_every, keep_delivered=datetime.timedelta(seconds=keep_delivered)
-        )
+    purger = run.new_purger(listen_dsn or dsn)
     health = None
     dead_before = _dead_effects(dsn) if once else None
     with _stopped_by_signals(dispatcher, destinations):
@@ -392,8 +342,7 @@ def dispatch(
                 health.close()
             dispatcher.close()
             destinations.close()
-    stats = dispatcher.stats.as_dict()
-    click.echo(" ".join(f"{k}={'-' if v is None else v}" for k, v in stats.items()))
+    _echo_stats(dispatcher.stats.as_dict())
     deferring = dispatcher.stats.deferring_now()
     if once and deferring:
         waiting = ", ".join(f"{destination} ({reason})" for destination, reason in deferring.items())
@@ -406,13 +355,79 @@ def dispatch(
         died = _died_during_run(
             dead_before, _dead_effects(dsn) if dead_before is not None else None, dispatcher.stats.dead
         )
-        if died:
-            click.echo(
-                f"pginbox dispatch: {died} effect{'s' if died != 1 else ''} went dead during this run; "
-                "see `pginbox outbox list --status dead`, then redrive or discard them",
-                err=True,
-            )
-            raise click.exceptions.Exit(EXIT_EFFECTS_DEAD)
+        _exit_if_died(died, "see `pginbox outbox list --status dead`, then redrive or discard them")
+
+
+@dataclass(frozen=True)
+class _RunSettings:
+    """What `dispatch` was asked for, shared by the single-database run and the one over shards."""
+
+    once: bool
+    name: str
+    verbose: bool
+    dispatcher: dict[str, Any]  # Dispatcher keyword arguments every dispatcher of the run takes
+    purge_every: float | None
+    keep_delivered: datetime.timedelta
+
+    def configure_logging(self) -> None:
+        logging.basicConfig(
+            level=logging.DEBUG if self.verbose else logging.INFO,
+            format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        )
+
+    def new_dispatcher(self, dsn: str, name: str, transports: dict[str, Transport], **more: Any) -> Dispatcher:
+        from pginbox.dispatcher import Dispatcher
+
+        return Dispatcher(dsn, name, transports, **self.dispatcher, **more)
+
+    def new_purger(self, dsn: str) -> PeriodicPurger | None:
+        """--purge-every: a purger of `dsn` beside the dispatcher."""
+        if self.purge_every is None:
+            return None
+        return PeriodicPurger(dsn, self.purge_every, keep_delivered=self.keep_delivered)
+
+
+def _dispatch_shards(run: _RunSettings, shards: list[str], transports: dict[str, Transport]) -> None:
+    """`dispatch --shard-dsn ...`: one dispatcher (and purger) per shard in this process."""
+    dispatchers = [run.new_dispatcher(dsn, f"{run.name}-shard{i}", transports) for i, dsn in enumerate(shards)]
+    purgers = [run.new_purger(dsn) for dsn in shards]
+    try:
+        failures = _run_shards(dispatchers, purgers, once=run.once)
+    finally:
+        for purger in purgers:
+            if purger is not None:
+                purger.stop()
+        for one in dispatchers:
+            one.close()
+        _close_transports(transports.values())
+    for dsn, one in zip(shards, dispatchers, strict=True):
+        _echo_stats(one.stats.as_dict(), prefix=f"shard={mask_dsn(dsn)} ")
+    if failures:
+        raise click.ClickException("; ".join(failures))
+    if run.once:
+        _exit_if_died(
+            sum(one.stats.dead for one in dispatchers), "see `pginbox outbox list --status dead` on each shard"
+        )
+
+
+def _echo_stats(stats: dict[str, object], prefix: str = "") -> None:
+    click.echo(prefix + " ".join(f"{k}={'-' if v is None else v}" for k, v in stats.items()))
+
+
+def _exit_if_died(died: int, advice: str) -> None:
+    """--once: exit with EXIT_EFFECTS_DEAD, saying how many and what to do, when effects went dead."""
+    if died:
+        click.echo(
+            f"pginbox dispatch: {died} effect{'s' if died != 1 else ''} went dead during this run; {advice}", err=True
+        )
+        raise click.exceptions.Exit(EXIT_EFFECTS_DEAD)
+
+
+def _close_transports(transports: Iterable[Transport]) -> None:
+    for transport in transports:  # the broker transports hold connections and a loop
+        close = getattr(transport, "close", None)
+        if callable(close):
+            close()
 
 
 class _All:

@@ -154,7 +154,16 @@ def _clean(text: str) -> str:
 def describe(exc: BaseException, *, dsn: str | None = None, command: str | None = None) -> str:
     """The text of the error for `exc` (without click's 'Error: '): its first line, then what
     the database said that the first line does not already say."""
+    first = _first_line(exc)
+    if len(first) > 1000:
+        first = first[:997] + "..."
     db = database_error(exc)
+    if db is None or db.diag is None:
+        return first
+    return "\n".join([first, *_database_lines(db, first, dsn, command)])
+
+
+def _first_line(exc: BaseException) -> str:
     if isinstance(exc, psycopg.Error):
         first = _clean(exc.diag.message_primary or "") if exc.diag else ""
         if not first:
@@ -163,30 +172,31 @@ def describe(exc: BaseException, *, dsn: str | None = None, command: str | None 
         if exc.sqlstate:
             name = SQLSTATE_NAMES.get(exc.sqlstate, "")
             first = f"{first} [SQLSTATE {exc.sqlstate}{' ' + name if name else ''}]"
-    elif isinstance(exc, PginboxError):
+        return first
+    if isinstance(exc, PginboxError):
         first = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
-        if isinstance(exc, SqitchError):
-            first = first.split("\n", 1)[0]
-    else:
-        text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        first = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    if len(first) > 1000:
-        first = first[:997] + "..."
-    out = [first]
-    if db is not None and db.diag is not None:
-        diag = db.diag
-        primary = _clean(diag.message_primary or "")
-        bare = primary.split(": ", 1)[1] if primary.startswith("inbox.") and ": " in primary else primary
-        if primary and bare.rstrip(".") not in first:
-            out.append(f"  database: {primary}")
-        for label, value in (("DETAIL", diag.message_detail), ("HINT", diag.message_hint)):
-            text = _clean(value or "")
-            if text and text.rstrip(".") not in first:
-                out.append(f"  {label}: {text}")
-        if db.sqlstate and f"SQLSTATE {db.sqlstate}" not in first:
-            name = SQLSTATE_NAMES.get(db.sqlstate, "")
-            out.append(f"  SQLSTATE: {db.sqlstate}{' ' + name if name else ''}")
-        needs = role_needed(db, dsn, command)
-        if needs:
-            out.append(f"  needs: {needs}")
-    return "\n".join(out)
+        return first.split("\n", 1)[0] if isinstance(exc, SqitchError) else first
+    text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _database_lines(db: psycopg.Error, first: str, dsn: str | None, command: str | None) -> list[str]:
+    """What the database said (message, DETAIL, HINT, SQLSTATE) that `first` does not say, and the
+    group role the command needs when that is what is missing."""
+    out = []
+    diag = db.diag
+    primary = _clean(diag.message_primary or "")
+    bare = primary.split(": ", 1)[1] if primary.startswith("inbox.") and ": " in primary else primary
+    if primary and bare.rstrip(".") not in first:
+        out.append(f"  database: {primary}")
+    for label, value in (("DETAIL", diag.message_detail), ("HINT", diag.message_hint)):
+        text = _clean(value or "")
+        if text and text.rstrip(".") not in first:
+            out.append(f"  {label}: {text}")
+    if db.sqlstate and f"SQLSTATE {db.sqlstate}" not in first:
+        name = SQLSTATE_NAMES.get(db.sqlstate, "")
+        out.append(f"  SQLSTATE: {db.sqlstate}{' ' + name if name else ''}")
+    needs = role_needed(db, dsn, command)
+    if needs:
+        out.append(f"  needs: {needs}")
+    return out

@@ -205,10 +205,10 @@ def outbox_redrive(
             row = outbox.redrive_effect(conn, effect_id, note, consumer)
         if as_json:
             echo_json(jsonable(row))
-            return
-        click.echo(
-            f"effect {effect_id} of consumer {fmt(row['consumer'])}: {row['status']} (attempts {row['attempts']})"
-        )
+        else:
+            click.echo(
+                f"effect {effect_id} of consumer {fmt(row['consumer'])}: {row['status']} (attempts {row['attempts']})"
+            )
         return
     if not filters and not all_dead:
         raise click.UsageError(
@@ -229,15 +229,7 @@ def outbox_redrive(
             limit=limit,
         )
         if dry_run:
-            if as_json:
-                echo_json({"dry_run": True, "selected": len(chosen), "effects": [jsonable(r) for r in chosen]})
-            else:
-                for r in chosen:
-                    click.echo(f"{r['effect_id']}  consumer {fmt(r['consumer'])}")
-                click.echo(
-                    f"{len(chosen)} dead effect{'s' if len(chosen) != 1 else ''} would be redriven "
-                    "(--dry-run: nothing changed)"
-                )
+            _echo_dry_run(chosen, as_json=as_json)
             return
 
         def render(done: outbox.BulkRedrive) -> Render:
@@ -255,6 +247,21 @@ def outbox_redrive(
         finally:
             if progress is not None:
                 progress.close()
+    _echo_bulk_redrive(result, limit_reached=len(chosen) >= limit, limit=limit, as_json=as_json)
+
+
+def _echo_dry_run(chosen: list[dict[str, Any]], *, as_json: bool) -> None:
+    if as_json:
+        echo_json({"dry_run": True, "selected": len(chosen), "effects": [jsonable(r) for r in chosen]})
+        return
+    for r in chosen:
+        click.echo(f"{r['effect_id']}  consumer {fmt(r['consumer'])}")
+    click.echo(
+        f"{len(chosen)} dead effect{'s' if len(chosen) != 1 else ''} would be redriven (--dry-run: nothing changed)"
+    )
+
+
+def _echo_bulk_redrive(result: outbox.BulkRedrive, *, limit_reached: bool, limit: int, as_json: bool) -> None:
     if as_json:
         echo_json(
             {
@@ -262,12 +269,12 @@ def outbox_redrive(
                 "redriven": result.redriven,
                 "skipped": result.skipped,
                 "first_skip": result.first_skip,
-                "limit_reached": len(chosen) >= limit,
+                "limit_reached": limit_reached,
                 "effects": [jsonable(r) for r in result.effects],
             }
         )
         return
-    more = f"; --limit {limit} reached, run again for the rest" if len(chosen) >= limit else ""
+    more = f"; --limit {limit} reached, run again for the rest" if limit_reached else ""
     skipped = f", {result.skipped} skipped ({result.first_skip})" if result.skipped else ""
     click.echo(
         f"redrove {result.redriven} of {result.selected} dead effects{skipped}{more}; "

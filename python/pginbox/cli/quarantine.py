@@ -178,6 +178,10 @@ def quarantine_show(
             f"processed_at {fmt(m['processed_at'])}"
         )
 
+    _echo_payload(details, show_payload)
+
+
+def _echo_payload(details: ops.EntryDetails, show_payload: bool) -> None:
     if not show_payload:
         click.echo("payload: not shown (sensitive; --show-payload prints it)")
     elif details.payload is not None:
@@ -186,7 +190,8 @@ def quarantine_show(
     elif details.payload_bytes is not None:
         click.echo(f"payload: {len(details.payload_bytes)} bytes (not JSON; --json prints them in base64)")
     else:
-        click.echo("payload: not stored" + (f" (payload_ref {entry['payload_ref']})" if entry["payload_ref"] else ""))
+        ref = details.entry["payload_ref"]
+        click.echo("payload: not stored" + (f" (payload_ref {ref})" if ref else ""))
 
 
 _DECISION_HELP = {

@@ -254,15 +254,20 @@ def replay_run(
         finally:
             if progress is not None:
                 progress.close()
+    _echo_run(result, plan, quiet=quiet, as_json=as_json)
+
+
+def _echo_run(result: replay.RunResult, plan: str, *, quiet: bool, as_json: bool) -> None:
+    """What a (SQL handler) run did: JSON, nothing (quiet), or a line and the reasons."""
     if as_json:
         echo_json(result.as_json())
         return
     if quiet:
         return
     click.echo(
-        f"replay plan {plan_id}: {result.status}; this run applied {result.applied_now}, failed {result.failed_now}, "
-        f"skipped {result.skipped_now} ({result.calls} call(s)); totals: pending {result.pending}, "
-        f"applied {result.applied}, failed {result.failed}, skipped {result.skipped}"
+        f"replay plan {result.plan_id}: {result.status}; this run applied {result.applied_now}, "
+        f"failed {result.failed_now}, skipped {result.skipped_now} ({result.calls} call(s)); totals: "
+        f"pending {result.pending}, applied {result.applied}, failed {result.failed}, skipped {result.skipped}"
     )
     for line in reason_lines(result, plan):
         click.echo(line)

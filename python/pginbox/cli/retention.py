@@ -140,16 +140,29 @@ def purge_command(
             progress.close()
     if as_json:
         echo_json({"consumers": [r.as_dict() for r in reports]})
-    elif not reports and not quiet:
-        click.echo("no consumer has a retention policy: nothing is ever purged (pginbox retention set ...)")
-    for report in reports if not as_json else []:
+    else:
+        _echo_reports(reports, wait_timeout, quiet=quiet)
+    if status := _exit_status(reports, consumer):
+        ctx.exit(status)
+
+
+def _echo_reports(reports: list[retention.PurgeReport], wait_timeout: float, *, quiet: bool, prefix: str = "") -> None:
+    """One line per consumer (with quiet: only the timeouts), each after `prefix`."""
+    if not reports and not quiet:
+        click.echo(f"{prefix}no consumer has a retention policy: nothing is ever purged (pginbox retention set ...)")
+    for report in reports:
         if quiet and report.status != "timeout":
             continue
-        click.echo(f"{report.consumer}: {_report_line(report, wait_timeout)}", err=report.status == "timeout")
+        click.echo(f"{prefix}{report.consumer}: {_report_line(report, wait_timeout)}", err=report.status == "timeout")
+
+
+def _exit_status(reports: list[retention.PurgeReport], consumer: str | None) -> int:
+    """EXIT_TIMEOUT, else EXIT_NO_POLICY for a named consumer without a policy, else 0."""
     if any(r.status == "timeout" for r in reports):
-        ctx.exit(EXIT_TIMEOUT)
+        return EXIT_TIMEOUT
     if consumer is not None and any(r.status == "no_policy" for r in reports):
-        ctx.exit(EXIT_NO_POLICY)
+        return EXIT_NO_POLICY
+    return 0
 
 
 def _report_line(report: retention.PurgeReport, wait_timeout: float) -> str:
@@ -181,7 +194,8 @@ def _purge_shards(
     failed, 75 a timeout, 3 a named consumer without a policy on some shard."""
     state = ctx.find_object(State)
     results: list[dict[str, Any]] = []
-    failed = timeout = no_policy = False
+    every_report: list[retention.PurgeReport] = []
+    failed = False
     for dsn in shard_dsns:
         shard = mask_dsn(dsn)
         progress = progress_for_stderr(show_progress, quiet)
@@ -200,27 +214,15 @@ def _purge_shards(
             if progress is not None:
                 progress.close()
         results.append({"shard": shard, "consumers": [r.as_dict() for r in reports]})
-        timeout = timeout or any(r.status == "timeout" for r in reports)
-        no_policy = no_policy or (consumer is not None and any(r.status == "no_policy" for r in reports))
-        if as_json:
-            continue
-        if not reports and not quiet:
-            click.echo(f"{shard}: no consumer has a retention policy: nothing is ever purged")
-        for report in reports:
-            if quiet and report.status != "timeout":
-                continue
-            click.echo(
-                f"{shard}: {report.consumer}: {_report_line(report, float(options['wait_timeout']))}",
-                err=report.status == "timeout",
-            )
+        every_report += reports
+        if not as_json:
+            _echo_reports(reports, float(options["wait_timeout"]), quiet=quiet, prefix=f"{shard}: ")
     if as_json:
         echo_json({"shards": results})
     if failed:
         ctx.exit(1)
-    if timeout:
-        ctx.exit(EXIT_TIMEOUT)
-    if no_policy:
-        ctx.exit(EXIT_NO_POLICY)
+    if status := _exit_status(every_report, consumer):
+        ctx.exit(status)
 
 
 def _purge_all(

@@ -9,7 +9,7 @@ import psycopg
 
 from pginbox.cli.context import database, dsn_option
 from pginbox.cli.output import echo_json, format_age, indent, table
-from pginbox.ops.status import inbox_status, parse_sqitch_status
+from pginbox.ops.status import InboxStatus, inbox_status, parse_sqitch_status
 from pginbox.schema import sqitch
 
 __all__ = ["status"]
@@ -55,13 +55,7 @@ def status(ctx: click.Context, command_dsn: str | None, as_json: bool) -> None:
     """Deployed Sqitch changes, messages by status and quarantine entries. Exits 3 when schema inbox
     is not deployed, 4 when this package cannot work with it (deploy to upgrade it)."""
     dsn = database(ctx, command_dsn)
-    sqitch_output: str | None = None
-    sqitch_problem = _registry_unreadable(dsn)
-    if sqitch_problem is None:
-        try:
-            sqitch_output = sqitch.run("status", dsn, "--show-changes")
-        except sqitch.SqitchError as exc:
-            sqitch_problem = sqitch.summarize_output(exc.output) if exc.output.strip() else str(exc)
+    sqitch_output, sqitch_problem = _sqitch_status(dsn)
     with psycopg.connect(dsn, autocommit=True, application_name="pginbox-cli") as conn:
         found = inbox_status(conn)
 
@@ -88,6 +82,22 @@ def status(ctx: click.Context, command_dsn: str | None, as_json: bool) -> None:
     if found.problem:
         click.echo(f"inbox: {found.problem}")
         return
+    _echo_counts(found)
+
+
+def _sqitch_status(dsn: str) -> tuple[str | None, str | None]:
+    """(`sqitch status --show-changes` output, None), or (None, why it could not be read)."""
+    problem = _registry_unreadable(dsn)
+    if problem is not None:
+        return None, problem
+    try:
+        return sqitch.run("status", dsn, "--show-changes"), None
+    except sqitch.SqitchError as exc:
+        return None, sqitch.summarize_output(exc.output) if exc.output.strip() else str(exc)
+
+
+def _echo_counts(found: InboxStatus) -> None:
+    """Messages and quarantine entries by status, and the consumers with the most open entries."""
     click.echo("inbox.message by status:")
     for message_status, count in found.messages.items():
         click.echo(f"  {message_status:<12} {count}")

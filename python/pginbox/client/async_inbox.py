@@ -1,8 +1,8 @@
-#@ async: the sync client is generated from this module
+# @ async: the sync client is generated from this module
 # This module is the one source of both clients: python/tools/async_to_sync.py writes
 # pginbox/client/inbox.py (Inbox) from it, and tests/run fails when that file is out of date.
 # Edit this file, then run `python python/tools/async_to_sync.py`.
-#@ end
+# @ end
 """`AsyncInbox`: the client of schema `inbox` (psycopg.AsyncConnection or
 psycopg_pool.AsyncConnectionPool).
 
@@ -37,10 +37,10 @@ from psycopg.rows import TupleRow, tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTimeout
 
-#@ async: the sync module names the async pool in its type check below
-#@ sync
+# @ async: the sync module names the async pool in its type check below
+# @ sync
 # from psycopg_pool import AsyncConnectionPool
-#@ end
+# @ end
 from pginbox import pooler
 from pginbox.client import queries
 from pginbox.client import shared as _core
@@ -148,8 +148,10 @@ class AsyncInbox:
                       version the SQL handler was registered with).
     retry             RetryPolicy for transient errors.
     pipeline          True: BEGIN and the claim travel in one round trip (psycopg pipeline mode);
-                      False: two round trips, but less client CPU per message (a local database
-                      and a CPU-bound client). Ignored where libpq has no pipeline mode.
+                      False: two round trips, but less client CPU per message. None (default):
+                      pipelined unless the server is on this machine (a Unix socket or a loopback
+                      address), where a round trip costs less than the pipeline's client CPU.
+                      Ignored where libpq has no pipeline mode.
     raise_on_failure  default of `handle(..., raise_on_failure=)`: False returns a FAILED or
                       QUARANTINED Result; True re-raises the handler's exception after recording it.
     batch_size        chunk size of apply_batch / handle_batch (at most 64).
@@ -173,7 +175,7 @@ class AsyncInbox:
         retry: RetryPolicy | None = None,
         raise_on_failure: bool = False,
         batch_size: int = MAX_BATCH,
-        pipeline: bool = True,
+        pipeline: bool | None = None,
         durability: Durability | None = None,
     ) -> None:
         _core.check_names(consumer, handler_version)
@@ -182,7 +184,7 @@ class AsyncInbox:
         self.handler_version = handler_version
         self.raise_on_failure = raise_on_failure
         self.batch_size = _core.check_batch_size(batch_size)
-        self.pipeline = pipeline and _PIPELINE
+        self.pipeline = pipeline if _PIPELINE else False
         self._stats = _core.StatsCounter()
         self._protocol = Protocol(
             retry if retry is not None else RetryPolicy(),
@@ -198,10 +200,10 @@ class AsyncInbox:
         self._pool: AsyncConnectionPool[Any] | None = None
         self._conn: AConn | None = None
         self._own_conn = False
-        #@ async: (a comment only the async module needs)
+        # @ async: (a comment only the async module needs)
         # Created here, like the sync module's threading.Lock: an asyncio.Lock binds to the running
         # loop only when a caller first waits on it (Python >= 3.10), so it needs no loop yet.
-        #@ end
+        # @ end
         self._lock = asyncio.Lock()
         given: object = conn_or_pool  # checked at run time too: callers are not always typed
         if isinstance(given, AsyncConnectionPool):
@@ -209,13 +211,13 @@ class AsyncInbox:
         elif isinstance(given, psycopg.AsyncConnection):
             self._conn = given
             self._snapshot_connection(given)
-        #@ async: the other flavour's classes (the generated code names the async ones)
+        # @ async: the other flavour's classes (the generated code names the async ones)
         elif isinstance(given, psycopg.Connection | ConnectionPool):
             raise TypeError("AsyncInbox takes an async connection or pool; use pginbox.Inbox for sync code")
-        #@ sync
+        # @ sync
         # elif isinstance(given, psycopg.AsyncConnection | AsyncConnectionPool):
         #     raise TypeError("Inbox takes a sync connection or pool; use pginbox.AsyncInbox for asyncio")
-        #@ end
+        # @ end
         else:
             raise TypeError(
                 "AsyncInbox takes a psycopg.AsyncConnection or a psycopg_pool.AsyncConnectionPool, "
@@ -269,9 +271,7 @@ class AsyncInbox:
         async with self._connection() as conn:
             return await self._check_schema(conn)
 
-    async def handle(
-        self, message: Message, handler: AsyncHandler, *, raise_on_failure: bool | None = None
-    ) -> Result:
+    async def handle(self, message: Message, handler: AsyncHandler, *, raise_on_failure: bool | None = None) -> Result:
         """Claim `message` and run `handler(cursor, message)` in the transaction that holds the
         claim; commit only if the handler returns.
 
@@ -287,19 +287,26 @@ class AsyncInbox:
         def record_failure(error: BaseException) -> Callable[[], Awaitable[Result]]:
             reason, text = _core.failure_reason(error)
             params = _core.record_failure_params(consumer, version, message, reason, text)
-            return partial(self._attempt, partial(self._statement_tx, query=queries.RECORD_FAILURE, params=params,
-                                                  build=_core.first_result))
+            return partial(
+                self._attempt,
+                partial(self._statement_tx, query=queries.RECORD_FAILURE, params=params, build=_core.first_result),
+            )
 
         start = None
         if message.redelivered:
             params = _core.record_starts_params(consumer, version, [message])
-            start = partial(self._attempt, partial(self._statement_tx, query=queries.RECORD_STARTS, params=params,
-                                                   build=_core.first_start))
-        result = await drive_async(self._protocol.handle(
-            message, start=start, attempt=partial(self._attempt, partial(self._handle_attempt, message=message,
-                                                                           handler=handler)),
-            record_failure=record_failure,
-        ))
+            start = partial(
+                self._attempt,
+                partial(self._statement_tx, query=queries.RECORD_STARTS, params=params, build=_core.first_start),
+            )
+        result = await drive_async(
+            self._protocol.handle(
+                message,
+                start=start,
+                attempt=partial(self._attempt, partial(self._handle_attempt, message=message, handler=handler)),
+                record_failure=record_failure,
+            )
+        )
         result = await self._durable(result)
         return raise_if_failed(result, message, self.raise_on_failure if raise_on_failure is None else raise_on_failure)
 
@@ -337,8 +344,13 @@ class AsyncInbox:
                 params = _core.batch_params(self.consumer, [chunk[i] for i in pending])
                 extra = None if before_commit is None else _core.chunk_hook(before_commit, start, out, pending)
                 applied = await self._run(
-                    partial(self._statement_tx, query=queries.CLAIM_AND_APPLY_BATCH, params=params,
-                            build=_core.batch_results, extra=extra),
+                    partial(
+                        self._statement_tx,
+                        query=queries.CLAIM_AND_APPLY_BATCH,
+                        params=params,
+                        build=_core.batch_results,
+                        extra=extra,
+                    ),
                     cost,
                 )
                 for i, r in zip(pending, applied, strict=True):
@@ -438,8 +450,14 @@ class AsyncInbox:
                 "the effect would commit apart from the write it belongs to (open one with conn.transaction())"
             )
         params = (
-            effect_id, destination, Jsonb(payload), None if headers is None else Jsonb(dict(headers)),
-            ordering_key, available_at, self.consumer, tenant,
+            effect_id,
+            destination,
+            Jsonb(payload),
+            None if headers is None else Jsonb(dict(headers)),
+            ordering_key,
+            available_at,
+            self.consumer,
+            tenant,
         )
         cur = await conn.execute(queries.ENQUEUE, params)
         row = await cur.fetchone()
@@ -449,13 +467,17 @@ class AsyncInbox:
     # ------------------------------------------------------------------------- attempts
 
     async def _handle_attempt(self, conn: AConn, message: Message, handler: AsyncHandler) -> Result | Failure:
-        switched = await _enter_autocommit(conn, self.pipeline)
+        pipeline = _core.use_pipeline(self.pipeline, conn.info)
+        switched = await _enter_autocommit(conn, pipeline)
         try:
             cur = conn.cursor(row_factory=tuple_row)
             try:
                 await _begin_and_execute(
-                    conn, cur, queries.CLAIM, _core.claim_params(self.consumer, self.handler_version, message),
-                    self.pipeline,
+                    conn,
+                    cur,
+                    queries.CLAIM,
+                    _core.claim_params(self.consumer, self.handler_version, message),
+                    pipeline,
                 )
                 row = await cur.fetchone()
             except BaseException:
@@ -504,10 +526,13 @@ class AsyncInbox:
                 await hcur.close()
         status = conn.pgconn.transaction_status
         verdict = judge_handler(
-            error, returned,
+            error,
+            returned,
             transient=None if error is None else classify(error),
             lost=conn.closed if error is None else _core.connection_lost(error, conn),
-            failed_tx=status == _INERROR, ended_tx=status == _IDLE, client="AsyncInbox",
+            failed_tx=status == _INERROR,
+            ended_tx=status == _IDLE,
+            client="AsyncInbox",
         )
         if verdict is None:
             return None
@@ -529,7 +554,7 @@ class AsyncInbox:
         the same transaction. An identity repeated within the chunk is claimed with inbox.claim
         once the earlier one is decided."""
         out: list[tuple[Result, BaseException | None]] = []
-        pipeline = self.pipeline
+        pipeline = _core.use_pipeline(self.pipeline, conn.info)
         switched = await _enter_autocommit(conn, pipeline)
         try:
             cur = conn.cursor(row_factory=tuple_row)
@@ -580,7 +605,8 @@ class AsyncInbox:
                         # The claim was made before the savepoint: take it back (a repeat's claim
                         # was inside it and rolled back with the handler's writes).
                         await cur.execute(
-                            queries.UNCLAIM, (self.consumer, message.tenant, message.producer, message.message_id),
+                            queries.UNCLAIM,
+                            (self.consumer, message.tenant, message.producer, message.message_id),
                             prepare=True,
                         )
                     reason, text = _core.failure_reason(failure.error)
@@ -605,16 +631,21 @@ class AsyncInbox:
         return out
 
     async def _statement_tx(
-        self, conn: AConn, query: Any, params: Any, build: Callable[[list[TupleRow]], T],
+        self,
+        conn: AConn,
+        query: Any,
+        params: Any,
+        build: Callable[[list[TupleRow]], T],
         extra: Callable[[T], tuple[Any, Any] | None] | None = None,
     ) -> T:
         """One statement in a transaction of its own: BEGIN + statement, then COMMIT (`extra`: a
         second statement from the first one's value, before COMMIT)."""
-        switched = await _enter_autocommit(conn, self.pipeline)
+        pipeline = _core.use_pipeline(self.pipeline, conn.info)
+        switched = await _enter_autocommit(conn, pipeline)
         try:
             cur = conn.cursor(row_factory=tuple_row)
             try:
-                await _begin_and_execute(conn, cur, query, params, self.pipeline)
+                await _begin_and_execute(conn, cur, query, params, pipeline)
                 rows = await cur.fetchall()
                 value = build(rows)
                 statement = None if extra is None else extra(value)

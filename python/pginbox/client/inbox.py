@@ -113,9 +113,7 @@ def _check_idle(conn: Conn) -> None:
         )
 
 
-def _begin_and_execute(
-    conn: Conn, cur: psycopg.Cursor[TupleRow], query: Any, params: Any, pipeline: bool
-) -> None:
+def _begin_and_execute(conn: Conn, cur: psycopg.Cursor[TupleRow], query: Any, params: Any, pipeline: bool) -> None:
     """BEGIN, then `query`: in one round trip in pipeline mode, else in two (a connection not in
     autocommit mode gets psycopg's own BEGIN, which honours its isolation_level, read_only and
     deferrable)."""
@@ -141,8 +139,10 @@ class Inbox:
                       version the SQL handler was registered with).
     retry             RetryPolicy for transient errors.
     pipeline          True: BEGIN and the claim travel in one round trip (psycopg pipeline mode);
-                      False: two round trips, but less client CPU per message (a local database
-                      and a CPU-bound client). Ignored where libpq has no pipeline mode.
+                      False: two round trips, but less client CPU per message. None (default):
+                      pipelined unless the server is on this machine (a Unix socket or a loopback
+                      address), where a round trip costs less than the pipeline's client CPU.
+                      Ignored where libpq has no pipeline mode.
     raise_on_failure  default of `handle(..., raise_on_failure=)`: False returns a FAILED or
                       QUARANTINED Result; True re-raises the handler's exception after recording it.
     batch_size        chunk size of apply_batch / handle_batch (at most 64).
@@ -166,7 +166,7 @@ class Inbox:
         retry: RetryPolicy | None = None,
         raise_on_failure: bool = False,
         batch_size: int = MAX_BATCH,
-        pipeline: bool = True,
+        pipeline: bool | None = None,
         durability: Durability | None = None,
     ) -> None:
         _core.check_names(consumer, handler_version)
@@ -175,7 +175,7 @@ class Inbox:
         self.handler_version = handler_version
         self.raise_on_failure = raise_on_failure
         self.batch_size = _core.check_batch_size(batch_size)
-        self.pipeline = pipeline and _PIPELINE
+        self.pipeline = pipeline if _PIPELINE else False
         self._stats = _core.StatsCounter()
         self._protocol = Protocol(
             retry if retry is not None else RetryPolicy(),
@@ -202,8 +202,7 @@ class Inbox:
             raise TypeError("Inbox takes a sync connection or pool; use pginbox.AsyncInbox for asyncio")
         else:
             raise TypeError(
-                "Inbox takes a psycopg.Connection or a psycopg_pool.ConnectionPool, "
-                f"not {type(given).__name__}"
+                f"Inbox takes a psycopg.Connection or a psycopg_pool.ConnectionPool, not {type(given).__name__}"
             )
 
     # ------------------------------------------------------------------------- public API
@@ -253,9 +252,7 @@ class Inbox:
         with self._connection() as conn:
             return self._check_schema(conn)
 
-    def handle(
-        self, message: Message, handler: Handler, *, raise_on_failure: bool | None = None
-    ) -> Result:
+    def handle(self, message: Message, handler: Handler, *, raise_on_failure: bool | None = None) -> Result:
         """Claim `message` and run `handler(cursor, message)` in the transaction that holds the
         claim; commit only if the handler returns.
 
@@ -271,19 +268,26 @@ class Inbox:
         def record_failure(error: BaseException) -> Callable[[], Result]:
             reason, text = _core.failure_reason(error)
             params = _core.record_failure_params(consumer, version, message, reason, text)
-            return partial(self._attempt, partial(self._statement_tx, query=queries.RECORD_FAILURE, params=params,
-                                                  build=_core.first_result))
+            return partial(
+                self._attempt,
+                partial(self._statement_tx, query=queries.RECORD_FAILURE, params=params, build=_core.first_result),
+            )
 
         start = None
         if message.redelivered:
             params = _core.record_starts_params(consumer, version, [message])
-            start = partial(self._attempt, partial(self._statement_tx, query=queries.RECORD_STARTS, params=params,
-                                                   build=_core.first_start))
-        result = drive(self._protocol.handle(
-            message, start=start, attempt=partial(self._attempt, partial(self._handle_attempt, message=message,
-                                                                           handler=handler)),
-            record_failure=record_failure,
-        ))
+            start = partial(
+                self._attempt,
+                partial(self._statement_tx, query=queries.RECORD_STARTS, params=params, build=_core.first_start),
+            )
+        result = drive(
+            self._protocol.handle(
+                message,
+                start=start,
+                attempt=partial(self._attempt, partial(self._handle_attempt, message=message, handler=handler)),
+                record_failure=record_failure,
+            )
+        )
         result = self._durable(result)
         return raise_if_failed(result, message, self.raise_on_failure if raise_on_failure is None else raise_on_failure)
 
@@ -302,9 +306,7 @@ class Inbox:
         )
         return self._durable(self._stats.stamp([result], cost)[0])
 
-    def apply_batch(
-        self, messages: Iterable[Message], *, before_commit: BeforeCommit | None = None
-    ) -> list[Result]:
+    def apply_batch(self, messages: Iterable[Message], *, before_commit: BeforeCommit | None = None) -> list[Result]:
         """inbox.claim_and_apply_batch over chunks of `batch_size` messages, one transaction per
         chunk, each message isolated from the others' failures. Results in input order.
         If a chunk exhausts its retries, RetriesExhausted is raised: earlier chunks are committed
@@ -321,8 +323,13 @@ class Inbox:
                 params = _core.batch_params(self.consumer, [chunk[i] for i in pending])
                 extra = None if before_commit is None else _core.chunk_hook(before_commit, start, out, pending)
                 applied = self._run(
-                    partial(self._statement_tx, query=queries.CLAIM_AND_APPLY_BATCH, params=params,
-                            build=_core.batch_results, extra=extra),
+                    partial(
+                        self._statement_tx,
+                        query=queries.CLAIM_AND_APPLY_BATCH,
+                        params=params,
+                        build=_core.batch_results,
+                        extra=extra,
+                    ),
                     cost,
                 )
                 for i, r in zip(pending, applied, strict=True):
@@ -346,9 +353,7 @@ class Inbox:
             if pending:
                 todo = [chunk[i] for i in pending]
                 extra = None if before_commit is None else _core.chunk_hook(before_commit, start, out, pending)
-                done = self._run(
-                    partial(self._handle_batch_attempt, messages=todo, handler=handler, extra=extra), cost
-                )
+                done = self._run(partial(self._handle_batch_attempt, messages=todo, handler=handler, extra=extra), cost)
                 for i, (r, exc) in zip(pending, done, strict=True):
                     out[i] = r if exc is None else replace(r, exception=exc)
             results.extend(self._stats.stamp(cast(list[Result], out), cost))
@@ -422,8 +427,14 @@ class Inbox:
                 "the effect would commit apart from the write it belongs to (open one with conn.transaction())"
             )
         params = (
-            effect_id, destination, Jsonb(payload), None if headers is None else Jsonb(dict(headers)),
-            ordering_key, available_at, self.consumer, tenant,
+            effect_id,
+            destination,
+            Jsonb(payload),
+            None if headers is None else Jsonb(dict(headers)),
+            ordering_key,
+            available_at,
+            self.consumer,
+            tenant,
         )
         cur = conn.execute(queries.ENQUEUE, params)
         row = cur.fetchone()
@@ -433,13 +444,17 @@ class Inbox:
     # ------------------------------------------------------------------------- attempts
 
     def _handle_attempt(self, conn: Conn, message: Message, handler: Handler) -> Result | Failure:
-        switched = _enter_autocommit(conn, self.pipeline)
+        pipeline = _core.use_pipeline(self.pipeline, conn.info)
+        switched = _enter_autocommit(conn, pipeline)
         try:
             cur = conn.cursor(row_factory=tuple_row)
             try:
                 _begin_and_execute(
-                    conn, cur, queries.CLAIM, _core.claim_params(self.consumer, self.handler_version, message),
-                    self.pipeline,
+                    conn,
+                    cur,
+                    queries.CLAIM,
+                    _core.claim_params(self.consumer, self.handler_version, message),
+                    pipeline,
                 )
                 row = cur.fetchone()
             except BaseException:
@@ -488,10 +503,13 @@ class Inbox:
                 hcur.close()
         status = conn.pgconn.transaction_status
         verdict = judge_handler(
-            error, returned,
+            error,
+            returned,
             transient=None if error is None else classify(error),
             lost=conn.closed if error is None else _core.connection_lost(error, conn),
-            failed_tx=status == _INERROR, ended_tx=status == _IDLE, client="Inbox",
+            failed_tx=status == _INERROR,
+            ended_tx=status == _IDLE,
+            client="Inbox",
         )
         if verdict is None:
             return None
@@ -513,7 +531,7 @@ class Inbox:
         the same transaction. An identity repeated within the chunk is claimed with inbox.claim
         once the earlier one is decided."""
         out: list[tuple[Result, BaseException | None]] = []
-        pipeline = self.pipeline
+        pipeline = _core.use_pipeline(self.pipeline, conn.info)
         switched = _enter_autocommit(conn, pipeline)
         try:
             cur = conn.cursor(row_factory=tuple_row)
@@ -564,7 +582,8 @@ class Inbox:
                         # The claim was made before the savepoint: take it back (a repeat's claim
                         # was inside it and rolled back with the handler's writes).
                         cur.execute(
-                            queries.UNCLAIM, (self.consumer, message.tenant, message.producer, message.message_id),
+                            queries.UNCLAIM,
+                            (self.consumer, message.tenant, message.producer, message.message_id),
                             prepare=True,
                         )
                     reason, text = _core.failure_reason(failure.error)
@@ -589,16 +608,21 @@ class Inbox:
         return out
 
     def _statement_tx(
-        self, conn: Conn, query: Any, params: Any, build: Callable[[list[TupleRow]], T],
+        self,
+        conn: Conn,
+        query: Any,
+        params: Any,
+        build: Callable[[list[TupleRow]], T],
         extra: Callable[[T], tuple[Any, Any] | None] | None = None,
     ) -> T:
         """One statement in a transaction of its own: BEGIN + statement, then COMMIT (`extra`: a
         second statement from the first one's value, before COMMIT)."""
-        switched = _enter_autocommit(conn, self.pipeline)
+        pipeline = _core.use_pipeline(self.pipeline, conn.info)
+        switched = _enter_autocommit(conn, pipeline)
         try:
             cur = conn.cursor(row_factory=tuple_row)
             try:
-                _begin_and_execute(conn, cur, query, params, self.pipeline)
+                _begin_and_execute(conn, cur, query, params, pipeline)
                 rows = cur.fetchall()
                 value = build(rows)
                 statement = None if extra is None else extra(value)
@@ -612,9 +636,7 @@ class Inbox:
         finally:
             _leave_autocommit(conn, switched)
 
-    def _announce_redeliveries(
-        self, chunk: Sequence[Message], cost: CallCost
-    ) -> tuple[list[Result | None], list[int]]:
+    def _announce_redeliveries(self, chunk: Sequence[Message], cost: CallCost) -> tuple[list[Result | None], list[int]]:
         """record_start for the redelivered messages of a chunk: their QUARANTINED Results in place,
         and the indices of the messages still to process."""
         out: list[Result | None] = [None] * len(chunk)

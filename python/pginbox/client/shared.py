@@ -3,6 +3,8 @@ counters and the internal signals of the retry loop. No I/O here."""
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -75,6 +77,28 @@ def record_starts_params(consumer: str, handler_version: str, messages: Sequence
         consumer,
         handler_version,
     )
+
+
+@functools.lru_cache(maxsize=64)
+def is_local_server(host: str, hostaddr: str) -> bool:
+    """True when the server is on this machine: a Unix socket directory, or a loopback address."""
+    if not host or host.startswith(("/", "@")):
+        return True  # libpq's default and abstract-namespace sockets are local too
+    for text in (hostaddr, host):
+        try:
+            return ipaddress.ip_address(text).is_loopback
+        except ValueError:
+            continue
+    return host == "localhost"
+
+
+def use_pipeline(setting: bool | None, info: psycopg.ConnectionInfo) -> bool:
+    """Whether BEGIN and the claim travel in one pipelined round trip. An explicit setting wins;
+    None (the default) pipelines only to a server on another machine: on a local socket a round
+    trip costs less client CPU than psycopg's pipeline block (docs/performance.md)."""
+    if setting is not None:
+        return setting
+    return not is_local_server(info.host or "", info.hostaddr or "")
 
 
 def discard_awaitable(value: object) -> None:

@@ -160,8 +160,13 @@ class SQLAlchemyInbox:
         return results
 
     def record_failure(
-        self, target: Target, message: Message, error: BaseException | None = None, *,
-        reason_code: str | None = None, error_message: str | None = None,
+        self,
+        target: Target,
+        message: Message,
+        error: BaseException | None = None,
+        *,
+        reason_code: str | None = None,
+        error_message: str | None = None,
     ) -> Result:
         """inbox.record_failure in the caller's transaction: FAILED, or QUARANTINED at the consumer's
         max_attempts. The reason code of `error` is the one Inbox records (its `reason_code`
@@ -178,17 +183,32 @@ class SQLAlchemyInbox:
         return _core.result_from_row(self._one(target, queries.RECORD_FAILURE, params))
 
     def enqueue(
-        self, target: Target, effect_id: str, destination: str, payload: Any, *,
-        headers: Mapping[str, Any] | None = None, ordering_key: str | None = None,
-        available_at: datetime | None = None, tenant: str | None = None,
+        self,
+        target: Target,
+        effect_id: str,
+        destination: str,
+        payload: Any,
+        *,
+        headers: Mapping[str, Any] | None = None,
+        ordering_key: str | None = None,
+        available_at: datetime | None = None,
+        tenant: str | None = None,
     ) -> bool:
         """inbox.enqueue_effect for this consumer in the caller's transaction (the write it belongs
         to commits with it): True enqueued, False already enqueued (same id, destination and
         payload). For producer-only services and handlers alike; the role must be bound to the
         consumer and the consumer to `destination` (docs/outbox.md, "Producer-only services")."""
         self._prepare(target)
-        params = (effect_id, destination, Jsonb(payload), None if headers is None else Jsonb(dict(headers)),
-                  ordering_key, available_at, self.consumer, tenant)
+        params = (
+            effect_id,
+            destination,
+            Jsonb(payload),
+            None if headers is None else Jsonb(dict(headers)),
+            ordering_key,
+            available_at,
+            self.consumer,
+            tenant,
+        )
         return bool(_fetch(target, queries.ENQUEUE, params)[0][0])
 
     # ------------------------------------------------------------------ transactions of its own
@@ -212,14 +232,16 @@ class SQLAlchemyInbox:
             on_pooler=self._found_pooler,
             rng=self._rng,
         )
-        result = drive(protocol.handle(
-            message,
-            start=partial(self._attempt, target, partial(self._record_start, target, message)),
-            attempt=partial(self._attempt, target, partial(self._handle_attempt, target, message, handler)),
-            record_failure=lambda error: partial(
-                self._attempt, target, partial(self._record_failure_tx, target, message, error)
-            ),
-        ))
+        result = drive(
+            protocol.handle(
+                message,
+                start=partial(self._attempt, target, partial(self._record_start, target, message)),
+                attempt=partial(self._attempt, target, partial(self._handle_attempt, target, message, handler)),
+                record_failure=lambda error: partial(
+                    self._attempt, target, partial(self._record_failure_tx, target, message, error)
+                ),
+            )
+        )
         return raise_if_failed(result, message, self.raise_on_failure if raise_on_failure is None else raise_on_failure)
 
     # ------------------------------------------------------------------ internals
@@ -239,10 +261,10 @@ class SQLAlchemyInbox:
             # commit on its own, before the handler's writes (and a failing handler would leave them
             # half applied, its redelivery answered "duplicate").
             raise PginboxError(
-                "SQLAlchemyInbox was given an AUTOCOMMIT connection (isolation_level=\"AUTOCOMMIT\"): "
+                'SQLAlchemyInbox was given an AUTOCOMMIT connection (isolation_level="AUTOCOMMIT"): '
                 "the claim would commit on its own, apart from the handler's writes; give it a session or "
-                "connection of an engine created without isolation_level=\"AUTOCOMMIT\" (or with "
-                "create_engine(..., isolation_level=\"READ COMMITTED\"))"
+                'connection of an engine created without isolation_level="AUTOCOMMIT" (or with '
+                'create_engine(..., isolation_level="READ COMMITTED"))'
             )
         if self._schema_version is None:
             row = _fetch(target, queries.SCHEMA_CHECK)[0]
@@ -281,9 +303,7 @@ class SQLAlchemyInbox:
             row = self._one(target, queries.RECORD_FAILURE, self._failure_params(message, code, text_))
         return _core.result_from_row(row)
 
-    def _handle_attempt(
-        self, target: Target, message: Message, handler: SQLAlchemyHandler
-    ) -> Result | Failure:
+    def _handle_attempt(self, target: Target, message: Message, handler: SQLAlchemyHandler) -> Result | Failure:
         tx = target.begin()
         try:
             row = self._one(target, queries.CLAIM, self._claim_params(message))
@@ -302,11 +322,13 @@ class SQLAlchemyInbox:
                     error = exc
                 ended = error is None and not tx.is_active
                 verdict = judge_handler(
-                    error, returned,
+                    error,
+                    returned,
                     transient=None if error is None else _transient(error),
                     lost=_lost(error) if error is not None else raw.closed,
                     failed_tx=not ended and error is None and raw.info.transaction_status == _INERROR,
-                    ended_tx=ended, client="SQLAlchemyInbox",
+                    ended_tx=ended,
+                    client="SQLAlchemyInbox",
                     savepoint_fix="use a savepoint: session.begin_nested()",
                 )
                 if verdict is not None:

@@ -1,8 +1,8 @@
-#@ async: the sync integration is generated from this module
+# @ async: the sync integration is generated from this module
 # This module is the one source of both integrations: python/tools/async_to_sync.py writes
 # pginbox/integrations/sqlalchemy.py (SQLAlchemyInbox) from it, and tests/run fails when that file
 # is out of date. Edit this file, then run `python python/tools/async_to_sync.py`.
-#@ end
+# @ end
 """`AsyncSQLAlchemyInbox`: schema `inbox` from SQLAlchemy 2.x (psycopg 3 driver, `postgresql+psycopg://`,
 engines from create_async_engine). Install with the extra: `pip install pginbox[sqlalchemy]`.
 Guide: docs/sqlalchemy.md.
@@ -25,9 +25,9 @@ pginbox.client.protocol, shared with pginbox.Inbox. The payload is bound as JSON
 SQLAlchemy's (`sqlalchemy.exc.DBAPIError`, the psycopg error in `.orig`), except the ones pginbox
 raises itself (pginbox.errors).
 """
-#@ async: (a note only this flavour needs)
+# @ async: (a note only this flavour needs)
 # Every method is a coroutine, and so is the handler given to `handle`.
-#@ end
+# @ end
 
 from __future__ import annotations
 
@@ -43,13 +43,13 @@ from psycopg import errors as pg_errors
 from psycopg.types.json import Jsonb
 from sqlalchemy.exc import DBAPIError
 
-#@ async: the asyncio classes live in sqlalchemy.ext.asyncio
+# @ async: the asyncio classes live in sqlalchemy.ext.asyncio
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-#@ sync
+# @ sync
 # from sqlalchemy import Connection
 # from sqlalchemy.orm import Session
-#@ end
+# @ end
 from pginbox import pooler
 from pginbox.client import queries
 from pginbox.client import shared as _core
@@ -98,11 +98,11 @@ def _transient(exc: BaseException) -> TransientKind | None:
 async def _dbapi(target: Target) -> psycopg.AsyncConnection[Any]:
     """The psycopg connection under `target` (in its current transaction)."""
     conn = await target.connection() if isinstance(target, AsyncSession) else target
-    #@ async: an AsyncConnection reaches its pool connection with an await
+    # @ async: an AsyncConnection reaches its pool connection with an await
     raw: object = (await conn.get_raw_connection()).driver_connection
-    #@ sync
+    # @ sync
     # raw: object = conn.connection.driver_connection
-    #@ end
+    # @ end
     if not isinstance(raw, psycopg.AsyncConnection):
         raise PginboxError(
             "AsyncSQLAlchemyInbox needs the psycopg (3) driver: create the engine with a "
@@ -175,8 +175,13 @@ class AsyncSQLAlchemyInbox:
         return results
 
     async def record_failure(
-        self, target: Target, message: Message, error: BaseException | None = None, *,
-        reason_code: str | None = None, error_message: str | None = None,
+        self,
+        target: Target,
+        message: Message,
+        error: BaseException | None = None,
+        *,
+        reason_code: str | None = None,
+        error_message: str | None = None,
     ) -> Result:
         """inbox.record_failure in the caller's transaction: FAILED, or QUARANTINED at the consumer's
         max_attempts. The reason code of `error` is the one Inbox records (its `reason_code`
@@ -193,17 +198,32 @@ class AsyncSQLAlchemyInbox:
         return _core.result_from_row(await self._one(target, queries.RECORD_FAILURE, params))
 
     async def enqueue(
-        self, target: Target, effect_id: str, destination: str, payload: Any, *,
-        headers: Mapping[str, Any] | None = None, ordering_key: str | None = None,
-        available_at: datetime | None = None, tenant: str | None = None,
+        self,
+        target: Target,
+        effect_id: str,
+        destination: str,
+        payload: Any,
+        *,
+        headers: Mapping[str, Any] | None = None,
+        ordering_key: str | None = None,
+        available_at: datetime | None = None,
+        tenant: str | None = None,
     ) -> bool:
         """inbox.enqueue_effect for this consumer in the caller's transaction (the write it belongs
         to commits with it): True enqueued, False already enqueued (same id, destination and
         payload). For producer-only services and handlers alike; the role must be bound to the
         consumer and the consumer to `destination` (docs/outbox.md, "Producer-only services")."""
         await self._prepare(target)
-        params = (effect_id, destination, Jsonb(payload), None if headers is None else Jsonb(dict(headers)),
-                  ordering_key, available_at, self.consumer, tenant)
+        params = (
+            effect_id,
+            destination,
+            Jsonb(payload),
+            None if headers is None else Jsonb(dict(headers)),
+            ordering_key,
+            available_at,
+            self.consumer,
+            tenant,
+        )
         return bool((await _fetch(target, queries.ENQUEUE, params))[0][0])
 
     # ------------------------------------------------------------------ transactions of its own
@@ -227,14 +247,16 @@ class AsyncSQLAlchemyInbox:
             on_pooler=self._found_pooler,
             rng=self._rng,
         )
-        result = await drive_async(protocol.handle(
-            message,
-            start=partial(self._attempt, target, partial(self._record_start, target, message)),
-            attempt=partial(self._attempt, target, partial(self._handle_attempt, target, message, handler)),
-            record_failure=lambda error: partial(
-                self._attempt, target, partial(self._record_failure_tx, target, message, error)
-            ),
-        ))
+        result = await drive_async(
+            protocol.handle(
+                message,
+                start=partial(self._attempt, target, partial(self._record_start, target, message)),
+                attempt=partial(self._attempt, target, partial(self._handle_attempt, target, message, handler)),
+                record_failure=lambda error: partial(
+                    self._attempt, target, partial(self._record_failure_tx, target, message, error)
+                ),
+            )
+        )
         return raise_if_failed(result, message, self.raise_on_failure if raise_on_failure is None else raise_on_failure)
 
     # ------------------------------------------------------------------ internals
@@ -254,10 +276,10 @@ class AsyncSQLAlchemyInbox:
             # commit on its own, before the handler's writes (and a failing handler would leave them
             # half applied, its redelivery answered "duplicate").
             raise PginboxError(
-                "AsyncSQLAlchemyInbox was given an AUTOCOMMIT connection (isolation_level=\"AUTOCOMMIT\"): "
+                'AsyncSQLAlchemyInbox was given an AUTOCOMMIT connection (isolation_level="AUTOCOMMIT"): '
                 "the claim would commit on its own, apart from the handler's writes; give it a session or "
-                "connection of an engine created without isolation_level=\"AUTOCOMMIT\" (or with "
-                "create_engine(..., isolation_level=\"READ COMMITTED\"))"
+                'connection of an engine created without isolation_level="AUTOCOMMIT" (or with '
+                'create_engine(..., isolation_level="READ COMMITTED"))'
             )
         if self._schema_version is None:
             row = (await _fetch(target, queries.SCHEMA_CHECK))[0]
@@ -317,11 +339,13 @@ class AsyncSQLAlchemyInbox:
                     error = exc
                 ended = error is None and not tx.is_active
                 verdict = judge_handler(
-                    error, returned,
+                    error,
+                    returned,
                     transient=None if error is None else _transient(error),
                     lost=_lost(error) if error is not None else raw.closed,
                     failed_tx=not ended and error is None and raw.info.transaction_status == _INERROR,
-                    ended_tx=ended, client="AsyncSQLAlchemyInbox",
+                    ended_tx=ended,
+                    client="AsyncSQLAlchemyInbox",
                     savepoint_fix="use a savepoint: session.begin_nested()",
                 )
                 if verdict is not None:

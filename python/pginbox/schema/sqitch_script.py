@@ -97,9 +97,6 @@ class Dependency:
             return self.key_name
         return f"{self.project}:{self.key_name}"
 
-    def as_plan_string(self) -> str:
-        return ("!" if self.conflicts else "") + self.as_string()
-
 
 @dataclass
 class PlannedTag:

@@ -11,12 +11,11 @@ entry) before anything is written."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shlex
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -214,7 +213,11 @@ def test_grants_the_database_refuses(entries: Entries, service: str, conn: psyco
 
 
 def test_the_documented_commands(
-    entries: Entries, service: str, conn: psycopg.Connection[Any], login_role: Callable[..., str]
+    entries: Entries,
+    service: str,
+    conn: psycopg.Connection[Any],
+    login_role: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """docs/security.md, "Python handlers: repair grants": the ```sh block run as written, by an
     operator login (inbox_operator, not a superuser) and the billing service's login. The doc's
@@ -226,11 +229,12 @@ def test_the_documented_commands(
     assert len(commands) == 3
     conn.execute("INSERT INTO acct (id) VALUES (2), (3)")
     env = {"OPERATOR_DSN": login_role("inbox_operator"), "BILLING_DSN": service}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     ids = {"2": str(entries.missing_2), "3": str(entries.missing_3)}
     for command in commands:
-        with _environment(env):
-            argv = [ids.get(a, a) if i == 2 else os.path.expandvars(a) for i, a in enumerate(command[1:])]
-            result = CliRunner().invoke(main, argv, catch_exceptions=True)
+        argv = [ids.get(a, a) if i == 2 else os.path.expandvars(a) for i, a in enumerate(command[1:])]
+        result = CliRunner().invoke(main, argv, catch_exceptions=True)
         assert result.exit_code == 0, (argv, result.output)
         issued = re.search(r"repair grant (\d+) issued", result.stdout)
         if issued:
@@ -243,20 +247,6 @@ def test_the_documented_commands(
     assert conn.execute("SELECT DISTINCT granted_by FROM inbox.repair_grant").fetchall() == [
         (conninfo_to_dict(env["OPERATOR_DSN"])["user"],)
     ]
-
-
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def test_the_handler_pginbox_consume_is_configured_with(

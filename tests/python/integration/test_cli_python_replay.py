@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,43 @@ CLAIM = "SELECT inbox.claim('billing', 'shop', %s, %s, handler_version => %s)"
 SLOW = "billing_handlers:recredit_slow"
 
 
+def claim_as_service(service: str, message_id: str, payload: dict[str, Any], version: str = "py-v1") -> dict[str, Any]:
+    """Claim a message as the billing service (as if its handler `version` had processed it); the
+    replay item that names it."""
+    with psycopg.connect(service, autocommit=True) as svc:
+        svc.execute(CLAIM, (message_id, Jsonb(payload), version))
+    return {"producer": "shop", "message_id": message_id, "payload": payload}
+
+
+def items_file(path: Path, items: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(i) + "\n" for i in items))
+    return path
+
+
+def create_plan(name: str, *how: str, dsn: str) -> Any:
+    """`pginbox replay create NAME` of billing's credit messages; `how` names the handler."""
+    return cli(
+        "replay",
+        "create",
+        name,
+        "--consumer",
+        "billing",
+        "--message-type",
+        "credit",
+        *how,
+        "--note",
+        "n",
+        "--json",
+        dsn=dsn,
+    )
+
+
+@pytest.fixture
+def operator(login_role: Callable[..., str]) -> str:
+    """A login of an inbox_operator (not a superuser): creates the plans."""
+    return login_role("inbox_operator")
+
+
 @pytest.fixture
 def history(entries: Entries, service: str, conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
     """Six messages the billing service processed with its Python handler, version py-v1 (r-6:
@@ -50,17 +87,10 @@ def history(entries: Entries, service: str, conn: psycopg.Connection[Any]) -> li
     role = conninfo_to_dict(service)["user"]
     conn.execute("CREATE TABLE replay_log (message_id text NOT NULL, login text NOT NULL)")
     conn.execute(f'ALTER TABLE replay_log OWNER TO "{role}"')
-    items = []
-    with psycopg.connect(service, autocommit=True) as svc:
-        for n in range(1, 7):
-            payload = {"account": 1, "amount": n}
-            version = "py-v2" if n == 6 else "py-v1"
-            svc.execute(
-                "SELECT inbox.claim('billing', 'shop', %s, %s, handler_version => %s)",
-                (f"r-{n}", Jsonb(payload), version),
-            )
-            items.append({"producer": "shop", "message_id": f"r-{n}", "payload": payload})
-    return items
+    return [
+        claim_as_service(service, f"r-{n}", {"account": 1, "amount": n}, "py-v2" if n == 6 else "py-v1")
+        for n in range(1, 7)
+    ]
 
 
 def logged(conn: psycopg.Connection[Any]) -> dict[str, int]:
@@ -71,27 +101,10 @@ def logged(conn: psycopg.Connection[Any]) -> dict[str, int]:
 def new_plan(
     operator: str, items: list[dict[str, Any]], *, handler: str = HANDLER, name: str = "py-fix", tmp_path: Path
 ) -> int:
-    created = cli(
-        "replay",
-        "create",
-        name,
-        "--consumer",
-        "billing",
-        "--message-type",
-        "credit",
-        "--python",
-        handler,
-        "--handler-version",
-        "py-v2",
-        "--note",
-        "recredit with the fixed handler",
-        "--json",
-        dsn=operator,
-    )
+    created = create_plan(name, "--python", handler, "--handler-version", "py-v2", dsn=operator)
     assert created.exit_code == 0, created.output
     plan_id = int(json.loads(created.stdout)["plan_id"])
-    lines = tmp_path / f"{name}.jsonl"
-    lines.write_text("".join(json.dumps(i) + "\n" for i in items))
+    lines = items_file(tmp_path / f"{name}.jsonl", items)
     added = cli("replay", "add", str(plan_id), str(lines), dsn=operator)
     assert added.exit_code == 0, added.output
     return plan_id
@@ -101,10 +114,9 @@ def test_a_python_plan_runs_as_the_consumers_login(
     history: list[dict[str, Any]],
     service: str,
     conn: psycopg.Connection[Any],
-    login_role: Callable[..., str],
+    operator: str,
     tmp_path: Path,
 ) -> None:
-    operator = login_role("inbox_operator")
     plan_id = new_plan(operator, history, tmp_path=tmp_path)
     result = cli("replay", "run", str(plan_id), "--python", HANDLER, "--json", dsn=service)
     assert result.exit_code == 0, result.output
@@ -141,16 +153,10 @@ def test_a_failing_item_is_recorded_and_the_plan_goes_on(
     history: list[dict[str, Any]],
     service: str,
     conn: psycopg.Connection[Any],
-    login_role: Callable[..., str],
+    operator: str,
     tmp_path: Path,
 ) -> None:
-    operator = login_role("inbox_operator")
-    negative = {"account": 1, "amount": -3}
-    with psycopg.connect(service, autocommit=True) as svc:
-        svc.execute(
-            "SELECT inbox.claim('billing', 'shop', 'r-neg', %s, handler_version => 'py-v1')", (Jsonb(negative),)
-        )
-    items = [history[0], {"producer": "shop", "message_id": "r-neg", "payload": negative}, history[1]]
+    items = [history[0], claim_as_service(service, "r-neg", {"account": 1, "amount": -3}), history[1]]
     plan_id = new_plan(operator, items, tmp_path=tmp_path)
     result = cli("replay", "run", str(plan_id), "--python", HANDLER, dsn=service)
     assert result.exit_code == 0, result.output
@@ -167,23 +173,26 @@ def test_a_failing_item_is_recorded_and_the_plan_goes_on(
     assert claimed == (2,), "the failed item's operation id rolled back with it"
 
 
-def plan_item(conn: psycopg.Connection[Any], plan_id: int, message_id: str) -> int:
-    row = conn.execute(
-        "SELECT item_no FROM inbox.replay_item WHERE plan_id = %s AND message_id = %s", (plan_id, message_id)
-    ).fetchone()
+def one_value(conn: psycopg.Connection[Any], query: str, params: tuple[object, ...] = ()) -> Any:
+    row = conn.execute(query, params).fetchone()
     assert row is not None
-    return int(row[0])
+    return row[0]
+
+
+def plan_item(conn: psycopg.Connection[Any], plan_id: int, message_id: str) -> int:
+    query = "SELECT item_no FROM inbox.replay_item WHERE plan_id = %s AND message_id = %s"
+    return int(one_value(conn, query, (plan_id, message_id)))
 
 
 def test_refusals_come_from_the_database_before_anything_is_written(
     history: list[dict[str, Any]],
     service: str,
     conn: psycopg.Connection[Any],
+    operator: str,
     login_role: Callable[..., str],
     tmp_path: Path,
     entries: Entries,
 ) -> None:
-    operator = login_role("inbox_operator")
     plan_id = new_plan(operator, history, tmp_path=tmp_path)
     # the operator's own logins (a superuser here, and an inbox_operator): no superuser exception
     fails(
@@ -208,22 +217,8 @@ def test_refusals_come_from_the_database_before_anything_is_written(
         "SQLSTATE 55000",
     )
     # a plan of a SQL handler is not approved for Python
-    sql_plan = cli(
-        "replay",
-        "create",
-        "sql-plan",
-        "--consumer",
-        "billing",
-        "--message-type",
-        "credit",
-        "--handler",
-        "credit(jsonb)",
-        "--handler-version",
-        registered_version(conn),
-        "--note",
-        "n",
-        "--json",
-        dsn=operator,
+    sql_plan = create_plan(
+        "sql-plan", "--handler", "credit(jsonb)", "--handler-version", registered_version(conn), dsn=operator
     )
     assert sql_plan.exit_code == 0, sql_plan.output
     fails(
@@ -238,53 +233,28 @@ def test_refusals_come_from_the_database_before_anything_is_written(
     # a consumer nobody is bound to: the operator cannot act for it
     role = conninfo_to_dict(service)["user"]
     conn.execute("SELECT inbox.unbind_consumer('billing', %s::regrole)", (role,))
-    refused = cli(
-        "replay",
-        "create",
-        "unbound",
-        "--consumer",
-        "billing",
-        "--message-type",
-        "credit",
-        "--python",
-        HANDLER,
-        "--handler-version",
-        "py-v2",
-        "--note",
-        "n",
-        dsn=operator,
-    )
+    refused = create_plan("unbound", "--python", HANDLER, "--handler-version", "py-v2", dsn=operator)
     fails(refused, "no live role is bound to consumer 'billing'", "SQLSTATE 42501")
     assert conn.execute("SELECT count(*) FROM inbox.replay_plan WHERE plan_name = 'unbound'").fetchone() == (0,)
 
 
 def registered_version(conn: psycopg.Connection[Any]) -> str:
-    row = conn.execute(
-        "SELECT handler_version FROM inbox.handler WHERE consumer = 'billing' AND message_type = 'credit'"
-    ).fetchone()
-    assert row is not None
-    return str(row[0])
+    query = "SELECT handler_version FROM inbox.handler WHERE consumer = 'billing' AND message_type = 'credit'"
+    return str(one_value(conn, query))
 
 
 def test_a_runner_killed_mid_plan_then_run_again_applies_each_item_once(
     history: list[dict[str, Any]],
     service: str,
     conn: psycopg.Connection[Any],
-    login_role: Callable[..., str],
+    operator: str,
     tmp_path: Path,
 ) -> None:
     """SIGKILL the runner (a real process) while it is inside an item's transaction, then run the
     plan again: the killed item rolled back and is applied by the second run, every item once."""
-    more = []
-    with psycopg.connect(service, autocommit=True) as svc:
-        for n in range(7, 15):
-            payload = {"account": 1, "amount": n}
-            svc.execute(
-                "SELECT inbox.claim('billing', 'shop', %s, %s, handler_version => 'py-v1')", (f"r-{n}", Jsonb(payload))
-            )
-            more.append({"producer": "shop", "message_id": f"r-{n}", "payload": payload})
+    more = [claim_as_service(service, f"r-{n}", {"account": 1, "amount": n}) for n in range(7, 15)]
     items = history[:5] + more  # 13 items, none skipped
-    plan_id = new_plan(login_role("inbox_operator"), items, handler=SLOW, tmp_path=tmp_path)
+    plan_id = new_plan(operator, items, handler=SLOW, tmp_path=tmp_path)
     role = conninfo_to_dict(service)["user"]
     inside = (
         "SELECT count(*) FROM pg_stat_activity WHERE usename = %s AND datname = current_database()"
@@ -330,11 +300,8 @@ def test_a_runner_killed_mid_plan_then_run_again_applies_each_item_once(
 
 
 def applied(conn: psycopg.Connection[Any], plan_id: int) -> int:
-    row = conn.execute(
-        "SELECT count(*) FROM inbox.replay_item WHERE plan_id = %s AND status = 'applied'", (plan_id,)
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
+    query = "SELECT count(*) FROM inbox.replay_item WHERE plan_id = %s AND status = 'applied'"
+    return int(one_value(conn, query, (plan_id,)))
 
 
 def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
@@ -349,7 +316,7 @@ def test_the_handler_pginbox_consume_is_configured_with(
     history: list[dict[str, Any]],
     service: str,
     conn: psycopg.Connection[Any],
-    login_role: Callable[..., str],
+    operator: str,
     tmp_path: Path,
 ) -> None:
     """--consume-config: the [consume] handler (and handler_version) of the consumer's own file,
@@ -359,29 +326,13 @@ def test_the_handler_pginbox_consume_is_configured_with(
         f'[consume]\nurl = "amqp://localhost"\nconsumer = "billing"\nqueue = "billing"\n'
         f'handler = "{HANDLER}"\nhandler_version = "py-v2"\n'
     )
-    operator = login_role("inbox_operator")
-    created = cli(
-        "replay",
-        "create",
-        "from-config",
-        "--consumer",
-        "billing",
-        "--message-type",
-        "credit",
-        "--consume-config",
-        str(config),
-        "--note",
-        "n",
-        "--json",
-        dsn=operator,
-    )
+    created = create_plan("from-config", "--consume-config", str(config), dsn=operator)
     assert created.exit_code == 0, created.output
     plan_id = json.loads(created.stdout)["plan_id"]
     assert conn.execute(
         "SELECT python_handler, handler_version FROM inbox.replay_plan WHERE plan_id = %s", (plan_id,)
     ).fetchone() == (HANDLER, "py-v2")
-    lines = tmp_path / "items.jsonl"
-    lines.write_text("".join(json.dumps(i) + "\n" for i in history[:2]))
+    lines = items_file(tmp_path / "items.jsonl", history[:2])
     assert cli("replay", "add", str(plan_id), str(lines), dsn=operator).exit_code == 0
     result = cli("replay", "run", str(plan_id), "--consume-config", str(config), dsn=service)
     assert result.exit_code == 0, result.output
@@ -392,17 +343,14 @@ def test_an_async_handler_runs_on_an_asyncio_connection(
     history: list[dict[str, Any]],
     service: str,
     conn: psycopg.Connection[Any],
-    login_role: Callable[..., str],
+    operator: str,
     tmp_path: Path,
 ) -> None:
     """`async def` handlers (what `pginbox consume` runs on its asyncio connection) get an
     AsyncCursor, with the consumer's login; a failure is recorded as a sync one's."""
     spec = "billing_handlers:recredit_async"
-    negative = {"account": 1, "amount": -3}
-    with psycopg.connect(service, autocommit=True) as svc:
-        svc.execute(CLAIM, ("r-neg", Jsonb(negative), "py-v1"))
-    items = [history[0], {"producer": "shop", "message_id": "r-neg", "payload": negative}, history[1]]
-    plan_id = new_plan(login_role("inbox_operator"), items, handler=spec, tmp_path=tmp_path)
+    items = [history[0], claim_as_service(service, "r-neg", {"account": 1, "amount": -3}), history[1]]
+    plan_id = new_plan(operator, items, handler=spec, tmp_path=tmp_path)
     result = cli("replay", "run", str(plan_id), "--python", spec, "--json", dsn=service)
     assert result.exit_code == 0, result.output
     run = json.loads(result.stdout)
@@ -418,8 +366,9 @@ def test_the_documented_commands(
     history: list[dict[str, Any]],
     service: str,
     conn: psycopg.Connection[Any],
-    login_role: Callable[..., str],
+    operator: str,
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """docs/replay.md, "Python handlers": the ```sh block run as written, by an operator login
     (inbox_operator, not a superuser) and the billing service's login. The doc's plan 1 is this
@@ -429,14 +378,15 @@ def test_the_documented_commands(
     block = re.findall(r"```sh\n(.*?)```", section, re.S)[0]
     commands = [shlex.split(line) for line in block.splitlines() if line.startswith("pginbox ")]
     assert len(commands) == 4
-    env = {"OPERATOR_DSN": login_role("inbox_operator"), "BILLING_DSN": service}
+    env = {"OPERATOR_DSN": operator, "BILLING_DSN": service}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     ids: dict[str, str] = {}
-    (tmp_path / "items.jsonl").write_text("".join(json.dumps(i) + "\n" for i in history))
+    items_file(tmp_path / "items.jsonl", history)
     with contextlib.chdir(tmp_path):
         for command in commands:
-            with _environment(env):
-                argv = [ids.get(a, a) if i == 2 else os.path.expandvars(a) for i, a in enumerate(command[1:])]
-                result = CliRunner().invoke(main, argv, catch_exceptions=True)
+            argv = [ids.get(a, a) if i == 2 else os.path.expandvars(a) for i, a in enumerate(command[1:])]
+            result = CliRunner().invoke(main, argv, catch_exceptions=True)
             assert result.exit_code == 0, (argv, result.output)
             created = re.search(r"replay plan (\d+) \(", result.stdout)
             if created:
@@ -445,17 +395,3 @@ def test_the_documented_commands(
     assert conn.execute("SELECT status FROM inbox.replay_plan WHERE plan_id = %s", (int(ids["1"]),)).fetchone() == (
         "completed",
     )
-
-
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v

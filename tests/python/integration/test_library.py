@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -168,6 +169,28 @@ def test_handle_outcomes_with_a_given_connection(db_dsn: str, domain: Conn, rout
     assert_applied_exactly(domain, {m.message_id: 10})
 
 
+def test_a_local_server_gets_no_pipeline_by_default(db_dsn: str, domain: Conn, tmp_path: Path) -> None:
+    """The default (pipeline=None) sends BEGIN as a simple query of its own to a server on this
+    machine, and BEGIN + the claim in one pipelined round trip when told to."""
+    traces: dict[bool | None, str] = {}
+    applied: dict[str, int] = {}
+    for setting in (None, True):
+        trace = tmp_path / f"trace-{setting}.txt"
+        m = message(uid(), 1)
+        with trace.open("w") as out, connect(db_dsn) as c:
+            inbox = Inbox(c, consumer="billing", handler_version="v1", retry=FAST_RETRY, pipeline=setting)
+            c.pgconn.trace(out.fileno())
+            assert inbox.handle(m, credit()).outcome is Outcome.APPLIED
+            c.pgconn.untrace()
+        traces[setting] = trace.read_text()
+        applied[m.message_id] = 1
+    assert_applied_exactly(domain, applied)
+    simple_begin = [line for line in traces[None].splitlines() if "\tQuery\t" in line and "BEGIN" in line]
+    assert simple_begin, traces[None]
+    assert not [line for line in traces[True].splitlines() if "\tQuery\t" in line and "BEGIN" in line]
+    assert "inbox.claim" in traces[True] and "inbox.claim" in traces[None]
+
+
 def test_handle_keeps_the_callers_connection_settings(inbox: Inbox, client: Conn) -> None:
     assert client.autocommit is False
     assert inbox.handle(message(uid()), credit()).outcome is Outcome.APPLIED
@@ -176,9 +199,7 @@ def test_handle_keeps_the_callers_connection_settings(inbox: Inbox, client: Conn
     assert inbox.connection is client
 
 
-def test_handle_refuses_a_connection_inside_a_transaction(
-    inbox: Inbox, client: Conn, domain: Conn
-) -> None:
+def test_handle_refuses_a_connection_inside_a_transaction(inbox: Inbox, client: Conn, domain: Conn) -> None:
     client.execute("SELECT 1")  # opens a transaction (not autocommit)
     with pytest.raises(PginboxError, match="inside a transaction"):
         inbox.handle(message(uid()), credit())
@@ -354,7 +375,10 @@ def test_redelivery_crash_loop_ends_in_quarantine(db_dsn: str, domain: Conn) -> 
     def deliver(redelivered: bool) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, str(CHILD), db_dsn, message_id, "1" if redelivered else "0"],
-            capture_output=True, text=True, timeout=60, check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
 
     first = deliver(False)
@@ -399,9 +423,7 @@ def test_apply_redelivered_crash_loop(inbox: Inbox, domain: Conn) -> None:
     itself and crashed too; the second redelivery is quarantined without running the handler."""
     domain.execute("SELECT inbox.configure_consumer('billing', max_attempts => 2)")
     m = message(uid(), redelivered=True)
-    domain.execute(
-        "SELECT inbox.record_start('billing', 'orders', %s, message_type => 'credit')", (m.message_id,)
-    )
+    domain.execute("SELECT inbox.record_start('billing', 'orders', %s, message_type => 'credit')", (m.message_id,))
     held = inbox.apply(m)
     assert held.outcome is Outcome.QUARANTINED and held.reason_code == "crash_loop"
     assert ledger_counts(domain) == {}
@@ -479,8 +501,13 @@ def test_handle_batch_repeats_within_a_chunk(inbox: Inbox, domain: Conn) -> None
 
     other = message(uid(), 1)
     results = inbox.handle_batch([once, flaky, other, once, flaky], handler)
-    assert [r.outcome for r in results] == [Outcome.APPLIED, Outcome.FAILED, Outcome.APPLIED, Outcome.DUPLICATE,
-                                            Outcome.APPLIED]
+    assert [r.outcome for r in results] == [
+        Outcome.APPLIED,
+        Outcome.FAILED,
+        Outcome.APPLIED,
+        Outcome.DUPLICATE,
+        Outcome.APPLIED,
+    ]
     assert seen[once.message_id] == 1 and seen[flaky.message_id] == 2
     assert_applied_exactly(domain, {once.message_id: 5, flaky.message_id: 7, other.message_id: 1})
     assert failed_attempts(domain, flaky.message_id) == 1
@@ -501,18 +528,22 @@ def test_apply_apply_batch_and_handle_batch(db_dsn: str, domain: Conn, route: Ro
     with connect(route(db_dsn)) as c:
         inbox = Inbox(c, consumer="billing", retry=FAST_RETRY)
         first = inbox.apply(done)
-        applied = inbox.apply_batch(
-            [fresh[0], done, message(done.message_id, 9), message(uid(), -1), *fresh[1:]]
-        )
+        applied = inbox.apply_batch([fresh[0], done, message(done.message_id, 9), message(uid(), -1), *fresh[1:]])
         handled = inbox.handle_batch([mine[0], poison, fresh[0], *mine[1:]], handler)
     assert first.outcome is Outcome.APPLIED
     assert [r.outcome for r in applied[:4]] == [Outcome.APPLIED, Outcome.DUPLICATE, Outcome.CONFLICT, Outcome.FAILED]
     assert [r.outcome for r in applied[4:]] == [Outcome.APPLIED] * 65
-    assert [r.outcome for r in handled] == [Outcome.APPLIED, Outcome.FAILED, Outcome.DUPLICATE, Outcome.APPLIED,
-                                            Outcome.APPLIED]
+    assert [r.outcome for r in handled] == [
+        Outcome.APPLIED,
+        Outcome.FAILED,
+        Outcome.DUPLICATE,
+        Outcome.APPLIED,
+        Outcome.APPLIED,
+    ]
     assert isinstance(handled[1].exception, LookupError)
-    assert_applied_exactly(domain, {done.message_id: 1, **{m.message_id: 2 for m in fresh},
-                                    **{m.message_id: 3 for m in mine}})
+    assert_applied_exactly(
+        domain, {done.message_id: 1, **{m.message_id: 2 for m in fresh}, **{m.message_id: 3 for m in mine}}
+    )
     assert failed_attempts(domain, poison.message_id) == 1
 
 
@@ -609,11 +640,18 @@ def test_serialization_failures_and_deadlocks_are_retried(db_dsn: str, domain: C
             return result
 
     rr = gather(*(partial(deliver, message(i, 5), rr_handler) for i in rr_ids))
-    dl = gather(*(
-        partial(deliver, Message("orders", i, "credit", {"order": order}), dl_handler, autocommit=True,
-                options=SAFE_OPTIONS + " -c deadlock_timeout=50ms")
-        for i, order in zip(dl_ids, ([1, 2], [2, 1]), strict=True)
-    ))
+    dl = gather(
+        *(
+            partial(
+                deliver,
+                Message("orders", i, "credit", {"order": order}),
+                dl_handler,
+                autocommit=True,
+                options=SAFE_OPTIONS + " -c deadlock_timeout=50ms",
+            )
+            for i, order in zip(dl_ids, ([1, 2], [2, 1]), strict=True)
+        )
+    )
     assert [r.outcome for r in rr + dl] == [Outcome.APPLIED] * 4
     assert errors["40001"] >= 1 and errors["40P01"] >= 1
     assert sum(r.retries for r in rr) >= 1 and sum(r.retries for r in dl) >= 1
@@ -738,9 +776,7 @@ def test_retry_policy() -> None:
 # ----------------------------------------------------------------------------- unknown COMMIT outcome
 
 
-def test_backend_killed_during_commit_is_found_aborted_and_retried(
-    inbox: Inbox, client: Conn, domain: Conn
-) -> None:
+def test_backend_killed_during_commit_is_found_aborted_and_retried(inbox: Inbox, client: Conn, domain: Conn) -> None:
     """COMMIT blocks in a deferred trigger; the backend is terminated there. The transaction did not
     commit: pg_xact_status says 'aborted', the delivery runs again and applies once."""
     domain.execute(COMMIT_DELAY_DDL)
@@ -779,9 +815,7 @@ def test_backend_killed_during_commit_with_a_pool(db_dsn: str, domain: Conn) -> 
     domain.execute(COMMIT_DELAY_DDL)
     domain.execute("UPDATE commit_delay SET seconds = 30")
     m = message(uid(), 6)
-    with ConnectionPool(
-        db_dsn, min_size=1, max_size=2, open=False, kwargs={"options": SAFE_OPTIONS}
-    ) as pool:
+    with ConnectionPool(db_dsn, min_size=1, max_size=2, open=False, kwargs={"options": SAFE_OPTIONS}) as pool:
         inbox = Inbox(pool, consumer="billing", retry=FAST_RETRY)
         with ThreadPoolExecutor(1) as killer:
             killed = killer.submit(terminate_backend_in_commit, domain)
@@ -845,9 +879,7 @@ def test_pool_many_workers_racing_duplicates(db_dsn: str, domain: Conn, route: R
     """8 workers share a pool; every message is delivered three times at once."""
     messages = [message(uid("pool"), 1) for _ in range(30)]
     deliveries = [m for m in messages for _ in range(3)]
-    with ConnectionPool(
-        route(db_dsn), min_size=4, max_size=8, open=False, kwargs={"options": SAFE_OPTIONS}
-    ) as pool:
+    with ConnectionPool(route(db_dsn), min_size=4, max_size=8, open=False, kwargs={"options": SAFE_OPTIONS}) as pool:
         pool.wait()
         inbox = Inbox(pool, consumer="billing", handler_version="v2", retry=FAST_RETRY)
         results = gather(*(partial(inbox.handle, m, credit()) for m in deliveries), concurrency=8)
@@ -861,13 +893,9 @@ def test_pool_many_workers_racing_duplicates(db_dsn: str, domain: Conn, route: R
 
 def test_pool_racing_duplicates(db_dsn: str, domain: Conn, route: Route) -> None:
     messages = [message(uid("pool"), 1) for _ in range(25)]
-    with ConnectionPool(
-        route(db_dsn), min_size=4, max_size=8, open=False, kwargs={"options": SAFE_OPTIONS}
-    ) as pool:
+    with ConnectionPool(route(db_dsn), min_size=4, max_size=8, open=False, kwargs={"options": SAFE_OPTIONS}) as pool:
         inbox = Inbox(pool, consumer="billing", retry=FAST_RETRY)
-        handled = gather(
-            *(partial(inbox.handle, m, credit()) for m in messages for _ in range(3)), concurrency=8
-        )
+        handled = gather(*(partial(inbox.handle, m, credit()) for m in messages for _ in range(3)), concurrency=8)
         applied = gather(*(partial(inbox.apply, m) for m in messages[:5]), concurrency=8)
     assert Counter(r.outcome for r in handled) == {Outcome.APPLIED: 25, Outcome.DUPLICATE: 50}
     assert all(r.outcome is Outcome.DUPLICATE for r in applied)
@@ -975,8 +1003,7 @@ def release_function(version: int, breaking_since: int) -> sql.Composed:
     ("version", "breaking_since", "advice"),
     [(99, 99, "upgrade the pginbox Python package"), (0, 0, "pginbox deploy")],
 )
-def test_unknown_schema_version_is_refused(empty_dsn: str, version: int, breaking_since: int,
-                                                 advice: str) -> None:
+def test_unknown_schema_version_is_refused(empty_dsn: str, version: int, breaking_since: int, advice: str) -> None:
     with psycopg.connect(empty_dsn, autocommit=True) as c:
         c.execute("CREATE SCHEMA inbox")
         c.execute(release_function(version, breaking_since))

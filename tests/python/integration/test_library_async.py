@@ -1,7 +1,7 @@
-#@ async: the sync tests are generated from this module
+# @ async: the sync tests are generated from this module
 # This module is the source of test_library.py: python/tools/async_to_sync.py writes it (tests/run
 # fails when it is out of date). Edit this file, then run `python python/tools/async_to_sync.py`.
-#@ end
+# @ end
 """The Python client `pginbox.AsyncInbox` against a real PostgreSQL: every public call and outcome,
 the failure recording, crash loops, retries driven by real serialization failures, deadlocks and
 lock timeouts, connections lost before and during COMMIT, and the schema-version check.
@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -68,27 +69,27 @@ from pginbox import (
 from pginbox.client.retry import classify
 from pginbox.errors import SchemaNewerWarning
 
-#@ async: anyio's pytest plugin runs the coroutine tests and fixtures, on asyncio
+# @ async: anyio's pytest plugin runs the coroutine tests and fixtures, on asyncio
 pytestmark = pytest.mark.anyio
-#@ end
+# @ end
 
 Conn = psycopg.Connection[Any]
-#@ async: the sync module's connections are all `Conn`
+# @ async: the sync module's connections are all `Conn`
 AConn = psycopg.AsyncConnection[Any]
-#@ end
+# @ end
 ACursor = psycopg.AsyncCursor[Any]
 Route = Callable[[str], str]
 CHILD = TESTS_DIR / "_library_child_async.py"
 FAST_RETRY = RetryPolicy(max_attempts=5, base_delay=0.005, max_delay=0.05)
 
 
-#@ async
+# @ async
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
 
 
-#@ end
+# @ end
 @pytest.fixture
 def domain(conn: Conn) -> Conn:
     setup_domain(conn)
@@ -186,6 +187,29 @@ async def test_handle_outcomes_with_a_given_connection(db_dsn: str, domain: Conn
     assert_applied_exactly(domain, {m.message_id: 10})
 
 
+async def test_a_local_server_gets_no_pipeline_by_default(db_dsn: str, domain: Conn, tmp_path: Path) -> None:
+    """The default (pipeline=None) sends BEGIN as a simple query of its own to a server on this
+    machine, and BEGIN + the claim in one pipelined round trip when told to."""
+    traces: dict[bool | None, str] = {}
+    applied: dict[str, int] = {}
+    for setting in (None, True):
+        trace = tmp_path / f"trace-{setting}.txt"
+        m = message(uid(), 1)
+        with trace.open("w") as out:
+            async with await aconnect(db_dsn) as c:
+                inbox = AsyncInbox(c, consumer="billing", handler_version="v1", retry=FAST_RETRY, pipeline=setting)
+                c.pgconn.trace(out.fileno())
+                assert (await inbox.handle(m, credit())).outcome is Outcome.APPLIED
+                c.pgconn.untrace()
+        traces[setting] = trace.read_text()
+        applied[m.message_id] = 1
+    assert_applied_exactly(domain, applied)
+    simple_begin = [line for line in traces[None].splitlines() if "\tQuery\t" in line and "BEGIN" in line]
+    assert simple_begin, traces[None]
+    assert not [line for line in traces[True].splitlines() if "\tQuery\t" in line and "BEGIN" in line]
+    assert "inbox.claim" in traces[True] and "inbox.claim" in traces[None]
+
+
 async def test_handle_keeps_the_callers_connection_settings(inbox: AsyncInbox, client: AConn) -> None:
     assert client.autocommit is False
     assert (await inbox.handle(message(uid()), credit())).outcome is Outcome.APPLIED
@@ -194,9 +218,7 @@ async def test_handle_keeps_the_callers_connection_settings(inbox: AsyncInbox, c
     assert inbox.connection is client
 
 
-async def test_handle_refuses_a_connection_inside_a_transaction(
-    inbox: AsyncInbox, client: AConn, domain: Conn
-) -> None:
+async def test_handle_refuses_a_connection_inside_a_transaction(inbox: AsyncInbox, client: AConn, domain: Conn) -> None:
     await client.execute("SELECT 1")  # opens a transaction (not autocommit)
     with pytest.raises(PginboxError, match="inside a transaction"):
         await inbox.handle(message(uid()), credit())
@@ -372,7 +394,10 @@ def test_redelivery_crash_loop_ends_in_quarantine(db_dsn: str, domain: Conn) -> 
     def deliver(redelivered: bool) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, str(CHILD), db_dsn, message_id, "1" if redelivered else "0"],
-            capture_output=True, text=True, timeout=60, check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
 
     first = deliver(False)
@@ -390,7 +415,7 @@ def test_redelivery_crash_loop_ends_in_quarantine(db_dsn: str, domain: Conn) -> 
     assert row == ("crash_loop", 3, "open")
 
 
-#@ async: cancelling a call is an asyncio thing (a thread cannot be cancelled)
+# @ async: cancelling a call is an asyncio thing (a thread cannot be cancelled)
 async def test_cancelled_handler_leaves_nothing_and_crash_loop_ends_in_quarantine(db_dsn: str, domain: Conn) -> None:
     """A task cancelled inside its handler is like a crash: nothing commits, nothing is recorded.
     Redeliveries announce themselves; at max_attempts the message is quarantined unrun."""
@@ -421,7 +446,7 @@ async def test_cancelled_handler_leaves_nothing_and_crash_loop_ends_in_quarantin
     assert ledger_counts(domain) == {}
 
 
-#@ end
+# @ end
 async def test_redelivered_message_is_processed_normally_below_the_limit(inbox: AsyncInbox, domain: Conn) -> None:
     m = message(uid(), 7, redelivered=True)
     assert (await inbox.handle(m, credit())).outcome is Outcome.APPLIED
@@ -449,9 +474,7 @@ async def test_apply_redelivered_crash_loop(inbox: AsyncInbox, domain: Conn) -> 
     itself and crashed too; the second redelivery is quarantined without running the handler."""
     domain.execute("SELECT inbox.configure_consumer('billing', max_attempts => 2)")
     m = message(uid(), redelivered=True)
-    domain.execute(
-        "SELECT inbox.record_start('billing', 'orders', %s, message_type => 'credit')", (m.message_id,)
-    )
+    domain.execute("SELECT inbox.record_start('billing', 'orders', %s, message_type => 'credit')", (m.message_id,))
     held = await inbox.apply(m)
     assert held.outcome is Outcome.QUARANTINED and held.reason_code == "crash_loop"
     assert ledger_counts(domain) == {}
@@ -529,8 +552,13 @@ async def test_handle_batch_repeats_within_a_chunk(inbox: AsyncInbox, domain: Co
 
     other = message(uid(), 1)
     results = await inbox.handle_batch([once, flaky, other, once, flaky], handler)
-    assert [r.outcome for r in results] == [Outcome.APPLIED, Outcome.FAILED, Outcome.APPLIED, Outcome.DUPLICATE,
-                                            Outcome.APPLIED]
+    assert [r.outcome for r in results] == [
+        Outcome.APPLIED,
+        Outcome.FAILED,
+        Outcome.APPLIED,
+        Outcome.DUPLICATE,
+        Outcome.APPLIED,
+    ]
     assert seen[once.message_id] == 1 and seen[flaky.message_id] == 2
     assert_applied_exactly(domain, {once.message_id: 5, flaky.message_id: 7, other.message_id: 1})
     assert failed_attempts(domain, flaky.message_id) == 1
@@ -551,18 +579,22 @@ async def test_apply_apply_batch_and_handle_batch(db_dsn: str, domain: Conn, rou
     async with await aconnect(route(db_dsn)) as c:
         inbox = AsyncInbox(c, consumer="billing", retry=FAST_RETRY)
         first = await inbox.apply(done)
-        applied = await inbox.apply_batch(
-            [fresh[0], done, message(done.message_id, 9), message(uid(), -1), *fresh[1:]]
-        )
+        applied = await inbox.apply_batch([fresh[0], done, message(done.message_id, 9), message(uid(), -1), *fresh[1:]])
         handled = await inbox.handle_batch([mine[0], poison, fresh[0], *mine[1:]], handler)
     assert first.outcome is Outcome.APPLIED
     assert [r.outcome for r in applied[:4]] == [Outcome.APPLIED, Outcome.DUPLICATE, Outcome.CONFLICT, Outcome.FAILED]
     assert [r.outcome for r in applied[4:]] == [Outcome.APPLIED] * 65
-    assert [r.outcome for r in handled] == [Outcome.APPLIED, Outcome.FAILED, Outcome.DUPLICATE, Outcome.APPLIED,
-                                            Outcome.APPLIED]
+    assert [r.outcome for r in handled] == [
+        Outcome.APPLIED,
+        Outcome.FAILED,
+        Outcome.DUPLICATE,
+        Outcome.APPLIED,
+        Outcome.APPLIED,
+    ]
     assert isinstance(handled[1].exception, LookupError)
-    assert_applied_exactly(domain, {done.message_id: 1, **{m.message_id: 2 for m in fresh},
-                                    **{m.message_id: 3 for m in mine}})
+    assert_applied_exactly(
+        domain, {done.message_id: 1, **{m.message_id: 2 for m in fresh}, **{m.message_id: 3 for m in mine}}
+    )
     assert failed_attempts(domain, poison.message_id) == 1
 
 
@@ -659,11 +691,18 @@ async def test_serialization_failures_and_deadlocks_are_retried(db_dsn: str, dom
             return result
 
     rr = await agather(*(partial(deliver, message(i, 5), rr_handler) for i in rr_ids))
-    dl = await agather(*(
-        partial(deliver, Message("orders", i, "credit", {"order": order}), dl_handler, autocommit=True,
-                options=SAFE_OPTIONS + " -c deadlock_timeout=50ms")
-        for i, order in zip(dl_ids, ([1, 2], [2, 1]), strict=True)
-    ))
+    dl = await agather(
+        *(
+            partial(
+                deliver,
+                Message("orders", i, "credit", {"order": order}),
+                dl_handler,
+                autocommit=True,
+                options=SAFE_OPTIONS + " -c deadlock_timeout=50ms",
+            )
+            for i, order in zip(dl_ids, ([1, 2], [2, 1]), strict=True)
+        )
+    )
     assert [r.outcome for r in rr + dl] == [Outcome.APPLIED] * 4
     assert errors["40001"] >= 1 and errors["40P01"] >= 1
     assert sum(r.retries for r in rr) >= 1 and sum(r.retries for r in dl) >= 1
@@ -939,7 +978,7 @@ async def test_inbox_rejects_wrong_arguments(client: AConn) -> None:
         AsyncInbox(client, consumer="billing", batch_size=65)
 
 
-#@ async: one copy checks both flavours
+# @ async: one copy checks both flavours
 async def test_sync_and_async_types_are_not_mixed(conn: Conn, db_dsn: str) -> None:
     from pginbox import Inbox
 
@@ -950,7 +989,7 @@ async def test_sync_and_async_types_are_not_mixed(conn: Conn, db_dsn: str) -> No
             Inbox(c, consumer="billing")  # type: ignore[arg-type]
 
 
-#@ end
+# @ end
 async def test_bad_input_raises_the_database_error(inbox: AsyncInbox, domain: Conn) -> None:
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="must not be empty"):
         await inbox.handle(Message("orders", "", "credit", {}), credit())
@@ -1040,8 +1079,9 @@ def release_function(version: int, breaking_since: int) -> sql.Composed:
     ("version", "breaking_since", "advice"),
     [(99, 99, "upgrade the pginbox Python package"), (0, 0, "pginbox deploy")],
 )
-async def test_unknown_schema_version_is_refused(empty_dsn: str, version: int, breaking_since: int,
-                                                 advice: str) -> None:
+async def test_unknown_schema_version_is_refused(
+    empty_dsn: str, version: int, breaking_since: int, advice: str
+) -> None:
     async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as c:
         await c.execute("CREATE SCHEMA inbox")
         await c.execute(release_function(version, breaking_since))

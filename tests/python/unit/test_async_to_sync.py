@@ -3,26 +3,17 @@ drift, and each rule of the conversion does what its docstring says (no database
 
 from __future__ import annotations
 
-import importlib.util
+import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from conftest import REPO_ROOT
+from helpers_tools import load_tool
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = REPO_ROOT
 
-
-def load_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("async_to_sync", ROOT / "python" / "tools" / "async_to_sync.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look the module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = load_tool()
+tool = load_tool("async_to_sync")
 
 
 def test_generated_files_are_up_to_date() -> None:
@@ -55,11 +46,11 @@ from contextlib import asynccontextmanager
 
 import psycopg
 
-#@ async: only here
+# @ async: only here
 ASYNC_ONLY = 1
-#@ sync
+# @ sync
 # SYNC_ONLY = psycopg.AsyncConnection
-#@ end
+# @ end
 
 
 @asynccontextmanager
@@ -86,6 +77,40 @@ async def run(step: Callable[[], Awaitable[int]]) -> int:
 
 def test_unbalanced_directives_are_refused() -> None:
     with pytest.raises(tool.ConversionError, match="not closed"):
-        tool.convert("#@ async\nx = 1\n", "x_async.py", ROOT / "x.py")
-    with pytest.raises(tool.ConversionError, match="#@ sync"):
-        tool.convert("#@ sync\n# x = 1\n#@ end\n", "x_async.py", ROOT / "x.py")
+        tool.convert("# @ async\nx = 1\n", "x_async.py", ROOT / "x.py")
+    with pytest.raises(tool.ConversionError, match="# @ sync"):
+        tool.convert("# @ sync\n# x = 1\n# @ end\n", "x_async.py", ROOT / "x.py")
+
+
+def ruff_format(text: str, filename: Path) -> str:
+    ruff = Path(sys.executable).with_name("ruff")
+    done = subprocess.run(
+        [str(ruff) if ruff.is_file() else "ruff", "format", "--stdin-filename", str(filename), "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+    )
+    return done.stdout
+
+
+def test_output_is_laid_out_by_ruff_format() -> None:
+    """Dropping `await` shortens lines: the generated module is re-laid out, so that `ruff format --check`
+    passes over it as over every other file."""
+    call = "await connection.execute(" + ", ".join(f"argument_{n}" for n in range(8)) + ")"
+    source = ruff_format(f"async def f(connection: object) -> None:\n    {call}\n", ROOT / "x_async.py")
+    assert "(\n" in source  # too long for one line with the await
+    out = tool.convert(source, "x_async.py", ROOT / "x.py")
+    assert "    connection.execute(argument_0," in out  # one line again without it
+    assert ruff_format(out, ROOT / "x.py") == out
+
+
+def test_directives_survive_ruff_format() -> None:
+    """`ruff format` puts a blank after `#`: the directives are read in that spelling (and the older `#@`)."""
+    source = "#@ async: only here\nw = 1\n#@ sync\n# y = 2\n#@ end\nx = 1\n"
+    formatted = ruff_format(source, ROOT / "x_async.py")
+    assert "# @ async: only here\n" in formatted and "# @ end\n" in formatted
+    for text in (source, formatted):
+        out = tool.convert(text, "x_async.py", ROOT / "x.py")
+        assert "w = 1" not in out and "y = 2\nx = 1\n" in out

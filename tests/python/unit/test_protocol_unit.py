@@ -323,3 +323,22 @@ def test_both_drivers_run_the_same_steps() -> None:
     assert drive(steps()) == 42
     assert asyncio.run(drive_async(steps())) == 42
     assert asyncio.run(drive_async(async_steps())) == 42
+
+
+@pytest.mark.parametrize(
+    ("host", "hostaddr", "local"),
+    [
+        ("/var/run/postgresql", "", True),
+        ("", "", True),
+        ("127.0.0.1", "127.0.0.1", True),
+        ("localhost", "::1", True),
+        ("localhost", "", True),
+        ("db.internal", "10.1.2.3", False),
+        ("10.1.2.3", "10.1.2.3", False),
+        ("db.internal", "", False),
+    ],
+)
+def test_the_pipeline_is_used_only_for_a_server_on_another_machine(host: str, hostaddr: str, local: bool) -> None:
+    from pginbox.client.shared import is_local_server
+
+    assert is_local_server(host, hostaddr) is local
