@@ -13,13 +13,13 @@ DEB_PACKAGES=(
     postgresql-15-pgtap
     postgresql-15-plpgsql-check
     postgresql-15-cron
-    postgresql-15-plproxy   # the routing layer (proxy/, docs/scaling.md, tests/python/test_proxy.py)
+    postgresql-15-plproxy   # the routing layer (proxy/, docs/scaling.md, tests/python/e2e/test_proxy.py)
     sqitch
     libdbd-pg-perl
     libtap-parser-sourcehandler-pgtap-perl
     python3-venv
     pgbouncer
-    # the other-language examples (examples/, tests/python/test_other_languages.py)
+    # the other-language examples (examples/, tests/python/e2e/test_other_languages.py)
     nodejs
     golang-go
     golang-github-jackc-pgx-v4-dev

@@ -1,6 +1,6 @@
 """The limits of the SQL API that the Python package respects, in one place.
 
-Each is a number the SQL functions enforce (or cut to); tests/python/test_sql_contract.py probes
+Each is a number the SQL functions enforce (or cut to); tests/python/integration/test_sql_contract.py probes
 the deployed schema at each boundary and fails when the two drift apart. Nothing is imported here:
 the CLI reads these when it starts.
 """

@@ -8,7 +8,7 @@
 
 A key is a SQLSTATE (five characters) or a class (its first two): `condition()` looks up the code,
 then its class. Every SQLSTATE the SQL raises (sql/*.sql, `ERRCODE = ...`) has an entry here:
-tests/python/test_sqlstates.py reads them from the SQL and fails on one missing.
+tests/python/unit/test_sqlstates.py reads them from the SQL and fails on one missing.
 """
 
 from __future__ import annotations

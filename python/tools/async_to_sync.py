@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: (source, output), relative to the repository root.
 FILES: Sequence[tuple[str, str]] = (
     ("python/pginbox/client/async_inbox.py", "python/pginbox/client/inbox.py"),
-    ("tests/python/test_library_async.py", "tests/python/test_library.py"),
+    ("tests/python/integration/test_library_async.py", "tests/python/integration/test_library.py"),
     ("tests/python/_library_child_async.py", "tests/python/_library_child.py"),
     ("python/pginbox/integrations/sqlalchemy_async.py", "python/pginbox/integrations/sqlalchemy.py"),
 )

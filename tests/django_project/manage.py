@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The test Django project's manage.py (tests/python/test_django.py; docs/django.md)."""
+"""The test Django project's manage.py (tests/python/e2e/test_django.py; docs/django.md)."""
 
 import os
 import sys

@@ -2,7 +2,7 @@
 -- who acts as whom: the catalog is scanned for session settings, a forged marker gets nothing,
 -- the handler of an operator's decision acts with its owner's bindings for the call only, an
 -- unbound consumer is not repaired, strict_consumers holds superusers, a SET ROLE restricts.
--- Python tests (tests/python/test_trust_second_pass.py) make the same attacks with real logins.
+-- Python tests (tests/python/integration/test_trust_second_pass.py) make the same attacks with real logins.
 \set QUIET 1
 \pset format unaligned
 \pset tuples_only true

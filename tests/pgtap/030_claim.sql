@@ -1,5 +1,5 @@
 -- pgTAP: sql/030_claim.sql — claim, claim_bytea, configure_consumer, record_failure, record_start.
--- Runs as the superuser that deployed; privileges are tested in 090_security.sql.
+-- Runs as the superuser that deployed; privileges are tested in 027_security.sql.
 \set QUIET 1
 \pset format unaligned
 \pset tuples_only true

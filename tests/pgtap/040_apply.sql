@@ -1,5 +1,5 @@
 -- pgTAP: sql/040_apply.sql — register_handler, claim_and_apply, claim_and_apply_batch.
--- Runs as the superuser that deployed; privileges and caller's rights are tested in 090_security.sql.
+-- Runs as the superuser that deployed; privileges and caller's rights are tested in 027_security.sql.
 \set QUIET 1
 \pset format unaligned
 \pset tuples_only true

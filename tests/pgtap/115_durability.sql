@@ -1,6 +1,6 @@
 -- pgTAP: sql/115_durability.sql — is a commit on the standbys? Without a standby (this test's
 -- cluster) no commit is durable by standby: commit_durable is false and wait_durable returns false
--- at its timeout, never true. tests/python/test_failover.py runs them against a real standby.
+-- at its timeout, never true. tests/python/e2e/test_failover.py runs them against a real standby.
 -- Not in one transaction, unlike the other files: the functions refuse to run inside a transaction
 -- that wrote, and pgTAP writes its results to temporary tables (each SELECT below is a transaction
 -- of its own, whose function arguments run before pgTAP records them). Cleans up its roles.

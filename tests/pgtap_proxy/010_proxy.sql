@@ -1,6 +1,6 @@
 -- pgTAP: the routing layer (proxy/, project pginbox_proxy) in a proxy database: privileges and
 -- hardening from the catalog, configure_shards' checks, the routing hash, tenant placements, and
--- an unreachable shard answering 08006. (Routing to real shards: tests/python/test_proxy.py.)
+-- an unreachable shard answering 08006. (Routing to real shards: tests/python/e2e/test_proxy.py.)
 \set QUIET 1
 \pset format unaligned
 \pset tuples_only true

@@ -1,8 +1,18 @@
-"""Fixtures: every test runs against a real PostgreSQL.
+"""Fixtures and tiers.
+
+Tiers: a test's folder gives it its marker (pytest_collection_modifyitems): unit/ (no database:
+must not take pg_base, template_db, db_dsn, conn ...), integration/ (PostgreSQL only), e2e/
+(brokers, chains, crashes, failover, private clusters, PgBouncer, other languages). Select with
+`-m unit`, `-m "not e2e"` ...; docs/development.md.
+
+Under pytest-xdist each worker has its own template database (its name carries the worker id), so
+workers never share a database; roles are cluster-wide, so tests name theirs uniquely (or share an
+xdist_group when a name is fixed by the docs).
 
 pg_base          (session)  conninfo without dbname: $PGINBOX_TEST_DSN_BASE (tests/run sets it),
                             else a private cluster started for this session.
-template_db      (session)  name of a database deployed once per session with `sqitch deploy`.
+template_db      (session)  name of a database deployed once per session (per xdist worker) with
+                            `sqitch deploy`.
 db_dsn           (function) conninfo of a fresh clone of template_db, dropped afterwards.
 conn             (function) autocommit connection to db_dsn.
 private_cluster  (function) a cluster of its own (schema deployed in database `pginbox`) that a
@@ -39,8 +49,32 @@ from pginbox.devtools.cluster import Cluster
 from pginbox.schema import sqitch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TEMPLATE_DB = "pginbox_test_template"
+TIERS = ("unit", "integration", "e2e")
+# "gw0", "gw1" ... under pytest-xdist; "main" when run without -n.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
+TEMPLATE_DB = f"pginbox_test_template_{WORKER}"
 PRIVATE_DB = "pginbox"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its tier, the name of the folder below tests/python it lives in."""
+    tests_dir = Path(__file__).resolve().parent
+    for item in items:
+        try:
+            tier = item.path.resolve().relative_to(tests_dir).parts[0]
+        except ValueError:
+            continue
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
+    # The longest first, so that pytest-xdist's workers do not end on a long test that started
+    # last: the tests marked slow, then e2e, integration and unit (the order within stays).
+    rank = {"e2e": 0, "integration": 1, "unit": 2}
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("slow") is None,
+            min((rank[t] for t in TIERS if item.get_closest_marker(t)), default=1),
+        )
+    )
 
 
 def sqitch_project() -> Path | None:
@@ -113,6 +147,16 @@ def drop_database(base: str, name: str) -> None:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
+def throw_away(base: str) -> None:
+    """No fsync for a cluster nobody crashes and nobody keeps (pg_base's own; tests/run does the
+    same): creating and dropping a database per test, and every sqitch deploy, cost about half as
+    much. synchronous_commit stays on (inbox.wait_durable reads it)."""
+    with psycopg.connect(dsn_for(base, "postgres"), autocommit=True) as admin:
+        admin.execute("ALTER SYSTEM SET fsync = off")
+        admin.execute("ALTER SYSTEM SET full_page_writes = off")
+        admin.execute("SELECT pg_catalog.pg_reload_conf()")
+
+
 @pytest.fixture(scope="session")
 def pg_base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     base = os.environ.get("PGINBOX_TEST_DSN_BASE")
@@ -121,18 +165,58 @@ def pg_base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return
     cluster = make_cluster(tmp_path_factory.mktemp("pg_base"))
     try:
+        throw_away(cluster.dsn_base())
         yield cluster.dsn_base()
     finally:
         cluster.destroy()
 
 
+TEMPLATE_LOCK = "SELECT pg_advisory_lock(hashtext('pginbox tests: template deploy'))"
+TEMPLATE_UNLOCK = "SELECT pg_advisory_unlock(hashtext('pginbox tests: template deploy'))"
+
+
 @pytest.fixture(scope="session")
-def template_db(pg_base: str) -> Iterator[str]:
-    drop_database(pg_base, TEMPLATE_DB)
-    create_database(pg_base, TEMPLATE_DB)
-    sqitch.deploy(dsn_for(pg_base, TEMPLATE_DB), project=sqitch_project())
+def template_db(pg_base: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """The schema deployed with `sqitch deploy`, once per run. Under pytest-xdist the first worker
+    deploys a template of the run (named after xdist's testrunuid) and every worker clones it into
+    a template of its own (a clone takes under a second, a deploy 10 s and more). An advisory lock
+    of the cluster's postgres database serializes this: concurrent deploys into one cluster would
+    race on the cluster-wide roles the first change creates when missing."""
+    workerinput: dict[str, Any] | None = getattr(request.config, "workerinput", None)
+    run_template = f"pginbox_test_template_run_{workerinput['testrunuid'][:12]}" if workerinput else None
+    with psycopg.connect(dsn_for(pg_base, "postgres"), autocommit=True) as lock:
+        lock.execute(TEMPLATE_LOCK)
+        try:
+            drop_database(pg_base, TEMPLATE_DB)
+            if run_template is None:
+                deploy_database(pg_base, TEMPLATE_DB)
+            else:
+                exists = lock.execute("SELECT 1 FROM pg_database WHERE datname = %s", (run_template,)).fetchone()
+                if exists is None:
+                    deploy_database(pg_base, run_template)
+                create_database(pg_base, TEMPLATE_DB, template=run_template)
+        finally:
+            lock.execute(TEMPLATE_UNLOCK)
     yield TEMPLATE_DB
     drop_database(pg_base, TEMPLATE_DB)
+    if run_template is not None:
+        # The first worker done drops it; a worker that had not cloned it yet deploys it again.
+        with psycopg.connect(dsn_for(pg_base, "postgres"), autocommit=True) as lock:
+            lock.execute(TEMPLATE_LOCK)
+            try:
+                drop_database(pg_base, run_template)
+            finally:
+                lock.execute(TEMPLATE_UNLOCK)
+
+
+def deploy_database(pg_base: str, name: str) -> None:
+    """A new database `name` with the schema deployed by `sqitch deploy` (dropped if that fails)."""
+    create_database(pg_base, name)
+    try:
+        sqitch.deploy(dsn_for(pg_base, name), project=sqitch_project())
+    except BaseException:
+        drop_database(pg_base, name)
+        raise
 
 
 @pytest.fixture

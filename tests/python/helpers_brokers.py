@@ -30,6 +30,7 @@ import nats
 import nats.errors
 import pytest
 import redis
+from helpers_paths import pythonpath
 from nats.js import api
 
 from pginbox.brokers import make_broker
@@ -484,7 +485,7 @@ def subprocess_env(ch: Channel, dsn: str, **settings: Any) -> dict[str, str]:
     return {
         **os.environ,
         "PGINBOX_DSN": dsn,
-        "PYTHONPATH": os.path.dirname(__file__),
+        "PYTHONPATH": pythonpath(),
         **{f"PGINBOX_CONSUME_{k.upper()}": str(v) for k, v in merged.items()},
     }
 

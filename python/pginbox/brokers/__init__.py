@@ -12,7 +12,7 @@
     redis.py      Redis Streams (redis-py; extra pginbox[redis])
 
 Adapters import the port and the wire contract, never the consumer loop or the dispatcher. An
-adapter is done when tests/python/test_broker_conformance.py passes with it.
+adapter is done when tests/python/e2e/test_broker_conformance.py passes with it.
 """
 
 from __future__ import annotations

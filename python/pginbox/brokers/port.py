@@ -3,7 +3,7 @@ what the dispatcher's broker destinations need from one (Publisher, Outgoing). A
 (pginbox.brokers.memory, .rabbitmq, .jetstream, .redis) implement these and import this module and
 pginbox.brokers.wire, never the consumer loop or the dispatcher.
 
-The contract an inbound adapter keeps (tests/python/test_broker_conformance.py checks it on every
+The contract an inbound adapter keeps (tests/python/e2e/test_broker_conformance.py checks it on every
 adapter; docs/brokers.md, "Writing an adapter"):
 
   fetch        up to `max_messages` deliveries, waiting at most `timeout` seconds for the first;

@@ -52,7 +52,7 @@ def idempotency_key(consumer: str, tenant: str, effect_id: str) -> str:
     """inbox.idempotency_key(consumer, tenant, effect_id), computed here: "ik_" and the hex SHA-256 of
     a version tag and the three parts, each prefixed with its length in bytes (4, big-endian). A
     destination can check a key against the effect it names; the SQL function is the reference
-    (tests/python/test_sql_contract.py compares the two)."""
+    (tests/python/integration/test_sql_contract.py compares the two)."""
     digest = hashlib.sha256(b"pginbox.idempotency_key.v1")
     for part in (consumer, tenant, effect_id):
         data = part.encode()

@@ -1,4 +1,4 @@
-"""A minimal Django project for the pginbox Django integration's tests (tests/python/test_django.py).
+"""A minimal Django project for the pginbox Django integration's tests (tests/python/e2e/test_django.py).
 
 The database comes from the environment: PGINBOX_DJANGO_HOST, _PORT, _NAME, _USER (a PostgreSQL
 with schema inbox deployed; the user is bound to the consumers the app acts as). Alias "lossy" is
