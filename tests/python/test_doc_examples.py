@@ -28,7 +28,7 @@ MARKER = re.compile(
 ANY_MARKER = re.compile(r"^\s*<!-- example:")
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 COMMENT = re.compile(r"^\s*<!--.*-->\s*$")
-TODO_CEILING = 66
+TODO_CEILING = 57
 
 
 @dataclass(frozen=True)
