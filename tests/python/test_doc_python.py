@@ -22,9 +22,9 @@ import psycopg
 import psycopg_pool
 import pytest
 from conftest import REPO_ROOT
+from helpers_docs import blocks
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
-from test_doc_examples import blocks
 
 import pginbox
 import pginbox.errors

@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 import psycopg
-from test_doc_examples import blocks, pages
+from helpers_docs import blocks, pages
 from test_doc_sql import Block, _normalize, kind
 
 
