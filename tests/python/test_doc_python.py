@@ -1,10 +1,12 @@
-"""The Python blocks of docs/python.md, docs/pgbouncer.md and README.md, run as written.
+"""The Python blocks of docs/python.md, docs/pgbouncer.md, docs/metrics.md and README.md, run as
+written.
 
 The examples connect with "dbname=shop" (PgBouncer: "host=pgbouncer ..."): the test puts the
 conninfo of a LOGIN role granted inbox_consumer and bound to consumer 'billing' in its place, on a
 fresh database with the examples' table `account` (id 7). Blocks that show a definition (the
 Message dataclass, the constructors' signatures, RetryPolicy's defaults, the exception hierarchy)
-are compared with what the package defines.
+are compared with what the package defines. metrics.md's exporter serves on a free port (not 9188)
+from a registry of its own (not prometheus_client's global one), and is scraped.
 """
 
 from __future__ import annotations
@@ -15,14 +17,17 @@ import dataclasses
 import inspect
 import re
 import textwrap
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+import prometheus_client
 import psycopg
 import psycopg_pool
 import pytest
 from conftest import REPO_ROOT
 from helpers_docs import blocks
+from helpers_pgbouncer import free_port
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
@@ -233,3 +238,42 @@ def test_pgbouncer_settings_turn_preparation_off(db_dsn: str) -> None:
             return aconn.prepare_threshold
 
     assert asyncio.run(async_pool()) is None
+
+
+# ------------------------------------------------------------------------------ docs/metrics.md
+
+
+def test_metrics_exporter_in_an_application(
+    shop: tuple[str, psycopg.Connection[Any]], db_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dsn, _ = shop
+    (code,) = python_blocks("docs/metrics.md")
+    registry = prometheus_client.CollectorRegistry()
+    servers: list[Any] = []
+    port = free_port()
+    serve = prometheus_client.start_http_server
+
+    def start_http_server(written_port: int, addr: str) -> None:
+        assert written_port == 9188
+        servers.append(serve(port, addr=addr, registry=registry))
+
+    monkeypatch.setattr(prometheus_client, "REGISTRY", registry)
+    monkeypatch.setattr(prometheus_client, "start_http_server", start_http_server)
+    with (
+        psycopg_pool.ConnectionPool(db_dsn, open=True, min_size=1) as pool,
+        psycopg.connect(dsn, autocommit=True) as conn,
+    ):
+        inbox = Inbox(conn, consumer="billing")
+        inbox.handle(Message("shop", "order-1", "credit", {}), lambda cur, m: None)
+        try:
+            exec(compile(code, "metrics.md", "exec"), {"pool": pool, "inbox": inbox})
+            (server, thread), *_ = servers
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+                scraped = response.read().decode()
+        finally:
+            for server, thread in servers:
+                server.shutdown()
+                server.server_close()
+                thread.join(timeout=10)
+    assert "pginbox_database_up 1.0" in scraped
+    assert 'pginbox_client_outcomes_total{consumer="billing",outcome="applied"} 1.0' in scraped
