@@ -1,0 +1,107 @@
+"""docs/sql-api.md's psql sessions (its ``` blocks of statements and what psql printed), run and
+compared line by line, for each block whose marker names this file.
+
+sql-api.md §2 says how the page's examples were run: psql, `-X -a -v VERBOSITY=verbose -v
+SHOW_CONTEXT=never -P null=∅`, on the example database (the page's first ```sql block, which
+test_doc_sql.py runs; the consumer `shipping` bound like `billing`), `LOCATION:` lines and psql's
+`psql:file:line:` prefixes removed. Each block runs on a fresh copy of that database, as a
+superuser unless its first line is `-- as <role>`, and psql's echo of the statements and their
+output must be the block. Trailing blanks are ignored.
+
+A statement starts on a line that is not output (a line of a result table, a row count, a command
+tag, an ERROR/DETAIL/HINT line, a blank line) and ends on the line whose code ends with `;`.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+from conftest import REPO_ROOT, make_cluster, sqitch_project
+from helpers_docs import Block, blocks
+from test_doc_sql import as_script, psql
+from test_doc_sql import sql_blocks as sql_api_sql_blocks
+
+from pginbox.devtools.cluster import Cluster
+from pginbox.schema import sqitch
+
+PAGE = REPO_ROOT / "docs" / "sql-api.md"
+PSQL_OPTIONS = ["-X", "-a", "-v", "VERBOSITY=verbose", "-v", "SHOW_CONTEXT=never", "-P", "null=∅"]
+THIS = "test_doc_sql_transcripts.py"
+EXAMPLE_DB = "sql_api_example"
+TAG = re.compile(
+    r"^(BEGIN|COMMIT|ROLLBACK|SAVEPOINT|RELEASE|SET|RESET|DO|CALL|GRANT|REVOKE|"
+    r"(INSERT \d+|UPDATE|DELETE|SELECT|COPY) \d+|(CREATE|ALTER|DROP) [A-Z ]+)$"
+)
+OUTPUT = re.compile(r"^( |-+\+|\(\d+ rows?\)$|-[-+]*$|(ERROR|DETAIL|HINT|NOTICE|WARNING|CONTEXT|INFO):|$)")
+
+
+def transcripts() -> list[Block]:
+    return [b for b in blocks(PAGE) if b.lang == "" and b.marker is not None and THIS in b.marker]
+
+
+def statements(block: Block) -> str:
+    """The input lines of the session, in order."""
+    script: list[str] = []
+    inside = False
+    for line in block.text.rstrip("\n").split("\n"):
+        if not inside and (OUTPUT.match(line) or TAG.match(line)):
+            continue
+        script.append(line)
+        code = re.sub(r"--.*$", "", line).rstrip()
+        inside = (inside or bool(code)) and not code.endswith(";")
+    return "\n".join(script) + "\n"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    cluster = make_cluster(tmp_path_factory.mktemp("doc_sql_transcripts"))
+    try:
+        cluster.create_database(EXAMPLE_DB)
+        sqitch.deploy(cluster.dsn(EXAMPLE_DB), project=sqitch_project())
+        (setup, *_) = sql_api_sql_blocks("docs/sql-api.md")
+        psql(cluster, cluster.dsn(EXAMPLE_DB), as_script(setup), setup.where)
+        psql(
+            cluster,
+            cluster.dsn(EXAMPLE_DB),
+            "SELECT inbox.bind_consumer('shipping', 'docs_svc', note => 'the consumer service');",
+            "shipping",
+        )
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+def rendered(cluster: Cluster, dsn: str, block: Block) -> str:
+    script = statements(block)
+    first = script.split("\n", 1)[0]
+    role = re.match(r"^-- as ([a-z_]+)\b", first)
+    prefix = f"SET SESSION AUTHORIZATION {role.group(1)};\n" if role else ""
+    proc = subprocess.run(
+        [str(cluster.bindir / "psql"), *PSQL_OPTIONS, "-d", dsn, "-f", "-"],
+        input=prefix + script,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=60,
+    )
+    out = proc.stdout.split("\n")
+    if prefix:
+        assert out[:2] == [prefix.strip(), "SET"], out[:2]
+        out = out[2:]
+    out = [re.sub(r"^psql:<stdin>:\d+: ", "", line).rstrip() for line in out if not line.startswith("LOCATION:")]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+@pytest.mark.parametrize("block", transcripts(), ids=lambda b: f"line{b.line}")
+def test_the_session_is_what_psql_prints(cluster: Cluster, block: Block) -> None:
+    name = f"t{block.line}"
+    cluster.create_database(name, template=EXAMPLE_DB)
+    expected = "\n".join(line.rstrip() for line in block.text.split("\n")).rstrip("\n") + "\n"
+    assert rendered(cluster, cluster.dsn(name), block) == expected, block.where
+
+
+def test_the_sessions_compared() -> None:
+    assert len(transcripts()) == 14
