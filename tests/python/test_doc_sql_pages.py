@@ -4,13 +4,16 @@ README's) on fresh databases of a private cluster (the blocks name roles, which 
 What a block needs and does not show (the roles it names, the function it alters, a table it reads)
 is created first; then the database must hold what the page says the block does.
 
+replay.md §2 and §3 run on test_replay.py's domain, their placeholders ('{...}', `...`) filled in.
 other-languages.md's statements take the placeholders `$consumer`, `$payload`, ...: they are bound
 as parameters by psycopg, as the example programs bind them, after the page's own setup block.
 """
 
 from __future__ import annotations
 
+import json
 import re
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,8 +21,11 @@ import psycopg
 import pytest
 from conftest import PRIVATE_DB, make_cluster, sqitch_project
 from helpers_docs import page_blocks
+from helpers_inbox import hand_to_service
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from test_doc_sql import psql, query
+from test_replay import DOMAIN, FIX, FIX2, Conn, compensations, deliver_history
 
 from pginbox.devtools.cluster import Cluster
 from pginbox.schema import sqitch
@@ -210,3 +216,51 @@ def test_other_languages_statements(cluster: Cluster) -> None:
         row = conn.execute(bound(apply), applied).fetchone()
         assert row is not None and row[0] == "applied"
     assert query(dsn, "SELECT id, balance FROM ledger.account ORDER BY 1") == [(1, 100), (2, 8)]
+
+
+# ------------------------------------------------------------------------------ docs/replay.md §2, §3
+# Run on test_replay.py's domain (billing's handlers owned by its bound service role); the blocks'
+# placeholders ('{...}', the items' `...`) are filled in with that test's messages.
+
+
+@pytest.fixture
+def domain(conn: Conn, login_role: Any) -> Conn:
+    """test_replay.py's domain fixture: billing's handlers and tables owned by its bound service."""
+    conn.execute(DOMAIN)
+    service = str(conninfo_to_dict(login_role("inbox_consumer"))["user"])
+    conn.execute(sql.SQL("GRANT USAGE ON SCHEMA app TO {}, inbox_runner").format(sql.Identifier(service)))
+    functions = (FIX, FIX2, "app.credit_v1(jsonb,inbox.message_context)")
+    tables = ("app.account", "app.credit_log", "app.compensation", "app.event_store", "app.slow")
+    hand_to_service(conn, service, "billing", functions=functions, tables=tables)
+    return conn
+
+
+def test_versioned_projection_block(domain: Conn) -> None:
+    code = block("docs/replay.md", "SELECT inbox.versioned_consumer")
+    assert code.count("'{...}'") == 1
+    service = domain.execute("SELECT role::regrole::text FROM inbox.consumer_binding WHERE consumer = 'billing'")
+    (role,) = service.fetchone() or ("",)
+    domain.execute(
+        """CREATE SCHEMA proj;
+           CREATE TABLE proj.orders_v2 (order_id integer PRIMARY KEY);
+           CREATE FUNCTION proj.order_placed_v2(p jsonb, ctx inbox.message_context) RETURNS void
+               LANGUAGE sql AS 'INSERT INTO proj.orders_v2 VALUES ((p ->> ''order'')::integer)'"""
+    )
+    domain.execute("SELECT inbox.bind_consumer('orders-projection', %s, note => 'docs')", (role,))
+    results = []
+    for statement in re.split(r";[ \t]*(?:--[^\n]*)?\n", code.replace("'{...}'", """'{"order": 1042}'""")):
+        if re.sub(r"--[^\n]*", "", statement).strip():
+            results.append(domain.execute(statement).fetchall())
+    assert len(results) == 3 and results[0] == [("orders-projection@v2",)], results
+    assert results[2] == [("applied",)], results  # the claim_and_apply
+    assert domain.execute("SELECT order_id FROM proj.orders_v2").fetchall() == [(1042,)]
+
+
+def test_replay_plan_block(domain: Conn) -> None:
+    code = block("docs/replay.md", "-- 0. The fix is registered")
+    items = deliver_history(domain, 3)
+    placeholder = """'[{"producer": "shop", "message_id": "order-1042", "payload": {...}}, ...]'"""
+    assert code.count(placeholder) == 1
+    domain.execute(code.replace(placeholder, "'" + json.dumps(items) + "'"))
+    assert domain.execute("SELECT plan_id, status FROM inbox.replay_plan").fetchall() == [(1, "completed")]
+    assert compensations(domain) == Counter({(item["message_id"], "fix-1"): 1 for item in items})
