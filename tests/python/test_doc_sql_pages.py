@@ -116,6 +116,30 @@ def test_security_definer_handler(cluster: Cluster) -> None:
     ) == [(True, "billing_service", ["search_path=app, pg_temp"], True)]
 
 
+# ------------------------------------------------------------------------------ grants (outbox.md, sql-api.md)
+
+
+def test_grants_to_the_readers_roles(cluster: Cluster) -> None:
+    """The GRANT blocks name the reader's own roles: created here, then the blocks run as pasted."""
+    dsn = database(cluster, "doc_grants")
+    roles = ("my_service", "my_dispatcher", "alice", "grafana")
+    psql(cluster, dsn, "".join(f"CREATE ROLE {r} LOGIN;\n" for r in roles), "roles")
+    psql(cluster, dsn, block("docs/outbox.md", "GRANT inbox_consumer   TO my_service;"), "outbox.md §3")
+    psql(cluster, dsn, block("docs/sql-api.md", "-- doc test: skip (my_service"), "sql-api.md §8")
+    memberships = query(
+        dsn,
+        """SELECT r.rolname, g.rolname FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.member
+             JOIN pg_roles g ON g.oid = m.roleid
+            WHERE r.rolname IN ('my_service', 'my_dispatcher', 'alice', 'grafana') ORDER BY 1, 2""",
+    )
+    assert memberships == [
+        ("alice", "inbox_operator"),
+        ("grafana", "inbox_reader"),
+        ("my_dispatcher", "inbox_dispatcher"),
+        ("my_service", "inbox_consumer"),
+    ]
+
+
 # ------------------------------------------------------------------------------ docs/metrics.md
 
 
