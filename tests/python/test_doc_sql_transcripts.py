@@ -4,9 +4,11 @@ compared line by line, for each block whose marker names this file.
 sql-api.md §2 says how the page's examples were run: psql, `-X -a -v VERBOSITY=verbose -v
 SHOW_CONTEXT=never -P null=∅`, on the example database (the page's first ```sql block, which
 test_doc_sql.py runs; the consumer `shipping` bound like `billing`), `LOCATION:` lines and psql's
-`psql:file:line:` prefixes removed. Each block runs on a fresh copy of that database, as a
-superuser unless its first line is `-- as <role>`, and psql's echo of the statements and their
-output must be the block. Trailing blanks are ignored.
+`psql:file:line:` prefixes removed. Each block runs on a fresh copy of that database (a block
+whose first line is in AFTER_THE_SQL_BLOCKS: of that database after the page's other ```sql
+blocks ran, as test_doc_sql.py runs them), as a superuser unless its first line is
+`-- as <role>`, and psql's echo of the statements and their output must be the block. Trailing
+blanks are ignored.
 
 A statement starts on a line that is not output (a line of a result table, a row count, a command
 tag, an ERROR/DETAIL/HINT line, a blank line) and ends on the line whose code ends with `;`.
@@ -21,7 +23,7 @@ from collections.abc import Iterator
 import pytest
 from conftest import REPO_ROOT, make_cluster, sqitch_project
 from helpers_docs import Block, blocks
-from test_doc_sql import as_script, psql
+from test_doc_sql import as_script, kind, psql
 from test_doc_sql import sql_blocks as sql_api_sql_blocks
 
 from pginbox.devtools.cluster import Cluster
@@ -31,6 +33,10 @@ PAGE = REPO_ROOT / "docs" / "sql-api.md"
 PSQL_OPTIONS = ["-X", "-a", "-v", "VERBOSITY=verbose", "-v", "SHOW_CONTEXT=never", "-P", "null=∅"]
 THIS = "test_doc_sql_transcripts.py"
 EXAMPLE_DB = "sql_api_example"
+AFTER_DB = "sql_api_after_the_sql_blocks"
+AFTER_THE_SQL_BLOCKS = {
+    "-- billing has processed messages with hash_exclude_keys = {sent_at,trace_id}; what is left out is kept"
+}
 TAG = re.compile(
     r"^(BEGIN|COMMIT|ROLLBACK|SAVEPOINT|RELEASE|SET|RESET|DO|CALL|GRANT|REVOKE|"
     r"(INSERT \d+|UPDATE|DELETE|SELECT|COPY) \d+|(CREATE|ALTER|DROP) [A-Z ]+)$"
@@ -61,7 +67,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     try:
         cluster.create_database(EXAMPLE_DB)
         sqitch.deploy(cluster.dsn(EXAMPLE_DB), project=sqitch_project())
-        (setup, *_) = sql_api_sql_blocks("docs/sql-api.md")
+        (setup, *others) = sql_api_sql_blocks("docs/sql-api.md")
         psql(cluster, cluster.dsn(EXAMPLE_DB), as_script(setup), setup.where)
         psql(
             cluster,
@@ -69,6 +75,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             "SELECT inbox.bind_consumer('shipping', 'docs_svc', note => 'the consumer service');",
             "shipping",
         )
+        cluster.create_database(AFTER_DB, template=EXAMPLE_DB)
+        for other in others:
+            if kind(other) == "run":
+                psql(cluster, cluster.dsn(AFTER_DB), as_script(other), other.where)
         yield cluster
     finally:
         cluster.destroy()
@@ -98,10 +108,12 @@ def rendered(cluster: Cluster, dsn: str, block: Block) -> str:
 @pytest.mark.parametrize("block", transcripts(), ids=lambda b: f"line{b.line}")
 def test_the_session_is_what_psql_prints(cluster: Cluster, block: Block) -> None:
     name = f"t{block.line}"
-    cluster.create_database(name, template=EXAMPLE_DB)
+    after = block.text.split("\n", 1)[0] in AFTER_THE_SQL_BLOCKS
+    cluster.create_database(name, template=AFTER_DB if after else EXAMPLE_DB)
     expected = "\n".join(line.rstrip() for line in block.text.split("\n")).rstrip("\n") + "\n"
     assert rendered(cluster, cluster.dsn(name), block) == expected, block.where
 
 
 def test_the_sessions_compared() -> None:
-    assert len(transcripts()) == 14
+    assert len(transcripts()) == 15
+    assert {b.text.split("\n", 1)[0] for b in transcripts()} >= AFTER_THE_SQL_BLOCKS
