@@ -277,3 +277,67 @@ def test_metrics_exporter_in_an_application(
                 thread.join(timeout=10)
     assert "pginbox_database_up 1.0" in scraped
     assert 'pginbox_client_outcomes_total{consumer="billing",outcome="applied"} 1.0' in scraped
+
+
+# ------------------------------------------------------------------------------ README.md, "Operate it"
+
+
+def test_readme_command_synopsis_names_real_commands_and_options() -> None:
+    """Each line of the synopsis, resolved through the click command tree: every command word
+    (alternatives split at `|`) names a command, every `--option` is one of that command's (or of
+    the main group's). Nothing runs: the commands themselves are run by test_cli*.py and
+    test_doc_operations.py."""
+    import shlex
+
+    import click
+
+    from pginbox.cli import main
+
+    (synopsis,) = [b for b in blocks(REPO_ROOT / "README.md") if b.lang == "sh" and b.text.startswith("pginbox status")]
+
+    def options(command: click.Command) -> set[str]:
+        return {name for param in command.params for name in getattr(param, "opts", []) if name.startswith("--")}
+
+    checked = 0
+    for line in synopsis.text.splitlines():
+        words = shlex.split(line.split("  #")[0]) if line.startswith("pginbox ") else []
+        if not words:
+            continue
+        group: click.Command = main
+        rest = words[1:]
+        while rest and isinstance(group, click.Group) and rest[0] in group.commands:
+            group, rest = group.commands[rest[0]], rest[1:]
+        parent = (
+            main
+            if group is main
+            else next(g for g in _groups(main) if group.name in g.commands and g.commands[group.name] is group)
+        )
+        alternatives: list[list[str]] = [[]]
+        for word in rest:
+            if word == "|":
+                alternatives.append([])
+            else:
+                alternatives[-1].append(word)
+        for number, alternative in enumerate(alternatives):
+            command = group
+            if number > 0:  # `a | b`: b is another command of the same group
+                assert isinstance(parent, click.Group) and alternative[0] in parent.commands, f"README.md: {line}"
+                command, alternative = parent.commands[alternative[0]], alternative[1:]
+            while alternative and isinstance(command, click.Group) and alternative[0] in command.commands:
+                command, alternative = command.commands[alternative[0]], alternative[1:]
+            for word in alternative:
+                for option in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", word):
+                    assert option in options(command) | options(main), (
+                        f"README.md: {line.strip()}: {command.name} has no {option}"
+                    )
+            checked += 1
+    assert checked >= 25, checked
+
+
+def _groups(group: Any) -> Iterator[Any]:
+    import click
+
+    yield group
+    for command in group.commands.values():
+        if isinstance(command, click.Group):
+            yield from _groups(command)
