@@ -1,5 +1,6 @@
-"""docs/sql-api.md's psql sessions (its ``` blocks of statements and what psql printed), run and
-compared line by line, for each block whose marker names this file.
+"""docs/sql-api.md's psql sessions (its ``` blocks of statements and what psql printed), and the
+one of docs/retention.md §5, run and compared line by line, for each block whose marker names this
+file.
 
 sql-api.md §2 says how the page's examples were run: psql, `-X -a -v VERBOSITY=verbose -v
 SHOW_CONTEXT=never -P null=∅`, on the example database (the page's first ```sql block, which
@@ -19,6 +20,7 @@ from __future__ import annotations
 import re
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from conftest import REPO_ROOT, make_cluster, sqitch_project
@@ -44,8 +46,27 @@ TAG = re.compile(
 OUTPUT = re.compile(r"^( |-+\+|\(\d+ rows?\)$|-[-+]*$|(ERROR|DETAIL|HINT|NOTICE|WARNING|CONTEXT|INFO):|$)")
 
 
+# docs/retention.md's session runs "on a scratch database (watermark 2026-11-01 for billing)": the
+# state a purge would have left, written directly (a purge that old cannot run in a test).
+RETENTION = REPO_ROOT / "docs" / "retention.md"
+RETENTION_SCRATCH = """
+SELECT * FROM inbox.set_retention_policy('billing', '', broker_retention => '7 days',
+    max_offset_rewind => '0', dead_letter_redrive_horizon => '0', producer_retry_horizon => '0',
+    outage_allowance => '0', backup_restore_window => '0', planned_replay_horizon => '0',
+    safety_margin => '1 hour', note => 'scratch');
+INSERT INTO inbox.purge_state (consumer, producer, watermark, purged_produced_max)
+VALUES ('billing', '', '2026-11-01', '2026-10-31');
+UPDATE inbox.consumer_config SET purge_watermark = '2026-11-01' WHERE consumer = 'billing';
+"""
+
+
 def transcripts() -> list[Block]:
-    return [b for b in blocks(PAGE) if b.lang == "" and b.marker is not None and THIS in b.marker]
+    return [
+        b
+        for page in (PAGE, RETENTION)
+        for b in blocks(page)
+        if b.lang == "" and b.marker is not None and THIS in b.marker
+    ]
 
 
 def statements(block: Block) -> str:
@@ -105,15 +126,17 @@ def rendered(cluster: Cluster, dsn: str, block: Block) -> str:
     return "\n".join(out).rstrip("\n") + "\n"
 
 
-@pytest.mark.parametrize("block", transcripts(), ids=lambda b: f"line{b.line}")
+@pytest.mark.parametrize("block", transcripts(), ids=lambda b: f"{Path(b.page).stem}-line{b.line}")
 def test_the_session_is_what_psql_prints(cluster: Cluster, block: Block) -> None:
-    name = f"t{block.line}"
+    name = f"t_{Path(block.page).stem.replace('-', '_')}_{block.line}"
     after = block.text.split("\n", 1)[0] in AFTER_THE_SQL_BLOCKS
     cluster.create_database(name, template=AFTER_DB if after else EXAMPLE_DB)
+    if block.page == "docs/retention.md":
+        psql(cluster, cluster.dsn(name), RETENTION_SCRATCH, "retention scratch")
     expected = "\n".join(line.rstrip() for line in block.text.split("\n")).rstrip("\n") + "\n"
     assert rendered(cluster, cluster.dsn(name), block) == expected, block.where
 
 
 def test_the_sessions_compared() -> None:
-    assert len(transcripts()) == 15
+    assert len(transcripts()) == 16
     assert {b.text.split("\n", 1)[0] for b in transcripts()} >= AFTER_THE_SQL_BLOCKS
