@@ -46,6 +46,30 @@ TAG = re.compile(
 OUTPUT = re.compile(r"^( |-+\+|\(\d+ rows?\)$|-[-+]*$|(ERROR|DETAIL|HINT|NOTICE|WARNING|CONTEXT|INFO):|$)")
 
 
+# What a session needs that the run of §2 did before it (the ids it shows depend on that order),
+# found by a line of the session; and the role a session runs as when the page says so in prose.
+EVT_1_APPLIED = """SELECT inbox.claim('billing', 'orders', 'evt-1', '{"account": "A-1", "amount": 10}');"""
+EVT_1_CONFLICT = """SELECT inbox.claim('billing', 'orders', 'evt-1', '{"account": "A-1", "amount": 250}');"""
+DISCARD_1 = "  FROM inbox.discard(1, 'producer re-used evt-1; resent as evt-1b (ticket ORD-77)');"
+CONFLICT_1 = (
+    "SELECT outcome, quarantine_id, reason_code\n"
+    """  FROM inbox.claim_and_apply('billing', 'orders', 'evt-1', 'credit', '{"account": "A-1", "amount": 250}');"""
+)
+BEFORE = {
+    # entry 1 is evt-1's identity conflict (§6.10's list of entries)
+    "-- the handler raises ... USING CONSTRAINT = 'unknown_account'": EVT_1_APPLIED + EVT_1_CONFLICT,
+    DISCARD_1: EVT_1_APPLIED + EVT_1_CONFLICT,
+    CONFLICT_1: EVT_1_APPLIED,
+}
+ROLE = {DISCARD_1: "docs_ops"}
+
+
+def for_block(table: dict[str, str], block: Block) -> str | None:
+    found = [value for lines, value in table.items() if f"\n{lines}\n" in f"\n{block.text}"]
+    assert len(found) <= 1, block.where
+    return found[0] if found else None
+
+
 # docs/retention.md's session runs "on a scratch database (watermark 2026-11-01 for billing)": the
 # state a purge would have left, written directly (a purge that old cannot run in a test).
 RETENTION = REPO_ROOT / "docs" / "retention.md"
@@ -108,8 +132,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 def rendered(cluster: Cluster, dsn: str, block: Block) -> str:
     script = statements(block)
     first = script.split("\n", 1)[0]
-    role = re.match(r"^-- as ([a-z_]+)\b", first)
-    prefix = f"SET SESSION AUTHORIZATION {role.group(1)};\n" if role else ""
+    marked = re.match(r"^-- as ([a-z_]+)\b", first)
+    role = marked.group(1) if marked else for_block(ROLE, block)
+    prefix = f"SET SESSION AUTHORIZATION {role};\n" if role else ""
     proc = subprocess.run(
         [str(cluster.bindir / "psql"), *PSQL_OPTIONS, "-d", dsn, "-f", "-"],
         input=prefix + script,
@@ -131,6 +156,9 @@ def test_the_session_is_what_psql_prints(cluster: Cluster, block: Block) -> None
     name = f"t_{Path(block.page).stem.replace('-', '_')}_{block.line}"
     after = block.text.split("\n", 1)[0] in AFTER_THE_SQL_BLOCKS
     cluster.create_database(name, template=AFTER_DB if after else EXAMPLE_DB)
+    before = for_block(BEFORE, block)
+    if before:
+        psql(cluster, cluster.dsn(name), before, f"{block.where}: before")
     if block.page == "docs/retention.md":
         psql(cluster, cluster.dsn(name), RETENTION_SCRATCH, "retention scratch")
     expected = "\n".join(line.rstrip() for line in block.text.split("\n")).rstrip("\n") + "\n"
@@ -138,5 +166,5 @@ def test_the_session_is_what_psql_prints(cluster: Cluster, block: Block) -> None
 
 
 def test_the_sessions_compared() -> None:
-    assert len(transcripts()) == 16
+    assert len(transcripts()) == 19
     assert {b.text.split("\n", 1)[0] for b in transcripts()} >= AFTER_THE_SQL_BLOCKS
