@@ -35,6 +35,7 @@ from helpers_schema import (
     schema_dump,
 )
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from pginbox.devtools.cluster import Cluster
 from pginbox.schema import sqitch
@@ -324,30 +325,47 @@ SELECT inbox.register_handler('smoke', 'm', 'public.smoke_handler(jsonb)', 'v1')
 """
 
 
-@pytest.mark.parametrize("to_change", plan_targets()[plan_targets().index("apply@v0.1.0") : -1])
+def smoke_claims(conn: psycopg.Connection[Any], step: int) -> None:
+    """Both claim paths on what the schema is now: a claim and its duplicate, an applied message and
+    its duplicate, the handler's row written once (`step` keeps each call's identities its own)."""
+    conn.execute(SMOKE)
+    claimed, applied = f"a-{step}", f"b-{step}"
+    outcomes = [
+        conn.execute(
+            "SELECT outcome FROM inbox.claim('smoke', 'p', %s, '{\"n\": 1}', produced_at => now())", (claimed,)
+        ).fetchone()
+        for _ in range(2)
+    ] + [
+        conn.execute(
+            "SELECT outcome FROM inbox.claim_and_apply('smoke', 'p', %s, 'm', %s, '', now())",
+            (applied, Jsonb({"n": step})),
+        ).fetchone()
+        for _ in range(2)
+    ]
+    assert outcomes == [("claimed",), ("duplicate",), ("applied",), ("duplicate",)], step
+    assert conn.execute("SELECT count(*) FROM public.smoke WHERE n = %s", (step,)).fetchone() == (1,)
+
+
 @pytest.mark.slow
-def test_reverting_the_later_changes_leaves_working_claims(db_dsn: str, to_change: str) -> None:
-    """`sqitch revert --to X` for every X from `apply` on: the claim paths of what is left must
-    still work (later modules hook into them; their reverts must put the hooks back), and
-    deploying again restores everything."""
-    sqitch.revert(db_dsn, to_change=to_change, project=sqitch_project())
-    with psycopg.connect(db_dsn, autocommit=True) as conn:
-        conn.execute(SMOKE)
-        outcomes = [
-            conn.execute(
-                "SELECT outcome FROM inbox.claim('smoke', 'p', %s, '{\"n\": 1}', produced_at => now())", (mid,)
+def test_reverting_the_later_changes_leaves_working_claims(db_dsn: str) -> None:
+    """`sqitch revert --to X` for every X from `apply` on, latest first, one change at a time (the
+    state `revert --to X` leaves is the same, and each revert here runs over the rows the earlier
+    steps wrote): the claim paths of what is left must still work (later modules hook into them;
+    their reverts must put the hooks back), and deploying again restores everything."""
+    targets = plan_targets()[plan_targets().index("apply@v0.1.0") : -1]
+    for step, to_change in enumerate(reversed(targets), start=1):
+        # `@HEAD^`: one change back (a name like replay@v0.2.0 only resolves while its tag is deployed)
+        sqitch.revert(db_dsn, to_change="@HEAD^", project=sqitch_project())
+        with psycopg.connect(db_dsn, autocommit=True) as conn:
+            head = conn.execute(
+                "SELECT change FROM sqitch.changes WHERE project = 'pginbox' ORDER BY committed_at DESC LIMIT 1"
             ).fetchone()
-            for mid in ("a", "a")
-        ] + [
-            conn.execute(
-                "SELECT outcome FROM inbox.claim_and_apply('smoke', 'p', 'b', 'm', '{\"n\": 2}', '', now())"
-            ).fetchone()
-            for _ in range(2)
-        ]
-        assert outcomes == [("claimed",), ("duplicate",), ("applied",), ("duplicate",)]
-        assert conn.execute("SELECT array_agg(n) FROM public.smoke").fetchone() == ([2],)
+            assert head is not None and head[0] == to_change.split("@")[0], (step, to_change, head)
+            smoke_claims(conn, step)
     sqitch.deploy(db_dsn, project=sqitch_project())
     sqitch.verify(db_dsn, project=sqitch_project())
+    with psycopg.connect(db_dsn, autocommit=True) as conn:
+        smoke_claims(conn, len(targets) + 1)
 
 
 # --------------------------------------------------------------------------- (d)
