@@ -741,6 +741,8 @@ BEGIN
         IF result.quarantine_id IS NOT NULL THEN
             result.outcome := 'quarantined';
             result := inbox._held_by(result);
+            -- The entry's reason and message, but still the attempts so far (the entry counts failures).
+            result.attempts := att.started;
         ELSE
             -- Processed or discarded meanwhile: nothing to hold, the claim will say duplicate.
             result.reason_code := NULL;

@@ -433,8 +433,8 @@ SELECT is((SELECT count(*)::integer FROM inbox.quarantine WHERE consumer = 'tap-
           'record_start: nothing quarantined below the limit');
 INSERT INTO res SELECT 'rs3', c.* FROM inbox.record_start('tap-rs', 'p', 'r1', payload => '{"r": 1}') c;
 SELECT is((SELECT (outcome, reason_code, attempts, quarantine_id IS NOT NULL)::text FROM res WHERE step = 'rs3'),
-          '(quarantined,crash_loop,0,t)',
-          'record_start: once started reaches max_attempts without failures: quarantined, reason crash_loop');
+          '(quarantined,crash_loop,3,t)',
+          'record_start: once started reaches max_attempts without failures: quarantined, reason crash_loop, 3 attempts so far');
 SELECT is((SELECT error_message FROM res WHERE step = 'rs3'),
           '3 attempts so far, 0 recorded a failure: the others ended without a word (the consumer probably crashed)',
           'record_start: the crash loop explains itself');
@@ -471,7 +471,7 @@ INSERT INTO res SELECT 'mix-fail', c.* FROM inbox.record_failure('tap-rs', 'p', 
 SELECT is((SELECT (outcome, attempts)::text FROM res WHERE step = 'mix-fail'), '(failed,2)',
           'record_start: started attempts do not count as failures');
 INSERT INTO res SELECT 'mix-start3', c.* FROM inbox.record_start('tap-rs', 'p', 'r2') c;
-SELECT is((SELECT (outcome, reason_code)::text FROM res WHERE step = 'mix-start3'), '(quarantined,crash_loop)',
+SELECT is((SELECT (outcome, reason_code, attempts)::text FROM res WHERE step = 'mix-start3'), '(quarantined,crash_loop,3)',
           'record_start: 3 attempts (2 failed, 1 crashed) reach max_attempts 3');
 SELECT is((SELECT (q.attempts, q.crashes)::text FROM inbox.quarantine q JOIN res r ON r.quarantine_id = q.quarantine_id
             WHERE r.step = 'mix-start3'), '(2,1)', 'record_start: the entry counts 2 failures and 1 crash');
