@@ -57,6 +57,24 @@ _BROKER_ERRORS = (
     asyncio.InvalidStateError,
     RuntimeError,
 )
+
+
+def _closed_under_us(exc: BaseException) -> bool:
+    """aiormq rejects the pending operations of a connection or channel that closed without a
+    reason with a bare `Exception` (aiormq.base.FutureStore.reject_all): a lost connection too."""
+    return type(exc) is Exception
+
+
+def _why(exc: BaseException) -> str:
+    return "the connection closed under the operation" if _closed_under_us(exc) else f"{type(exc).__name__}: {exc}"
+
+
+def _unless_broker_failure(exc: Exception) -> None:
+    """Re-raises `exc` unless it says the connection or channel is gone."""
+    if not (isinstance(exc, _BROKER_ERRORS) or _closed_under_us(exc)):
+        raise exc
+
+
 _CONNECTION_ERRORS = (
     aiormq.exceptions.AMQPConnectionError,
     aiormq.exceptions.ChannelInvalidStateError,
@@ -107,11 +125,10 @@ class RabbitMQBroker:
             assert self._channel is not None
             await self._channel.set_qos(prefetch_count=2 * self.config.prefetch)
             await self._queue.consume(self._on_message, no_ack=False)
-        except _BROKER_ERRORS as exc:
+        except Exception as exc:
+            _unless_broker_failure(exc)
             await self.close()
-            raise BrokerError(
-                f"RabbitMQ {safe_url(self.config.url)} queue {self.queue_name!r}: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise BrokerError(f"RabbitMQ {safe_url(self.config.url)} queue {self.queue_name!r}: {_why(exc)}") from exc
 
     async def _ensure_queue(
         self, name: str, *, create: bool = True, arguments: dict[str, Any] | None = None
@@ -183,8 +200,9 @@ class RabbitMQBroker:
     async def ack(self, delivery: Delivery) -> None:
         try:
             await delivery.raw.ack()
-        except _BROKER_ERRORS as exc:
-            raise BrokerError(f"RabbitMQ ack failed: {exc}") from exc
+        except Exception as exc:
+            _unless_broker_failure(exc)
+            raise BrokerError(f"RabbitMQ ack failed: {_why(exc)}") from exc
 
     async def ack_many(self, deliveries: Sequence[Delivery]) -> None:
         for delivery in deliveries:
@@ -226,8 +244,9 @@ class RabbitMQBroker:
                 self._retry_queues.add(name)
             await self._channel.default_exchange.publish(self._copy(delivery.raw), routing_key=name, mandatory=True)
             await delivery.raw.ack()
-        except _BROKER_ERRORS as exc:
-            raise BrokerError(f"RabbitMQ retry through {name!r} failed: {exc}") from exc
+        except Exception as exc:
+            _unless_broker_failure(exc)
+            raise BrokerError(f"RabbitMQ retry through {name!r} failed: {_why(exc)}") from exc
 
     async def dead_letter(self, delivery: Delivery, sqlstate: str, reason: str) -> None:
         name = self.config.dead_letter
@@ -239,14 +258,16 @@ class RabbitMQBroker:
             copy = self._copy(delivery.raw, dead_letter_headers(sqlstate, reason, self.queue_name))
             await self._channel.default_exchange.publish(copy, routing_key=name, mandatory=True)
             await delivery.raw.ack()
-        except _BROKER_ERRORS as exc:
-            raise BrokerError(f"RabbitMQ dead letter to {name!r} failed: {exc}") from exc
+        except Exception as exc:
+            _unless_broker_failure(exc)
+            raise BrokerError(f"RabbitMQ dead letter to {name!r} failed: {_why(exc)}") from exc
 
     async def hand_back(self, delivery: Delivery, delay: float) -> None:
         try:
             await delivery.raw.nack(requeue=True)
-        except _BROKER_ERRORS as exc:
-            raise BrokerError(f"RabbitMQ nack failed: {exc}") from exc
+        except Exception as exc:
+            _unless_broker_failure(exc)
+            raise BrokerError(f"RabbitMQ nack failed: {_why(exc)}") from exc
 
     async def close(self) -> None:
         connection, self._connection, self._channel, self._queue = self._connection, None, None, None
@@ -330,12 +351,12 @@ class RabbitMQPublisher:
                 if not self.exchange_name
                 else await channel.get_exchange(self.exchange_name, ensure=False)
             )
-        except (TimeoutError, *_CONNECTION_ERRORS, aio_pika.exceptions.AMQPError) as exc:
+        except Exception as exc:
+            unreachable = isinstance(exc, (TimeoutError, *_CONNECTION_ERRORS, aio_pika.exceptions.AMQPError))
+            if not (unreachable or _closed_under_us(exc)):
+                raise
             await self.close()
-            return [
-                DeliveryReport.failed(f"RabbitMQ unreachable: {type(exc).__name__}: {exc}", retryable=True)
-                for _ in messages
-            ]
+            return [DeliveryReport.failed(f"RabbitMQ unreachable: {_why(exc)}", retryable=True) for _ in messages]
 
         async def one(out: Outgoing) -> DeliveryReport:
             message, routing_key = self._message(out)
@@ -350,6 +371,10 @@ class RabbitMQPublisher:
                 return DeliveryReport.failed(f"RabbitMQ refused the message (nack): {_reply_text(exc)}", retryable=True)
             except (TimeoutError, *_CONNECTION_ERRORS, aio_pika.exceptions.AMQPError) as exc:
                 return DeliveryReport.failed(f"ambiguous: {type(exc).__name__}: {exc}", retryable=True)
+            except Exception as exc:
+                if not _closed_under_us(exc):
+                    raise
+                return DeliveryReport.failed("ambiguous: the connection closed under the publish", retryable=True)
             return DeliveryReport.ok()
 
         reports = list(await asyncio.gather(*(one(m) for m in messages)))
