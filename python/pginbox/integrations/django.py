@@ -35,6 +35,7 @@ from django.db import Error as DjangoError
 from django.db.backends.base.base import BaseDatabaseWrapper
 from psycopg.types.json import Jsonb
 
+from pginbox import pooler
 from pginbox.client import queries
 from pginbox.client import shared as _core
 from pginbox.client.drive import drive
@@ -54,6 +55,8 @@ DjangoHandler = Callable[[Message], object]
 
 _INERROR = psycopg.pq.TransactionStatus.INERROR
 _PIPELINE = psycopg.Pipeline.is_supported()
+#: psycopg's default; with prepare=True a statement is prepared at its first execution whatever it is
+_PREPARE_THRESHOLD = 5
 
 
 def _psycopg_error(exc: BaseException) -> BaseException:
@@ -111,20 +114,30 @@ def _fetch(conn: BaseDatabaseWrapper, query: str, params: Sequence[Any] | None =
     return tuple(row)
 
 
-def _claim(raw: psycopg.Connection[Any], params: Sequence[Any]) -> tuple[Any, ...]:
+def _claim(raw: psycopg.Connection[Any], params: Sequence[Any], prepare: bool) -> tuple[Any, ...]:
     """inbox.claim on the psycopg connection under Django's, inside the atomic() block Django just
     opened: in pipeline mode psycopg's BEGIN and the claim travel in one round trip, with the
     parameters bound server-side (Django's cursor class binds them into the query text). Always
     pipelined, unlike pginbox.Inbox's default to a local server: measured, Django's path is no
-    faster without it (docs/performance.md). Prepared only if the DATABASES OPTIONS enable
-    prepare_threshold (Django disables it, for poolers)."""
-    with psycopg.Cursor(raw) as cur:
-        if _PIPELINE:
-            with raw.pipeline():
-                cur.execute(queries.CLAIM, params, prepare=True)
-        else:
-            cur.execute(queries.CLAIM, params, prepare=True)
-        row = cur.fetchone()
+    faster without it (docs/performance.md).
+
+    prepare: prepare the claim on the server session (the statement is parsed and planned once per
+    connection, not per message), also where Django left `prepare_threshold` at its default, None.
+    Only the claim: the threshold is restored before the handler runs, so Django's own statements
+    are prepared exactly as its settings say."""
+    threshold = raw.prepare_threshold
+    if prepare and threshold is None:
+        raw.prepare_threshold = _PREPARE_THRESHOLD
+    try:
+        with psycopg.Cursor(raw) as cur:
+            if _PIPELINE:
+                with raw.pipeline():
+                    cur.execute(queries.CLAIM, params, prepare=prepare)
+            else:
+                cur.execute(queries.CLAIM, params, prepare=prepare)
+            row = cur.fetchone()
+    finally:
+        raw.prepare_threshold = threshold
     assert row is not None, "inbox.claim returns one row"
     return tuple(row)
 
@@ -218,6 +231,9 @@ class DjangoInbox:
         self.raise_on_failure = raise_on_failure
         self.using = using
         self._schema_version: int | None = None
+        #: whether `handle` prepares its claim (decided on first use, see _prepare; False for good
+        #: once a pooler shows itself)
+        self._prepare_claim = False
         self._rng = random.Random()
 
     # ------------------------------------------------------------------ in a transaction of its own
@@ -252,6 +268,7 @@ class DjangoInbox:
             classify=partial(_transient, conn=conn),
             poll_status=partial(self._poll_status, conn),
             terminate=partial(self._terminate, conn),
+            on_pooler=self._found_pooler,
             rng=self._rng,
         )
         result = drive(
@@ -300,11 +317,15 @@ class DjangoInbox:
     # ------------------------------------------------------------------ internals
 
     def _prepare(self, conn: BaseDatabaseWrapper) -> psycopg.Connection[Any]:
-        """The psycopg connection; on first use, the schema check."""
+        """The psycopg connection; on first use, the schema check and whether `handle` prepares its
+        claim: yes, as pginbox.Inbox does, unless the database's OPTIONS set `prepare_threshold`
+        (then None means never, a number always) or a connection pooler answered the login (one
+        query, in the caller's transaction if there is one: nothing is rolled back)."""
         raw = _raw(conn)
         if self._schema_version is None:
             try:
                 row = _fetch(conn, queries.SCHEMA_CHECK)
+                pooled = pooler.differs(raw.info.backend_pid, _fetch(conn, pooler.BACKEND_PID)[0])
             except DjangoError as exc:
                 inner = _psycopg_error(exc)
                 translated = (
@@ -313,8 +334,16 @@ class DjangoInbox:
                 if translated is not None:
                     raise translated from exc
                 raise
+            options: Mapping[str, Any] = conn.settings_dict.get("OPTIONS") or {}
+            wanted = options["prepare_threshold"] is not None if "prepare_threshold" in options else True
+            self._prepare_claim = wanted and not pooled
             self._schema_version = _core.check_schema_version(row[:3], _core.describe(raw.info))
         return raw
+
+    def _found_pooler(self) -> None:
+        """The server rejected a prepared statement (42P05 / 26000: a transaction pooler that the
+        login check did not see): prepare nothing from now on."""
+        self._prepare_claim = False
 
     def _record_start(self, conn: BaseDatabaseWrapper, message: Message) -> Result | None:
         self._prepare(conn)
@@ -339,7 +368,7 @@ class DjangoInbox:
         params = _core.claim_params(self.consumer, self.handler_version, message)
         try:
             with transaction.atomic(using=self.using):
-                row = _claim(raw, params)
+                row = _claim(raw, params, self._prepare_claim)
                 xid, pid = row[9], raw.info.backend_pid
                 result = _core.result_from_row(row)
                 if result.outcome is Outcome.CLAIMED:

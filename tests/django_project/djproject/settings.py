@@ -1,9 +1,10 @@
 """A minimal Django project for the pginbox Django integration's tests (tests/python/e2e/test_django.py).
 
 The database comes from the environment: PGINBOX_DJANGO_HOST, _PORT, _NAME, _USER (a PostgreSQL
-with schema inbox deployed; the user is bound to the consumers the app acts as). Alias "lossy" is
-the same database through the COMMIT-dropping proxy of the tests (PGINBOX_DJANGO_LOSSY_PORT),
-when set.
+with schema inbox deployed; the user is bound to the consumers the app acts as). Alias "unprepared"
+is the same database with OPTIONS prepare_threshold None; alias "pooled" the same database through a
+PgBouncer (PGINBOX_DJANGO_POOLED_PORT), alias "lossy" through the COMMIT-dropping proxy of the tests
+(PGINBOX_DJANGO_LOSSY_PORT), when set.
 """
 
 from __future__ import annotations
@@ -41,5 +42,12 @@ def _database(port: str) -> dict[str, Any]:
 
 
 DATABASES = {"default": _database(os.environ.get("PGINBOX_DJANGO_PORT", "5432"))}
+# the same database where the project turned prepared statements off itself (Django's default is
+# None too, but unsaid: DjangoInbox prepares its claim then)
+DATABASES["unprepared"] = _database(os.environ.get("PGINBOX_DJANGO_PORT", "5432"))
+DATABASES["unprepared"]["OPTIONS"]["prepare_threshold"] = None
+# the same database through a PgBouncer in transaction mode, when the tests started one
+if os.environ.get("PGINBOX_DJANGO_POOLED_PORT"):
+    DATABASES["pooled"] = _database(os.environ["PGINBOX_DJANGO_POOLED_PORT"])
 if os.environ.get("PGINBOX_DJANGO_LOSSY_PORT"):
     DATABASES["lossy"] = _database(os.environ["PGINBOX_DJANGO_LOSSY_PORT"])

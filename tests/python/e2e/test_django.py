@@ -28,8 +28,9 @@ import psycopg
 import pytest
 from conftest import REPO_ROOT, create_database, drop_database, dsn_for
 from helpers_library import CommitDroppingProxy
+from helpers_pgbouncer import PgBouncer
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pginbox import HandlerProtocolError, Message, Outcome, PginboxError, RetryPolicy
 
@@ -48,10 +49,11 @@ class DjangoDb:
     admin_dsn: str  # the superuser, for checks
     role: str  # the Django app's LOGIN role
     proxy: CommitDroppingProxy  # alias "lossy" goes through it
+    bouncer: PgBouncer  # alias "pooled" goes through it (transaction mode, one server connection)
 
 
 @pytest.fixture(scope="module")
-def djdb(pg_base: str, template_db: str) -> Iterator[DjangoDb]:
+def djdb(pg_base: str, template_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DjangoDb]:
     """A database for the Django project (schema inbox deployed, the app's role bound), Django set
     up on it and `migrate` run as the app's role."""
     suffix = uuid.uuid4().hex[:10]
@@ -65,6 +67,7 @@ def djdb(pg_base: str, template_db: str) -> Iterator[DjangoDb]:
         admin.execute(doc_block("sql").replace("shop_app", role).encode())  # docs/django.md §3, as written
         admin.execute("SELECT inbox.configure_consumer('billing', max_attempts => 3)")
     proxy = CommitDroppingProxy(admin_dsn)
+    bouncer = PgBouncer(pg_base, tmp_path_factory.mktemp("django_pgbouncer"), pool_size=1).start()
     params = conninfo_to_dict(admin_dsn)
     os.environ.update(
         DJANGO_SETTINGS_MODULE="djproject.settings",
@@ -73,6 +76,7 @@ def djdb(pg_base: str, template_db: str) -> Iterator[DjangoDb]:
         PGINBOX_DJANGO_NAME=name,
         PGINBOX_DJANGO_USER=role,
         PGINBOX_DJANGO_LOSSY_PORT=str(proxy.port),
+        PGINBOX_DJANGO_POOLED_PORT=str(bouncer.port),
     )
     sys.path.insert(0, str(DJANGO_PROJECT))
     django.setup()
@@ -83,10 +87,11 @@ def djdb(pg_base: str, template_db: str) -> Iterator[DjangoDb]:
     try:
         call_command("migrate", verbosity=0)
         Account.objects.create(id=1, balance=0)
-        yield DjangoDb(admin_dsn, role, proxy)
+        yield DjangoDb(admin_dsn, role, proxy, bouncer)
     finally:
         connections.close_all()
         proxy.close()
+        bouncer.stop()
         drop_database(pg_base, name)
         with psycopg.connect(dsn_for(pg_base, "postgres"), autocommit=True) as admin:
             admin.execute(sql.SQL("DROP ROLE {}").format(ident))
@@ -395,6 +400,93 @@ def test_a_redelivered_crash_loop_ends_in_quarantine(djdb: DjangoDb, admin: psyc
     result = inbox.handle(m, crash)
     assert result.outcome is Outcome.QUARANTINED
     assert len(runs) == 2
+
+
+def prepared(alias: str) -> list[str]:
+    """The statements prepared on the server session of Django's connection `alias`."""
+    from django.db import connections
+
+    with connections[alias].cursor() as cur:
+        cur.execute("SELECT statement FROM pg_catalog.pg_prepared_statements ORDER BY prepare_time")
+        return [str(row[0]) for row in cur.fetchall()]
+
+
+def credit_orm(msg: Message) -> None:
+    from django.db.models import F
+    from ledger.models import Account, Entry
+
+    Account.objects.filter(id=1).update(balance=F("balance") + msg.payload["amount"])
+    Entry.objects.create(account_id=1, message_id=msg.message_id, amount=msg.payload["amount"])
+
+
+def test_handle_prepares_its_claim_and_nothing_of_djangos(djdb: DjangoDb, admin: psycopg.Connection[Any]) -> None:
+    """Django leaves prepare_threshold at None (for poolers): DjangoInbox still prepares its claim,
+    once per connection, as pginbox.Inbox does, and only the claim: the ORM's statements stay
+    unprepared, and the connection's threshold is Django's again after each message."""
+    from django.db import connection
+
+    from pginbox.integrations.django import DjangoInbox
+
+    inbox = DjangoInbox(consumer="billing", handler_version="v1")
+    ids = [uid() for _ in range(7)]
+    assert [inbox.handle(message(i), credit_orm).outcome for i in ids] == [Outcome.APPLIED] * 7
+    assert inbox.handle(message(ids[0]), credit_orm).outcome is Outcome.DUPLICATE
+    statements = prepared("default")
+    assert len(statements) == 1 and "inbox.claim(" in statements[0], statements
+    assert connection.connection.prepare_threshold is None
+    assert [entries(admin, i) for i in ids] == [1] * 7
+
+
+def test_a_project_that_turned_prepared_statements_off_gets_none(
+    djdb: DjangoDb, admin: psycopg.Connection[Any]
+) -> None:
+    """OPTIONS {"prepare_threshold": None}, said in the settings: DjangoInbox prepares nothing."""
+    from pginbox.integrations.django import DjangoInbox
+
+    inbox = DjangoInbox(consumer="billing", handler_version="v1", using="unprepared")
+
+    def write(msg: Message) -> None:
+        from django.db import connections
+
+        with connections["unprepared"].cursor() as cur:
+            cur.execute(
+                "INSERT INTO ledger_entry (account_id, message_id, amount, reference) VALUES (1, %s, 1, %s)",
+                (msg.message_id, msg.message_id),
+            )
+
+    ids = [uid() for _ in range(6)]
+    assert [inbox.handle(message(i), write).outcome for i in ids] == [Outcome.APPLIED] * 6
+    assert prepared("unprepared") == []
+    assert [entries(admin, i) for i in ids] == [1] * 6
+
+
+def test_behind_pgbouncer_nothing_is_prepared_and_nothing_fails(djdb: DjangoDb, admin: psycopg.Connection[Any]) -> None:
+    """Alias "pooled" goes through PgBouncer in transaction mode with one server connection, on
+    which another client prepared statements under psycopg's names (_pg3_0 ...): a prepared claim
+    would collide with them (42P05) or miss its own on another session (26000). DjangoInbox sees the
+    pooler at its first use and prepares nothing: every message applied at the first try."""
+    from django.db import connections
+
+    from pginbox.integrations.django import DjangoInbox
+
+    # the app's role: PgBouncer keeps a pool per database and user
+    with psycopg.connect(make_conninfo(djdb.bouncer.route(djdb.admin_dsn), user=djdb.role), autocommit=True) as other:
+        for i in range(8):
+            other.execute(sql.SQL("PREPARE {} AS SELECT 1").format(sql.Identifier(f"_pg3_{i}")))
+    inbox = DjangoInbox(consumer="billing", handler_version="v1", using="pooled", retry=FAST_RETRY)
+
+    def write(msg: Message) -> None:
+        with connections["pooled"].cursor() as cur:
+            cur.execute(
+                "INSERT INTO ledger_entry (account_id, message_id, amount, reference) VALUES (1, %s, 1, %s)",
+                (msg.message_id, msg.message_id),
+            )
+
+    ids = [uid() for _ in range(8)]
+    results = [inbox.handle(message(i), write) for i in ids]
+    assert [(r.outcome, r.retries) for r in results] == [(Outcome.APPLIED, 0)] * 8
+    assert [entries(admin, i) for i in ids] == [1] * 8
+    assert [attempts(admin, i) for i in ids] == [None] * 8
 
 
 def test_doc_handle_example(djdb: DjangoDb, admin: psycopg.Connection[Any]) -> None:
