@@ -208,39 +208,6 @@ _DECISION_SAYS = {
 }
 
 
-def _decision_command(action: ops.Action) -> None:
-    @quarantine_group.command(name=action, help=_DECISION_HELP[action])
-    @click.argument("quarantine_id", type=int, metavar="ID")
-    @click.option("--note", required=True, help="Why: goes into the audit trail.")
-    @dsn_option
-    @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-    @click.pass_context
-    def command(ctx: click.Context, quarantine_id: int, note: str, command_dsn: str | None, as_json: bool) -> None:
-        with connect(ctx, command_dsn) as conn:
-            check_schema(conn)
-            decision = ops.decide(conn, action, quarantine_id, note)
-        if as_json:
-            echo_json(decision.as_json())
-        elif decision.ok:
-            version = f" by handler version {decision.handler_version}" if decision.handler_version else ""
-            says = _DECISION_SAYS[decision.result].format(version=version)
-            click.echo(f"entry {quarantine_id}: {decision.result} ({says})")
-        else:
-            click.echo(
-                f"entry {quarantine_id}: repair failed, the entry stays open "
-                f"(reason {decision.reason_code}: {decision.error_message})"
-            )
-        if not decision.ok:
-            ctx.exit(1)
-
-    del command
-
-
-for _action in ops.ACTIONS:
-    if _action != "repair":
-        _decision_command(_action)
-
-
 def _echo_decision(ctx: click.Context, quarantine_id: int, decision: ops.Decision, as_json: bool) -> None:
     if as_json:
         echo_json(decision.as_json())
@@ -255,6 +222,27 @@ def _echo_decision(ctx: click.Context, quarantine_id: int, decision: ops.Decisio
         )
     if not decision.ok:
         ctx.exit(1)
+
+
+def _decision_command(action: ops.Action) -> None:
+    @quarantine_group.command(name=action, help=_DECISION_HELP[action])
+    @click.argument("quarantine_id", type=int, metavar="ID")
+    @click.option("--note", required=True, help="Why: goes into the audit trail.")
+    @dsn_option
+    @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+    @click.pass_context
+    def command(ctx: click.Context, quarantine_id: int, note: str, command_dsn: str | None, as_json: bool) -> None:
+        with connect(ctx, command_dsn) as conn:
+            check_schema(conn)
+            decision = ops.decide(conn, action, quarantine_id, note)
+        _echo_decision(ctx, quarantine_id, decision, as_json)
+
+    del command
+
+
+for _action in ops.ACTIONS:
+    if _action != "repair":
+        _decision_command(_action)
 
 
 def _echo_redemption(ctx: click.Context, done: granted.Redemption, as_json: bool) -> None:
