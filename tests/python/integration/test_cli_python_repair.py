@@ -67,6 +67,20 @@ def logins_gone(conn: psycopg.Connection[Any], role: str, *, within: float = 5.0
         time.sleep(0.05)
 
 
+class KillOnce:
+    """Called by a handler with its cursor: terminates that connection's backend the first time,
+    does nothing after (the retried transaction runs on a new connection)."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+        self.killed: list[int] = []
+
+    def __call__(self, cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:
+        if not self.killed:
+            self.killed.append(cur.connection.info.backend_pid)
+            self.conn.execute("SELECT pg_terminate_backend(%s, 5000)", (self.killed[0],))
+
+
 def state(conn: psycopg.Connection[Any], quarantine_id: int) -> tuple[Any, ...]:
     row = conn.execute(
         "SELECT q.status, (SELECT count(*) FROM repair_log), (SELECT balance FROM acct WHERE id = 2),"
@@ -359,19 +373,14 @@ def test_a_connection_lost_inside_the_handler_is_replaced_and_the_repair_runs_on
     return."""
     conn.execute("INSERT INTO acct (id) VALUES (2)")
     issued = granted.grant(conn, entries.missing_2, HANDLER, "n")
-    killed: list[int] = []
-
-    def kill_once(pid: int) -> None:
-        if not killed:
-            killed.append(pid)
-            conn.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
+    kill_once = KillOnce(conn)
 
     def handler(cur: psycopg.Cursor[Any], message: Message) -> None:
-        kill_once(cur.connection.info.backend_pid)
+        kill_once(cur)
         credit(cur, message)
 
     async def ahandler(cur: psycopg.AsyncCursor[Any], message: Message) -> None:
-        kill_once(cur.connection.info.backend_pid)
+        kill_once(cur)
         await credit_async(cur, message)
 
     if flavour == "sync":
@@ -379,7 +388,7 @@ def test_a_connection_lost_inside_the_handler_is_replaced_and_the_repair_runs_on
             done = granted.redeem(consumer, issued.grant_id, HANDLER, handler)
     else:
         done = asyncio.run(granted.redeem_async(service, issued.grant_id, HANDLER, ahandler))
-    assert len(killed) == 1
+    assert len(kill_once.killed) == 1
     assert (done.result, done.quarantine_id) == ("recovered", entries.missing_2)
     role = conninfo_to_dict(service)["user"]
     assert conn.execute("SELECT message_id, login FROM repair_log").fetchall() == [("m-2", role)]

@@ -36,7 +36,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import Jsonb
 from test_cli import Entries, cli, fails
 from test_cli import entries as entries  # the fixture
-from test_cli_python_repair import logins_gone
+from test_cli_python_repair import KillOnce, logins_gone
 from test_cli_python_repair import service as service  # the fixture: the billing service's login
 
 from pginbox import Message
@@ -381,19 +381,14 @@ def test_a_connection_lost_inside_an_item_is_replaced_and_the_item_applied_once(
     (run_plan and run_plan_async share the rule); every item is applied once, and the
     replacement connection is closed on return."""
     plan_id = new_plan(operator, history, tmp_path=tmp_path)
-    killed: list[int] = []
-
-    def kill_once(pid: int) -> None:
-        if not killed:
-            killed.append(pid)
-            conn.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
+    kill_once = KillOnce(conn)
 
     def handler(cur: psycopg.Cursor[Any], message: Message) -> None:
-        kill_once(cur.connection.info.backend_pid)
+        kill_once(cur)
         recredit(cur, message)
 
     async def ahandler(cur: psycopg.AsyncCursor[Any], message: Message) -> None:
-        kill_once(cur.connection.info.backend_pid)
+        kill_once(cur)
         await recredit_async(cur, message)
 
     if flavour == "sync":
@@ -401,7 +396,7 @@ def test_a_connection_lost_inside_an_item_is_replaced_and_the_item_applied_once(
             run = python_replay.run_plan(runner, plan_id, HANDLER, handler)
     else:
         run = asyncio.run(python_replay.run_plan_async(service, plan_id, HANDLER, ahandler))
-    assert len(killed) == 1
+    assert len(kill_once.killed) == 1
     assert (run.status, run.applied_now, run.failed_now, run.skipped_now) == ("completed", 5, 0, 1)
     assert logged(conn) == {f"r-{n}": 1 for n in range(1, 6)}
     assert logins_gone(conn, str(conninfo_to_dict(service)["user"]))
