@@ -53,6 +53,8 @@ FILES: Sequence[tuple[str, str]] = (
     ("tests/python/integration/test_library_async.py", "tests/python/integration/test_library.py"),
     ("tests/python/_library_child_async.py", "tests/python/_library_child.py"),
     ("python/pginbox/integrations/sqlalchemy_async.py", "python/pginbox/integrations/sqlalchemy.py"),
+    ("python/pginbox/ops/granted_repair_async.py", "python/pginbox/ops/granted_repair.py"),
+    ("python/pginbox/ops/python_replay_async.py", "python/pginbox/ops/python_replay.py"),
 )
 
 #: Names and attributes. The choices that are not a mere "Async" prefix say why.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import tomllib
 from pathlib import Path
 from typing import cast
 
@@ -12,11 +11,11 @@ import click
 
 from pginbox.cli.context import connect, database, dsn_option
 from pginbox.cli.output import echo_json, fmt, format_age, indent, table
+from pginbox.cli.python_handler import configured_handler, consume_config_option, load_python_handler
 from pginbox.consumer.core import is_async_handler
 from pginbox.ops import granted_repair as granted
 from pginbox.ops import quarantine as ops
 from pginbox.ops.status import check_schema
-from pginbox.runtime.loading import load_object
 
 __all__ = ["quarantine_group"]
 
@@ -208,39 +207,6 @@ _DECISION_SAYS = {
 }
 
 
-def _decision_command(action: ops.Action) -> None:
-    @quarantine_group.command(name=action, help=_DECISION_HELP[action])
-    @click.argument("quarantine_id", type=int, metavar="ID")
-    @click.option("--note", required=True, help="Why: goes into the audit trail.")
-    @dsn_option
-    @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-    @click.pass_context
-    def command(ctx: click.Context, quarantine_id: int, note: str, command_dsn: str | None, as_json: bool) -> None:
-        with connect(ctx, command_dsn) as conn:
-            check_schema(conn)
-            decision = ops.decide(conn, action, quarantine_id, note)
-        if as_json:
-            echo_json(decision.as_json())
-        elif decision.ok:
-            version = f" by handler version {decision.handler_version}" if decision.handler_version else ""
-            says = _DECISION_SAYS[decision.result].format(version=version)
-            click.echo(f"entry {quarantine_id}: {decision.result} ({says})")
-        else:
-            click.echo(
-                f"entry {quarantine_id}: repair failed, the entry stays open "
-                f"(reason {decision.reason_code}: {decision.error_message})"
-            )
-        if not decision.ok:
-            ctx.exit(1)
-
-    del command
-
-
-for _action in ops.ACTIONS:
-    if _action != "repair":
-        _decision_command(_action)
-
-
 def _echo_decision(ctx: click.Context, quarantine_id: int, decision: ops.Decision, as_json: bool) -> None:
     if as_json:
         echo_json(decision.as_json())
@@ -255,6 +221,27 @@ def _echo_decision(ctx: click.Context, quarantine_id: int, decision: ops.Decisio
         )
     if not decision.ok:
         ctx.exit(1)
+
+
+def _decision_command(action: ops.Action) -> None:
+    @quarantine_group.command(name=action, help=_DECISION_HELP[action])
+    @click.argument("quarantine_id", type=int, metavar="ID")
+    @click.option("--note", required=True, help="Why: goes into the audit trail.")
+    @dsn_option
+    @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+    @click.pass_context
+    def command(ctx: click.Context, quarantine_id: int, note: str, command_dsn: str | None, as_json: bool) -> None:
+        with connect(ctx, command_dsn) as conn:
+            check_schema(conn)
+            decision = ops.decide(conn, action, quarantine_id, note)
+        _echo_decision(ctx, quarantine_id, decision, as_json)
+
+    del command
+
+
+for _action in ops.ACTIONS:
+    if _action != "repair":
+        _decision_command(_action)
 
 
 def _echo_redemption(ctx: click.Context, done: granted.Redemption, as_json: bool) -> None:
@@ -274,16 +261,7 @@ def _echo_redemption(ctx: click.Context, done: granted.Redemption, as_json: bool
         ctx.exit(1)
 
 
-def _load_python_handler(spec: str) -> granted.Handler | granted.AsyncHandler:
-    try:
-        return cast(granted.Handler, load_object(spec, "--python"))
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--python") from None
-
-
-def _redeem(
-    ctx: click.Context, dsn: str | None, grant_id: int, spec: str, handler: granted.Handler | granted.AsyncHandler
-) -> granted.Redemption:
+def _redeem(ctx: click.Context, dsn: str | None, grant_id: int, spec: str, handler: object) -> granted.Redemption:
     """A sync handler on a psycopg Connection; an `async def` one on an AsyncConnection (AsyncCursor),
     as `pginbox consume` runs them."""
     if is_async_handler(handler):
@@ -293,24 +271,6 @@ def _redeem(
     with connect(ctx, dsn) as conn:
         check_schema(conn)
         return granted.redeem(conn, grant_id, spec, cast(granted.Handler, handler))
-
-
-def _consume_handler(path: Path) -> tuple[str, str | None]:
-    """The Python handler (and its version) the [consume] table of `pginbox consume`'s file names."""
-    try:
-        with path.open("rb") as fh:
-            table = tomllib.load(fh).get("consume", {})
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise click.BadParameter(f"{path}: {exc}", param_hint="--consume-config") from None
-    handler = table.get("handler") if isinstance(table, dict) else None
-    if not isinstance(handler, str) or handler in ("", "sql"):
-        raise click.BadParameter(
-            f"{path}: [consume] names no Python handler (handler = {handler!r}): its messages are repaired by the "
-            "registered SQL handler (omit --consume-config)",
-            param_hint="--consume-config",
-        )
-    version = table.get("handler_version")
-    return handler, str(version) if version is not None else None
 
 
 @quarantine_group.command(name="repair")
@@ -332,13 +292,7 @@ def _consume_handler(path: Path) -> tuple[str, str | None]:
     help="With --python: the consumer service's own login, which runs the handler now. Without it the grant "
     "is printed for the consumer's side to run (pginbox quarantine redeem).",
 )
-@click.option(
-    "--consume-config",
-    type=click.Path(dir_okay=False, exists=True, path_type=Path),
-    default=None,
-    help="The TOML file `pginbox consume` runs with: its [consume] handler (and handler_version) is the "
-    "default of --python (and --handler-version).",
-)
+@consume_config_option()
 @click.option("--handler-version", default=None, help="With --python: recorded as the message's handler version.")
 @click.option(
     "--valid-for",
@@ -369,10 +323,7 @@ def quarantine_repair(
     the consumer's own login (--consumer-dsn) runs the handler in the transaction that claims the
     message; the database refuses the grant when no role bound to the consumer could run it, and the
     run when the login is not the consumer's."""
-    if consume_config is not None:
-        configured, configured_version = _consume_handler(consume_config)
-        python_handler = python_handler or configured
-        handler_version = handler_version or configured_version
+    python_handler, handler_version = configured_handler(consume_config, python_handler, handler_version)
     if python_handler is None:
         if consumer_dsn or handler_version:
             raise click.UsageError("--consumer-dsn and --handler-version go with --python")
@@ -381,7 +332,7 @@ def quarantine_repair(
             decision = ops.decide(conn, "repair", quarantine_id, note)
         _echo_decision(ctx, quarantine_id, decision, as_json)
         return
-    handler = _load_python_handler(python_handler) if consumer_dsn else None
+    handler = load_python_handler(python_handler) if consumer_dsn else None
     with connect(ctx, command_dsn) as conn:
         check_schema(conn)
         issued = granted.grant(
@@ -421,5 +372,5 @@ def quarantine_redeem(
     login (--dsn): the handler runs in the transaction that claims the message, and the entry
     closes as recovered when it commits. Exit status 1 when the handler fails: the failure is
     audited, the entry stays open, the grant is used."""
-    handler = _load_python_handler(python_handler)
+    handler = load_python_handler(python_handler)
     _echo_redemption(ctx, _redeem(ctx, command_dsn, grant_id, python_handler, handler), as_json)

@@ -32,12 +32,11 @@ import click
 from pginbox.cli.context import connect, database, dsn_option
 from pginbox.cli.output import echo_json, fmt, table
 from pginbox.cli.progress import Render, duration, progress_for_stderr
-from pginbox.cli.quarantine import _consume_handler as consume_handler
+from pginbox.cli.python_handler import configured_handler, consume_config_option, load_python_handler
 from pginbox.consumer.core import is_async_handler
 from pginbox.ops import python_replay, replay
 from pginbox.ops.json_values import jsonable
 from pginbox.ops.status import check_schema
-from pginbox.runtime.loading import load_object
 
 __all__ = ["replay_group"]
 
@@ -62,13 +61,7 @@ def replay_group() -> None:
     help="Approve the plan for this Python handler, handler(cursor, message), instead of a registered SQL "
     "handler: the consumer's own login runs it (replay run PLAN --python ...).",
 )
-@click.option(
-    "--consume-config",
-    type=click.Path(dir_okay=False, exists=True, path_type=Path),
-    default=None,
-    help="The TOML file `pginbox consume` runs with: its [consume] handler (and handler_version) is the "
-    "default of --python (and --handler-version).",
-)
+@consume_config_option()
 @click.option("--handler-version", default=None, help="The handler version the plan is pinned to.")
 @click.option("--note", required=True, help="Why: goes into the audit trail (inbox.replay_decision).")
 @dsn_option
@@ -89,10 +82,7 @@ def replay_create(
 ) -> None:
     """Create a plan pinned to the handler and version registered for CONSUMER and MESSAGE_TYPE, or
     (--python) approved for a Python handler and version."""
-    if consume_config is not None:
-        configured, configured_version = consume_handler(consume_config)
-        python_handler = python_handler or configured
-        handler_version = handler_version or configured_version
+    python_handler, handler_version = configured_handler(consume_config, python_handler, handler_version)
     if (handler is None) == (python_handler is None):
         raise click.UsageError("name the handler: --handler REGPROCEDURE (SQL) or --python MODULE:FUNCTION")
     if handler_version is None:
@@ -193,12 +183,7 @@ def reason_lines(result: replay.RunResult, plan: str) -> list[str]:
     help="Run a plan approved for this Python handler, handler(cursor, message), with the consumer's own "
     "login (--dsn), one item per transaction, until no item is pending (or --max-items items).",
 )
-@click.option(
-    "--consume-config",
-    type=click.Path(dir_okay=False, exists=True, path_type=Path),
-    default=None,
-    help="The TOML file `pginbox consume` runs with: its [consume] handler is the default of --python.",
-)
+@consume_config_option("The TOML file `pginbox consume` runs with: its [consume] handler is the default of --python.")
 @dsn_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.pass_context
@@ -219,8 +204,7 @@ def replay_run(
 
     With --python MODULE:FUNCTION (a plan approved for that handler) the consumer's own login (--dsn)
     runs the handler, one item per transaction; a failed item is recorded and the plan goes on."""
-    if consume_config is not None:
-        python_handler = python_handler or consume_handler(consume_config)[0]
+    python_handler = configured_handler(consume_config, python_handler, None)[0]
     if python_handler is not None:
         source = ctx.get_parameter_source("max_items")
         limit = max_items if source is not None and source.name != "DEFAULT" and not until_done else None
@@ -297,10 +281,7 @@ def _run_python(
     as_json: bool,
     command_dsn: str | None,
 ) -> None:
-    try:
-        handler = load_object(spec, "--python")
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--python") from None
+    handler = load_python_handler(spec)
     is_async = is_async_handler(handler)
     run: python_replay.PythonRun | None = None
     with connect(ctx, command_dsn) as conn:

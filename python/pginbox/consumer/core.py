@@ -45,7 +45,7 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import psycopg
@@ -68,7 +68,16 @@ from pginbox.runtime.loading import load_object
 from pginbox.runtime.log import kv
 from pginbox.runtime.metrics import Metrics
 
-__all__ = ["BadInput", "Consumer", "ConsumerStats", "Handler", "is_async_handler", "load_handler", "retry_delay"]
+__all__ = [
+    "BadInput",
+    "Consumer",
+    "ConsumerStats",
+    "HandedBack",
+    "Handler",
+    "is_async_handler",
+    "load_handler",
+    "retry_delay",
+]
 
 log = logging.getLogger("pginbox.consumer")
 
@@ -81,6 +90,32 @@ _LOGGED = {
     Outcome.QUARANTINED: "message_quarantined",
     Outcome.EXPIRED: "message_expired",
 }
+
+
+class HandedBack:
+    """The identities this process handed back itself (database outage, halt): their redelivery
+    is not a crash and is not announced with inbox.record_start. `pginbox consume` and the
+    framework integrations (pginbox.integrations.celery, .faststream) keep one each."""
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self._keys: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+        self._limit = limit
+
+    def remember(self, message: Message | None) -> None:
+        if message is None:
+            return
+        self._keys[(message.tenant, message.producer, message.message_id)] = None
+        while len(self._keys) > self._limit:
+            self._keys.popitem(last=False)
+
+    def announce(self, message: Message) -> Message:
+        """`message`, its redelivered flag cleared when this process handed it back itself."""
+        key = (message.tenant, message.producer, message.message_id)
+        if key in self._keys:
+            del self._keys[key]
+            if message.redelivered:
+                return replace(message, redelivered=False)
+        return message
 
 
 def retry_delay(attempts: int | None, base: float, cap: float) -> float:
@@ -367,7 +402,7 @@ class Consumer:
         self._stop = asyncio.Event()
         self._stop_requested = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._handed_back: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+        self._handed_back = HandedBack()
         self._db_failures = 0
         self._broker_failures = 0
         self._connected = False
@@ -508,23 +543,6 @@ class Consumer:
 
     # ------------------------------------------------------------------ one batch
 
-    def _announce(self, message: Message) -> Message:
-        """A redelivery this process handed back itself is not a crash: not announced."""
-        key = (message.tenant, message.producer, message.message_id)
-        if key in self._handed_back:
-            del self._handed_back[key]
-            if message.redelivered:
-                return Message(
-                    message.producer,
-                    message.message_id,
-                    message.message_type,
-                    message.payload,
-                    message.tenant,
-                    message.produced_at,
-                    False,
-                )
-        return message
-
     async def _process(self, runner: _AsyncRunner | _ThreadRunner, deliveries: list[Delivery]) -> None:
         self.stats.batches += 1
         self.stats.consumed += len(deliveries)
@@ -536,7 +554,7 @@ class Consumer:
                 self.stats.redeliveries += 1
                 self.metrics.redeliveries.inc()
             try:
-                d.message = self._announce(parse_message(d, self.config.sources))
+                d.message = self._handed_back.announce(parse_message(d, self.config.sources))
             except BadInput as bad:
                 verdicts.append((d, _DeadLetter(bad.sqlstate, bad.reason)))
                 continue
@@ -691,7 +709,7 @@ class Consumer:
     async def _retry(self, d: Delivery, result: Result) -> None:
         delay = retry_delay(result.attempts, self.config.retry_delay, self.config.max_retry_delay)
         self.stats.retried += 1
-        self._remember(d)
+        self._handed_back.remember(d.message)
         log.info(
             kv(
                 "message_failed",
@@ -703,13 +721,6 @@ class Consumer:
             )
         )
         await self.broker.retry(d, delay)
-
-    def _remember(self, d: Delivery) -> None:
-        if d.message is None:
-            return
-        self._handed_back[(d.message.tenant, d.message.producer, d.message.message_id)] = None
-        while len(self._handed_back) > 100_000:
-            self._handed_back.popitem(last=False)
 
     async def _dead_letter(self, d: Delivery, sqlstate: str, reason: str) -> None:
         self.stats.dead_letters += 1
@@ -731,7 +742,7 @@ class Consumer:
 
     async def _hand_back(self, deliveries: Sequence[Delivery], delay: float) -> None:
         for d in deliveries:
-            self._remember(d)
+            self._handed_back.remember(d.message)
             self.stats.handed_back += 1
             self.metrics.handed_back.inc()
             await self.broker.hand_back(d, delay)

@@ -5,12 +5,10 @@ here is new policy: each piece names the consumer's code it reuses.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping
 
 from pginbox.brokers.wire import DEFAULT_SOURCES, IDENTITY_FIELDS, IdentitySource
-from pginbox.client.outcomes import Message
-from pginbox.consumer.core import _action, _fix, _one_line
+from pginbox.consumer.core import HandedBack, _action, _fix, _one_line
 
 __all__ = ["HandedBack", "error_action", "fix_hint", "one_line", "sources"]
 
@@ -31,35 +29,3 @@ def sources(broker: str, overrides: Mapping[str, str] | None = None) -> dict[str
         name: IdentitySource.parse(str(given.get(name, DEFAULT_SOURCES[broker][name])), name, broker)
         for name in IDENTITY_FIELDS
     }
-
-
-class HandedBack:
-    """The identities this process handed back itself (database outage, halt): their redelivery
-    is not a crash and is not announced with inbox.record_start (Consumer._announce's rule)."""
-
-    def __init__(self, limit: int = 100_000) -> None:
-        self._keys: OrderedDict[tuple[str, str, str], None] = OrderedDict()
-        self._limit = limit
-
-    def remember(self, message: Message | None) -> None:
-        if message is None:
-            return
-        self._keys[(message.tenant, message.producer, message.message_id)] = None
-        while len(self._keys) > self._limit:
-            self._keys.popitem(last=False)
-
-    def announce(self, message: Message) -> Message:
-        key = (message.tenant, message.producer, message.message_id)
-        if key in self._keys:
-            del self._keys[key]
-            if message.redelivered:
-                return Message(
-                    message.producer,
-                    message.message_id,
-                    message.message_type,
-                    message.payload,
-                    message.tenant,
-                    message.produced_at,
-                    False,
-                )
-        return message

@@ -1,3 +1,5 @@
+# Generated from python_replay_async.py by python/tools/async_to_sync.py: DO NOT EDIT.
+# Edit python/pginbox/ops/python_replay_async.py, then run the script (tests/run checks this file).
 """Replay plans with a Python handler: `pginbox replay create ... --python MODULE:FUNCTION` and
 `pginbox replay run PLAN --python MODULE:FUNCTION` (docs/replay.md, "Python handlers").
 
@@ -11,132 +13,51 @@ The database decides who may do what (sql/122_python_replay.sql); this module on
                                     handler(cursor, message), COMMIT. When the handler raises, the
                                     transaction rolls back and inbox.python_replay_item_failed
                                     records the item failed in a new one; the plan goes on.
+  run_plan_async(dsn, ...)          the same for an `async def` handler, on an asyncio connection
+                                    of its own
 
 A transient error (class 40, 57014, a lost connection, ...) re-runs the item's transaction; a
 COMMIT whose answer was lost needs nothing: the next call finds the item applied, or pending.
 A killed runner leaves its item pending, and the next run applies it once.
+
+pginbox.ops.python_replay (create_plan, run_plan) is generated from pginbox.ops.python_replay_async
+(run_plan_async), which defines the pieces both share (the statements, PythonRun, create_plan).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, Final
+from collections.abc import Callable
+from typing import Any
 
 import psycopg
-from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
-from pginbox.client import shared as _core
-from pginbox.client.drive import drive, drive_async
+from pginbox.client.drive import drive
 from pginbox.client.outcomes import Message
 from pginbox.client.protocol import Protocol
 from pginbox.client.retry import RetryPolicy
 from pginbox.client.shared import CallCost
-from pginbox.errors import ReplayError, RetriesExhausted, server_message
-from pginbox.ops.handler_run import judge, transient_kind
+from pginbox.errors import RetriesExhausted
+from pginbox.ops.handler_run import judge, reconnect_args, transient_kind
+from pginbox.ops.python_replay_async import (
+    BEGIN_SQL,
+    FAILED_SQL,
+    AsyncHandler,
+    PythonRun,
+    _counted,
+    _failed,
+    _failure_params,
+    _HandlerFailed,
+    _message,
+    _refused,
+    create_plan,
+    run_plan_async,
+)
 
 __all__ = ["AsyncHandler", "Handler", "PythonRun", "create_plan", "run_plan", "run_plan_async"]
 
 #: handler(cursor, message): runs in the transaction that takes the item (pginbox.Inbox's shape).
 Handler = Callable[[psycopg.Cursor[Any], Message], object]
-
-CREATE_SQL: Final = """
-SELECT p.plan_id FROM inbox.create_python_replay_plan(plan_name => %(name)s, consumer => %(consumer)s,
-       message_type => %(message_type)s, handler => %(handler)s, handler_version => %(version)s, note => %(note)s) p
-"""
-BEGIN_SQL: Final = """
-SELECT s.action, s.plan_id, s.item_no, s.status, s.consumer, s.tenant, s.producer, s.message_id, s.message_type,
-       s.operation_id, s.payload, s.produced_at, s.handler_version, s.skipped_now, s.failed_now
-  FROM inbox.begin_python_replay_item(plan_id => %(plan_id)s, handler => %(handler)s) s
-"""
-FAILED_SQL: Final = """
-SELECT inbox.python_replay_item_failed(plan_id => %(plan_id)s, item_no => %(item_no)s, handler => %(handler)s,
-                                       reason_code => %(reason)s, error_message => %(text)s) AS recorded
-"""
-
-
-@dataclass
-class PythonRun:
-    """What run_plan came to: this run's applied, failed and skipped items, and the plan's status
-    after it (`completed` when no item is pending any more). `failures`: this run's handler
-    failures, (item_no, reason_code, error_message)."""
-
-    plan_id: int
-    handler: str
-    status: str = "open"
-    applied_now: int = 0
-    failed_now: int = 0
-    skipped_now: int = 0
-    failures: list[tuple[int, str, str]] = field(default_factory=list)
-
-    @property
-    def done_now(self) -> int:
-        return self.applied_now + self.failed_now + self.skipped_now
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "plan_id": self.plan_id,
-            "handler": self.handler,
-            "status": self.status,
-            "this_run": {
-                "applied": self.applied_now,
-                "failed": self.failed_now,
-                "skipped": self.skipped_now,
-                "failures": [
-                    {"item_no": n, "reason_code": code, "error_message": text} for n, code, text in self.failures
-                ],
-            },
-        }
-
-
-def _refused(what: str, exc: psycopg.Error) -> ReplayError:
-    return ReplayError(f"{what}: {server_message(exc)}", sqlstate=exc.sqlstate)
-
-
-def create_plan(
-    conn: psycopg.Connection[Any], name: str, consumer: str, message_type: str, handler: str, version: str, note: str
-) -> int:
-    """inbox.create_python_replay_plan, committed on return (the operator's connection); the plan_id."""
-    params = {
-        "name": name,
-        "consumer": consumer,
-        "message_type": message_type,
-        "handler": handler,
-        "version": version,
-        "note": note,
-    }
-    try:
-        with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-            row = cur.execute(CREATE_SQL, params).fetchone()
-    except psycopg.Error as exc:
-        raise _refused(f"cannot create replay plan {name!r}", exc) from exc
-    assert row is not None
-    return int(row["plan_id"])
-
-
-class _HandlerFailed(Exception):
-    def __init__(self, item_no: int, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.item_no = item_no
-        self.error = error
-
-
-def _message(row: dict[str, Any]) -> Message:
-    return Message(
-        row["producer"],
-        row["message_id"],
-        row["message_type"],
-        row["payload"],
-        tenant=row["tenant"],
-        produced_at=row["produced_at"],
-    )
-
-
-def _failed(row: dict[str, Any], error: Exception | None, verdict: BaseException) -> _HandlerFailed:
-    failed = _HandlerFailed(row["item_no"], verdict)
-    failed.__cause__ = error
-    return failed
 
 
 def _attempt(conn: psycopg.Connection[Any], plan_id: int, spec: str, handler: Handler) -> dict[str, Any]:
@@ -161,32 +82,64 @@ def _attempt(conn: psycopg.Connection[Any], plan_id: int, spec: str, handler: Ha
     return row
 
 
-def _reconnect(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
-    info = conn.info
-    return psycopg.Connection.connect(
-        make_conninfo(info.dsn, **({"password": info.password} if info.password else {})),
-        autocommit=conn.autocommit,
-    )
+def _record_failure(conn: psycopg.Connection[Any], plan_id: int, params: dict[str, Any]) -> bool:
+    """inbox.python_replay_item_failed, in a transaction of its own; False when the item was no
+    longer pending."""
+    try:
+        with conn.transaction(), conn.cursor() as cur:
+            row = cur.execute(FAILED_SQL, params).fetchone()
+    except psycopg.Error as exc:
+        what = f"cannot record the failure of item {params['item_no']} of replay plan {plan_id}"
+        raise _refused(what, exc) from exc
+    return row is not None and bool(row[0])
 
 
-def _failure_params(plan_id: int, spec: str, failed: _HandlerFailed) -> dict[str, Any]:
-    reason, text = _core.failure_reason(failed.error)
-    return {"plan_id": plan_id, "item_no": failed.item_no, "handler": spec, "reason": reason, "text": text}
+def _run_plan(
+    conn: psycopg.Connection[Any],
+    plan_id: int,
+    spec: str,
+    handler: Handler,
+    max_items: int | None,
+    retry: RetryPolicy | None,
+    progress: Callable[[PythonRun], None] | None,
+) -> PythonRun:
+    """What `run_plan` does, on `conn`; a connection opened to replace a lost one is closed on return."""
+    current = [conn]
+    protocol = Protocol(retry or RetryPolicy(), classify=lambda exc: transient_kind(exc, current[0]))
+    run = PythonRun(plan_id, spec)
 
+    def attempt() -> dict[str, Any] | _HandlerFailed:
+        if current[0].closed:
+            current[0] = psycopg.connect(**reconnect_args(current[0]))
+        try:
+            return _attempt(current[0], plan_id, spec, handler)
+        except _HandlerFailed as failed:
+            return failed
 
-def _counted(run: PythonRun, outcome: dict[str, Any] | _HandlerFailed, recorded: bool, params: dict[str, Any]) -> bool:
-    """Adds one item's outcome to `run`; True when no item is pending any more."""
-    if isinstance(outcome, _HandlerFailed):
-        if recorded:
-            run.failed_now += 1
-            run.failures.append((outcome.item_no, params["reason"], params["text"]))
-        return False
-    run.skipped_now += outcome["skipped_now"]
-    run.failed_now += outcome["failed_now"]
-    run.status = outcome["status"]
-    if outcome["action"] == "run":
-        run.applied_now += 1
-    return bool(outcome["action"] == "done")
+    try:
+        while max_items is None or run.applied_now + run.failed_now < max_items:
+            try:
+                outcome = drive(protocol.retry(attempt, CallCost()))
+            except RetriesExhausted as exc:
+                exc.add_note(f"pginbox: replay plan {plan_id}")
+                raise
+            except psycopg.Error as exc:
+                raise _refused(f"cannot run replay plan {plan_id}", exc) from exc
+            params: dict[str, Any] = {}
+            recorded = False
+            if isinstance(outcome, _HandlerFailed):
+                params = _failure_params(plan_id, spec, outcome)
+                recorded = _record_failure(current[0], plan_id, params)
+            if _counted(run, outcome, recorded, params):
+                break
+            if progress is not None:
+                progress(run)
+        if progress is not None:
+            progress(run)
+        return run
+    finally:
+        if current[0] is not conn:
+            current[0].close()
 
 
 def run_plan(
@@ -205,117 +158,4 @@ def run_plan(
     taken by the handler. A refusal raises ReplayError with the database's reason; a lost
     connection is replaced by one with the same parameters. Each item's transaction is retried
     by pginbox.client.protocol's Protocol.retry, as pginbox.Inbox retries a delivery."""
-    current = [conn]
-    protocol = Protocol(retry or RetryPolicy(), classify=lambda exc: transient_kind(exc, current[0]))
-    run = PythonRun(plan_id, spec)
-
-    def attempt() -> dict[str, Any] | _HandlerFailed:
-        if current[0].closed:
-            current[0] = _reconnect(current[0])
-        try:
-            return _attempt(current[0], plan_id, spec, handler)
-        except _HandlerFailed as failed:
-            return failed
-
-    while max_items is None or run.applied_now + run.failed_now < max_items:
-        try:
-            outcome = drive(protocol.retry(attempt, CallCost()))
-        except RetriesExhausted as exc:
-            exc.add_note(f"pginbox: replay plan {plan_id}")
-            raise
-        except psycopg.Error as exc:
-            raise _refused(f"cannot run replay plan {plan_id}", exc) from exc
-        params: dict[str, Any] = {}
-        recorded = False
-        if isinstance(outcome, _HandlerFailed):
-            params = _failure_params(plan_id, spec, outcome)
-            try:
-                with current[0].transaction(), current[0].cursor() as cur:
-                    row = cur.execute(FAILED_SQL, params).fetchone()
-            except psycopg.Error as exc:
-                what = f"cannot record the failure of item {outcome.item_no} of replay plan {plan_id}"
-                raise _refused(what, exc) from exc
-            recorded = row is not None and bool(row[0])
-        if _counted(run, outcome, recorded, params):
-            break
-        if progress is not None:
-            progress(run)
-    if progress is not None:
-        progress(run)
-    return run
-
-
-#: async handler(cursor, message), as `pginbox consume` runs an `async def` handler.
-AsyncHandler = Callable[[psycopg.AsyncCursor[Any], Message], Awaitable[object]]
-
-
-async def _attempt_async(
-    conn: psycopg.AsyncConnection[Any], plan_id: int, spec: str, handler: AsyncHandler
-) -> dict[str, Any]:
-    async with conn.transaction():
-        async with conn.cursor(row_factory=dict_row) as cur:
-            row = await (await cur.execute(BEGIN_SQL, {"plan_id": plan_id, "handler": spec})).fetchone()
-        assert row is not None
-        if row["action"] != "run":
-            return row
-        error: Exception | None = None
-        returned: object = None
-        async with conn.cursor() as hcur:
-            try:
-                returned = await handler(hcur, _message(row))
-            except Exception as exc:
-                error = exc
-        verdict = judge(conn, error, returned, client="the replay")
-        if verdict is not None:
-            raise _failed(row, error, verdict)
-    return row
-
-
-async def run_plan_async(
-    dsn: str,
-    plan_id: int,
-    spec: str,
-    handler: AsyncHandler,
-    *,
-    max_items: int | None = None,
-    retry: RetryPolicy | None = None,
-) -> PythonRun:
-    """`run_plan` for an `async def` handler, on an asyncio connection of its own to `dsn` (the
-    consumer's login)."""
-    current = [await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=None)]
-    protocol = Protocol(retry or RetryPolicy(), classify=lambda exc: transient_kind(exc, current[0]))
-    run = PythonRun(plan_id, spec)
-
-    async def attempt() -> dict[str, Any] | _HandlerFailed:
-        if current[0].closed:
-            current[0] = await psycopg.AsyncConnection.connect(dsn, autocommit=True, prepare_threshold=None)
-        try:
-            return await _attempt_async(current[0], plan_id, spec, handler)
-        except _HandlerFailed as failed:
-            return failed
-
-    try:
-        while max_items is None or run.applied_now + run.failed_now < max_items:
-            try:
-                outcome = await drive_async(protocol.retry(attempt, CallCost()))
-            except RetriesExhausted as exc:
-                exc.add_note(f"pginbox: replay plan {plan_id}")
-                raise
-            except psycopg.Error as exc:
-                raise _refused(f"cannot run replay plan {plan_id}", exc) from exc
-            params: dict[str, Any] = {}
-            recorded = False
-            if isinstance(outcome, _HandlerFailed):
-                params = _failure_params(plan_id, spec, outcome)
-                try:
-                    async with current[0].transaction(), current[0].cursor() as cur:
-                        row = await (await cur.execute(FAILED_SQL, params)).fetchone()
-                except psycopg.Error as exc:
-                    what = f"cannot record the failure of item {outcome.item_no} of replay plan {plan_id}"
-                    raise _refused(what, exc) from exc
-                recorded = row is not None and bool(row[0])
-            if _counted(run, outcome, recorded, params):
-                break
-        return run
-    finally:
-        await current[0].close()
+    return _run_plan(conn, plan_id, spec, handler, max_items, retry, progress)

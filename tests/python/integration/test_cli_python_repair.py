@@ -11,23 +11,28 @@ entry) before anything is written."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import shlex
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from billing_handlers import credit, credit_async
 from click.testing import CliRunner
 from conftest import REPO_ROOT
 from psycopg.conninfo import conninfo_to_dict
 from test_cli import Entries, _apply, cli, fails
 from test_cli import entries as entries  # the fixture
 
+from pginbox import Message
 from pginbox.cli import main
+from pginbox.ops import granted_repair as granted
 
 HANDLER = "billing_handlers:credit"
 
@@ -47,6 +52,33 @@ def service(entries: Entries, conn: psycopg.Connection[Any]) -> str:
     params = {k: v for k, v in conninfo_to_dict(entries.dsn).items() if v is not None}
     params["user"] = role
     return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+def logins_gone(conn: psycopg.Connection[Any], role: str, *, within: float = 5.0) -> bool:
+    """True when no backend of `role` is left (within `within` seconds: a backend exits after its
+    client closed the connection)."""
+    deadline = time.monotonic() + within
+    while True:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE usename = %s", (role,)).fetchone()
+        if row == (0,):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+class KillOnce:
+    """Called by a handler with its cursor: terminates that connection's backend the first time,
+    does nothing after (the retried transaction runs on a new connection)."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+        self.killed: list[int] = []
+
+    def __call__(self, cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> None:
+        if not self.killed:
+            self.killed.append(cur.connection.info.backend_pid)
+            self.conn.execute("SELECT pg_terminate_backend(%s, 5000)", (self.killed[0],))
 
 
 def state(conn: psycopg.Connection[Any], quarantine_id: int) -> tuple[Any, ...]:
@@ -329,3 +361,36 @@ def test_an_async_handler_runs_on_an_asyncio_connection(
     role = conninfo_to_dict(service)["user"]
     assert conn.execute("SELECT message_id, login FROM repair_log").fetchall() == [("m-2", role)]
     assert state(conn, entries.missing_2)[:3] == ("recovered", 1, 7)
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_connection_lost_inside_the_handler_is_replaced_and_the_repair_runs_once(
+    flavour: str, entries: Entries, service: str, conn: psycopg.Connection[Any]
+) -> None:
+    """The consumer's connection is terminated inside the handler: the transaction is gone with
+    it and runs again on a new connection with the same parameters (redeem and redeem_async share
+    the rule); the handler's writes commit once, and the replacement connection is closed on
+    return."""
+    conn.execute("INSERT INTO acct (id) VALUES (2)")
+    issued = granted.grant(conn, entries.missing_2, HANDLER, "n")
+    kill_once = KillOnce(conn)
+
+    def handler(cur: psycopg.Cursor[Any], message: Message) -> None:
+        kill_once(cur)
+        credit(cur, message)
+
+    async def ahandler(cur: psycopg.AsyncCursor[Any], message: Message) -> None:
+        kill_once(cur)
+        await credit_async(cur, message)
+
+    if flavour == "sync":
+        with psycopg.connect(service, autocommit=True, prepare_threshold=None) as consumer:
+            done = granted.redeem(consumer, issued.grant_id, HANDLER, handler)
+    else:
+        done = asyncio.run(granted.redeem_async(service, issued.grant_id, HANDLER, ahandler))
+    assert len(kill_once.killed) == 1
+    assert (done.result, done.quarantine_id) == ("recovered", entries.missing_2)
+    role = conninfo_to_dict(service)["user"]
+    assert conn.execute("SELECT message_id, login FROM repair_log").fetchall() == [("m-2", role)]
+    assert state(conn, entries.missing_2)[:3] == ("recovered", 1, 7)
+    assert logins_gone(conn, str(role))

@@ -12,6 +12,7 @@ before anything is written; the commands of docs/replay.md run as written."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -27,6 +28,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from billing_handlers import recredit, recredit_async
 from click.testing import CliRunner
 from conftest import REPO_ROOT
 from helpers_paths import pythonpath
@@ -34,9 +36,12 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import Jsonb
 from test_cli import Entries, cli, fails
 from test_cli import entries as entries  # the fixture
+from test_cli_python_repair import KillOnce, logins_gone
 from test_cli_python_repair import service as service  # the fixture: the billing service's login
 
+from pginbox import Message
 from pginbox.cli import main
+from pginbox.ops import python_replay
 
 HANDLER = "billing_handlers:recredit"
 CLAIM = "SELECT inbox.claim('billing', 'shop', %s, %s, handler_version => %s)"
@@ -360,6 +365,41 @@ def test_an_async_handler_runs_on_an_asyncio_connection(
     role = conninfo_to_dict(service)["user"]
     assert logged(conn) == {"r-1": 1, "r-2": 1}
     assert conn.execute("SELECT DISTINCT login FROM replay_log").fetchall() == [(role,)]
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_connection_lost_inside_an_item_is_replaced_and_the_item_applied_once(
+    flavour: str,
+    history: list[dict[str, Any]],
+    service: str,
+    conn: psycopg.Connection[Any],
+    operator: str,
+    tmp_path: Path,
+) -> None:
+    """The runner's connection is terminated inside the first item's handler: the item's
+    transaction is gone with it and runs again on a new connection with the same parameters
+    (run_plan and run_plan_async share the rule); every item is applied once, and the
+    replacement connection is closed on return."""
+    plan_id = new_plan(operator, history, tmp_path=tmp_path)
+    kill_once = KillOnce(conn)
+
+    def handler(cur: psycopg.Cursor[Any], message: Message) -> None:
+        kill_once(cur)
+        recredit(cur, message)
+
+    async def ahandler(cur: psycopg.AsyncCursor[Any], message: Message) -> None:
+        kill_once(cur)
+        await recredit_async(cur, message)
+
+    if flavour == "sync":
+        with psycopg.connect(service, autocommit=True, prepare_threshold=None) as runner:
+            run = python_replay.run_plan(runner, plan_id, HANDLER, handler)
+    else:
+        run = asyncio.run(python_replay.run_plan_async(service, plan_id, HANDLER, ahandler))
+    assert len(kill_once.killed) == 1
+    assert (run.status, run.applied_now, run.failed_now, run.skipped_now) == ("completed", 5, 0, 1)
+    assert logged(conn) == {f"r-{n}": 1 for n in range(1, 6)}
+    assert logins_gone(conn, str(conninfo_to_dict(service)["user"]))
 
 
 def test_the_documented_commands(

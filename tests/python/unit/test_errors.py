@@ -18,8 +18,8 @@ NOT_PGINBOX_ERRORS = {
     "pginbox.client.protocol.Transient",
     "pginbox.client.protocol.CommitUnknown",
     "pginbox.integrations.django._HandlerError",  # carries the handler's verdict out of atomic()
-    "pginbox.ops.granted_repair._HandlerFailed",  # a repair grant's handler failed: recorded, never raised out
-    "pginbox.ops.python_replay._HandlerFailed",  # a replay item's handler failed: recorded, never raised out
+    "pginbox.ops.granted_repair_async._HandlerFailed",  # a repair grant's handler failed: recorded, never raised out
+    "pginbox.ops.python_replay_async._HandlerFailed",  # a replay item's handler failed: recorded, never raised out
     "pginbox.demo.act2_simulation._Crash",
     "pginbox.demo.act3_outbox.HandlerRefused",
 }
