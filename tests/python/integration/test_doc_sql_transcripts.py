@@ -12,7 +12,8 @@ blocks ran, as test_doc_sql.py runs them), as a superuser unless its first line 
 blanks are ignored.
 
 A statement starts on a line that is not output (a line of a result table, a row count, a command
-tag, an ERROR/DETAIL/HINT line, a blank line) and ends on the line whose code ends with `;`.
+tag, an ERROR/DETAIL/HINT line and the fields VERBOSITY=verbose adds (`SCHEMA NAME:` …), psql's
+`Time:` line, a blank line) and ends on the line whose code ends with `;`.
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ TAG = re.compile(
     r"^(BEGIN|COMMIT|ROLLBACK|SAVEPOINT|RELEASE|SET|RESET|DO|CALL|GRANT|REVOKE|"
     r"(INSERT \d+|UPDATE|DELETE|SELECT|COPY) \d+|(CREATE|ALTER|DROP) [A-Z ]+)$"
 )
-OUTPUT = re.compile(r"^( |-+\+|\(\d+ rows?\)$|-[-+]*$|(ERROR|DETAIL|HINT|NOTICE|WARNING|CONTEXT|INFO):|$)")
+OUTPUT = re.compile(
+    r"^( |-+\+|\(\d+ rows?\)$|-[-+]*$|(ERROR|DETAIL|HINT|NOTICE|WARNING|CONTEXT|INFO|Time):|"
+    r"(SCHEMA|TABLE|COLUMN|DATATYPE|CONSTRAINT) NAME:|$)"
+)
 
 
 # What a session needs that the run of §2 did before it (the ids it shows depend on that order),
