@@ -947,5 +947,6 @@ GRANT EXECUTE ON FUNCTION inbox._begin_apply(text, text, text, text, jsonb, text
 DO $$ BEGIN PERFORM inbox._generate_dispatcher(); END $$;
 
 DROP FUNCTION inbox._message_type_problem(text), inbox._message_type_ok(text);
+DROP TYPE inbox._batch_element;
 
 COMMIT;
