@@ -452,11 +452,43 @@ COMMENT ON FUNCTION inbox.claim_and_apply(text, text, text, text, jsonb, text, t
 -- (more would overflow the per-backend subtransaction cache and slow every snapshot). Every element
 -- is validated, authorized and checked before the first is claimed; a bad one fails the call as a
 -- whole, so the caller's transaction keeps nothing of it. An empty array returns no rows.
--- inbox._batch_messages is the element-by-element validation: _begin_apply_batch checks the whole
+-- The fields rule of a batch element: an object with string producer and message_id, message_type
+-- a string when the batch runs handlers (else a string or null), tenant a string if given, a
+-- payload, produced_at a string or null if given; then the identity and the message type rules.
+-- Its accept test, inlined into _begin_apply_batch's query over the batch; inbox._check_batch
+-- raises the fault of the first element that fails it. (Whether produced_at reads as a timestamp
+-- is its cast's to say.)
+CREATE OR REPLACE FUNCTION inbox._batch_fields_ok(item jsonb, consumer text, types_required boolean) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN coalesce(
+        pg_catalog.jsonb_typeof(item) OPERATOR(pg_catalog.=) 'object'
+        AND pg_catalog.jsonb_typeof(item OPERATOR(pg_catalog.->) 'producer') OPERATOR(pg_catalog.=) 'string'
+        AND pg_catalog.jsonb_typeof(item OPERATOR(pg_catalog.->) 'message_id') OPERATOR(pg_catalog.=) 'string'
+        AND (NOT types_required
+             OR pg_catalog.jsonb_typeof(item OPERATOR(pg_catalog.->) 'message_type') OPERATOR(pg_catalog.=) 'string')
+        AND pg_catalog.jsonb_typeof(coalesce(item OPERATOR(pg_catalog.->) 'message_type', '""'::jsonb))
+            OPERATOR(pg_catalog.=) ANY (ARRAY['string', 'null'])
+        AND pg_catalog.jsonb_typeof(coalesce(item OPERATOR(pg_catalog.->) 'tenant', '""'::jsonb))
+            OPERATOR(pg_catalog.=) 'string'
+        AND item OPERATOR(pg_catalog.?) 'payload'
+        AND (NOT item OPERATOR(pg_catalog.?) 'produced_at'
+             OR pg_catalog.jsonb_typeof(item OPERATOR(pg_catalog.->) 'produced_at')
+                OPERATOR(pg_catalog.=) ANY (ARRAY['string', 'null']))
+        AND inbox._identity_ok(consumer, item OPERATOR(pg_catalog.->>) 'producer',
+                               item OPERATOR(pg_catalog.->>) 'message_id',
+                               coalesce(item OPERATOR(pg_catalog.->>) 'tenant', ''))
+        AND (item OPERATOR(pg_catalog.->>) 'message_type' IS NULL
+             OR inbox._message_type_ok(item OPERATOR(pg_catalog.->>) 'message_type')),
+        false);
+COMMENT ON FUNCTION inbox._batch_fields_ok(jsonb, text, boolean) IS
+    'internal: the batch element fields rule''s accept test (inlined into _begin_apply_batch); inbox._check_batch raises its faults';
+
+-- inbox._check_batch is the element-by-element validation: _begin_apply_batch checks the whole
 -- batch in one query and calls it only when that finds a fault, for the error naming the first one.
-CREATE OR REPLACE FUNCTION inbox._batch_messages(fn text, consumer text, messages jsonb, types_required boolean)
-    RETURNS TABLE (ordinal integer, producer text, message_id text, message_type text, payload jsonb, tenant text,
-                   produced_at timestamptz)
+-- (0.3.0: it replaced inbox._batch_messages, whose rows nobody read.)
+DROP FUNCTION IF EXISTS inbox._batch_messages(text, text, jsonb, boolean);
+CREATE OR REPLACE FUNCTION inbox._check_batch(fn text, consumer text, messages jsonb, types_required boolean)
+    RETURNS void
     LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp
 AS $$
@@ -464,23 +496,27 @@ DECLARE
     n integer;
     item jsonb;
     what text;
+    producer text;
+    message_id text;
+    message_type text;
+    tenant text;
 BEGIN
-    IF _batch_messages.messages IS NULL THEN
+    IF _check_batch.messages IS NULL THEN
         RAISE EXCEPTION '%: messages must not be NULL', fn USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF jsonb_typeof(_batch_messages.messages) <> 'array' THEN
+    IF jsonb_typeof(_check_batch.messages) <> 'array' THEN
         RAISE EXCEPTION '%: messages must be a JSON array of message objects', fn
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Each element: {"producer": ..., "message_id": ..., "message_type": ..., "payload": ..., "tenant"?: ..., "produced_at"?: ...}';
     END IF;
-    PERFORM inbox._check_identity(fn, _batch_messages.consumer, '-', '-', '');
-    n := jsonb_array_length(_batch_messages.messages);
+    PERFORM inbox._check_identity(fn, _check_batch.consumer, '-', '-', '');
+    n := jsonb_array_length(_check_batch.messages);
     IF n > 64 THEN
         RAISE EXCEPTION '%: a batch holds at most 64 messages, got %', fn, n
             USING ERRCODE = 'program_limit_exceeded', HINT = 'Split the batch.';
     END IF;
     FOR i IN 0 .. n - 1 LOOP
-        item := _batch_messages.messages -> i;
+        item := _check_batch.messages -> i;
         what := format('%s: messages[%s]', fn, i);
         IF jsonb_typeof(item) IS DISTINCT FROM 'object' THEN
             RAISE EXCEPTION '% must be an object', what USING ERRCODE = 'invalid_parameter_value';
@@ -500,27 +536,22 @@ BEGIN
         IF item ? 'produced_at' AND jsonb_typeof(item -> 'produced_at') NOT IN ('string', 'null') THEN
             RAISE EXCEPTION '%.produced_at must be a timestamp string', what USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        ordinal := i + 1;
         producer := item ->> 'producer';
         message_id := item ->> 'message_id';
         message_type := item ->> 'message_type';
-        payload := item -> 'payload';
         tenant := coalesce(item ->> 'tenant', '');
-        -- The inlined fast checks; the raising functions (which name what is wrong) only when one
-        -- says no: each call of those sets their search_path, per element that would add up.
-        IF inbox._identity_ok(_batch_messages.consumer, producer, message_id, tenant) IS NOT TRUE THEN
-            PERFORM inbox._check_identity(what, _batch_messages.consumer, producer, message_id, tenant);
+        IF inbox._identity_ok(_check_batch.consumer, producer, message_id, tenant) IS NOT TRUE THEN
+            PERFORM inbox._check_identity(what, _check_batch.consumer, producer, message_id, tenant);
         END IF;
         IF message_type IS NOT NULL AND inbox._message_type_ok(message_type) IS NOT TRUE THEN
             PERFORM inbox._check_message_type(what, message_type);
         END IF;
-        produced_at := (item ->> 'produced_at')::timestamptz;
-        RETURN NEXT;
+        PERFORM (item ->> 'produced_at')::timestamptz;  -- an unreadable one raises here (22007)
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION inbox._batch_messages(text, text, jsonb, boolean) IS
-    'internal: the validated elements of a claim_and_apply_batch or claim_batch call, in order (raises on the first bad one)';
+COMMENT ON FUNCTION inbox._check_batch(text, text, jsonb, boolean) IS
+    'internal: raises the first fault of a claim_and_apply_batch or claim_batch call''s array and elements, in order';
 
 -- One element of a batch, as the definer half hands it to the invoker half: the message, the
 -- handler to call (claim_and_apply_batch) and what its claim came to. Dropped and created again
@@ -565,7 +596,7 @@ COMMENT ON TYPE inbox._batch_element IS 'internal: one element of a batch being 
 -- produced_at, handler, delivery, then the consumer setting and the heartbeat); within a rule the
 -- error names the first element at fault. Each rule is asked of the whole batch in set-based
 -- queries, with the same accept tests as the single path; only when one says no does the raising
--- function (_batch_messages, _authorize, _check_produced_at, _check_handler, _check_delivery) run,
+-- function (_check_batch, _authorize, _check_produced_at, _check_handler, _check_delivery) run,
 -- element by element in order, for the error. Then ONE INSERT ... SELECT ... ON CONFLICT DO
 -- NOTHING claims all the identities the batch holds once (the set-based claim: 50 single claims
 -- cost 1.9x a bare update's time, one statement 3.4x); an element whose identity was there already
@@ -601,13 +632,13 @@ DECLARE
     claims inbox.delivery_result[];   -- the claims not simply 'claimed', by ordinal
     claim inbox.delivery_result;
 BEGIN
-    -- The array and the consumer, at most 64 elements (inbox._batch_messages names what is wrong).
+    -- The array and the consumer, at most 64 elements (inbox._check_batch names what is wrong).
     IF jsonb_typeof(_begin_apply_batch.messages) IS DISTINCT FROM 'array'
        OR inbox._identity_ok(_begin_apply_batch.consumer, '-', '-', '') IS NOT TRUE THEN
-        PERFORM FROM inbox._batch_messages(fn, _begin_apply_batch.consumer, _begin_apply_batch.messages, with_handlers);
+        PERFORM inbox._check_batch(fn, _begin_apply_batch.consumer, _begin_apply_batch.messages, with_handlers);
     END IF;
     IF jsonb_array_length(_begin_apply_batch.messages) > 64 THEN
-        PERFORM FROM inbox._batch_messages(fn, _begin_apply_batch.consumer, _begin_apply_batch.messages, with_handlers);
+        PERFORM inbox._check_batch(fn, _begin_apply_batch.consumer, _begin_apply_batch.messages, with_handlers);
     END IF;
     settings := inbox._settings(_begin_apply_batch.consumer);
     -- Read, not checked yet: the handlers of the message types the batch names, once per type, with
@@ -622,10 +653,9 @@ BEGIN
                                              FROM jsonb_array_elements(_begin_apply_batch.messages) x));
     END IF;
     -- Every element at once: its fields, its hash, its handler and the version its claim carries,
-    -- and what the rules below ask of the whole batch. fields_ok: its shape, identity and message
-    -- type pass inbox._batch_messages. Its produced_at is read only when every element's fields
-    -- pass (the window), so that an unreadable one raises only where the element-by-element pass
-    -- would: at the first element at fault, in order.
+    -- and what the rules below ask of the whole batch (fields_ok: inbox._batch_fields_ok). Its
+    -- produced_at is read only when every element's fields pass (the window), so that an unreadable
+    -- one raises only where the element-by-element pass would: at the first element at fault.
     SELECT count(*)::integer, bool_and(m.fields_ok), array_agg(DISTINCT m.tenant), min(m.produced_at), max(m.produced_at),
            bool_and(h.handler IS NOT NULL),
            bool_and(coalesce(inbox._delivery_ok(inbox._payload_size(m.payload), settings.max_payload_bytes,
@@ -637,30 +667,17 @@ BEGIN
       INTO n, fields_ok, tenants, earliest, latest, handlers_found, deliveries_ok, elements
       FROM (SELECT f.ordinal, f.tenant, f.producer, f.message_id, f.message_type, f.payload, f.fields_ok,
                    CASE WHEN bool_and(f.fields_ok) OVER () THEN f.produced_text::timestamptz END AS produced_at
-              FROM (SELECT x.o::integer AS ordinal, x.tenant, x.producer, x.message_id, x.message_type, x.payload,
-                           x.produced_text,
-                           coalesce(jsonb_typeof(x.item) = 'object'
-                                    AND jsonb_typeof(x.item -> 'producer') = 'string'
-                                    AND jsonb_typeof(x.item -> 'message_id') = 'string'
-                                    AND (NOT with_handlers OR jsonb_typeof(x.item -> 'message_type') = 'string')
-                                    AND jsonb_typeof(coalesce(x.item -> 'message_type', '""')) IN ('string', 'null')
-                                    AND jsonb_typeof(coalesce(x.item -> 'tenant', '""')) = 'string'
-                                    AND x.item ? 'payload'
-                                    AND (NOT x.item ? 'produced_at'
-                                         OR jsonb_typeof(x.item -> 'produced_at') IN ('string', 'null'))
-                                    AND inbox._identity_ok(_begin_apply_batch.consumer, x.producer, x.message_id, x.tenant)
-                                    AND (x.message_type IS NULL OR inbox._message_type_ok(x.message_type)),
-                                    false) AS fields_ok
-                      FROM (SELECT j.o, j.item, coalesce(j.item ->> 'tenant', '') AS tenant,
-                                   j.item ->> 'producer' AS producer, j.item ->> 'message_id' AS message_id,
-                                   j.item ->> 'message_type' AS message_type, j.item -> 'payload' AS payload,
-                                   j.item ->> 'produced_at' AS produced_text
-                              FROM jsonb_array_elements(_begin_apply_batch.messages) WITH ORDINALITY j(item, o)) x) f) m
+              FROM (SELECT j.o::integer AS ordinal, coalesce(j.item ->> 'tenant', '') AS tenant,
+                           j.item ->> 'producer' AS producer, j.item ->> 'message_id' AS message_id,
+                           j.item ->> 'message_type' AS message_type, j.item -> 'payload' AS payload,
+                           j.item ->> 'produced_at' AS produced_text,
+                           inbox._batch_fields_ok(j.item, _begin_apply_batch.consumer, with_handlers) AS fields_ok
+                      FROM jsonb_array_elements(_begin_apply_batch.messages) WITH ORDINALITY j(item, o)) f) m
       LEFT JOIN unnest(handlers) h ON h.message_type = m.message_type;
 
     -- 1. Identity: every element's fields (raises at the first element at fault).
     IF fields_ok IS NOT TRUE AND n > 0 THEN
-        PERFORM FROM inbox._batch_messages(fn, _begin_apply_batch.consumer, _begin_apply_batch.messages, with_handlers);
+        PERFORM inbox._check_batch(fn, _begin_apply_batch.consumer, _begin_apply_batch.messages, with_handlers);
     END IF;
     IF n = 0 THEN
         -- An empty batch writes nothing, but answers an unbound role as any call does.

@@ -7,7 +7,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(155);
+SELECT plan(157);
 
 -- ------------------------------------------------------------------ fixtures
 \ir write_counter.psql
@@ -642,6 +642,53 @@ SELECT throws_ok($$SELECT * FROM inbox.claim_batch('tap-b', '[
                  '22008', format('inbox.claim_batch: produced_at %s is ahead of the database clock (%s) by more than %s',
                                  '2999-01-01T00:00:00Z'::timestamptz, now(), '5 minutes'::interval),
                  'batch order: a produced_at ahead before a blank version (claim_batch)');
+-- The fields rule: its accept test (inlined into the batch's query) accepts exactly the elements
+-- inbox._check_batch raises nothing for, over elements that reach each of its branches.
+CREATE FUNCTION pg_temp.batch_element_refused(item jsonb, types_required boolean) RETURNS boolean
+    LANGUAGE plpgsql AS $f$
+BEGIN
+    PERFORM inbox._check_batch('f', 'c', jsonb_build_array(item), types_required);
+    RETURN false;
+EXCEPTION WHEN OTHERS THEN
+    RETURN true;
+END
+$f$;
+SELECT is((SELECT count(*)::integer
+             FROM (VALUES ('{"producer": "p", "message_id": "m", "message_type": "t", "payload": {}}'::jsonb),
+                          ('{"producer": "p", "message_id": "m", "payload": null, "tenant": "t", "produced_at": null}'),
+                          ('{"producer": "p", "message_id": "m", "message_type": null, "payload": 1, "produced_at": "2020-01-01"}'),
+                          ('[]'), ('"p"'), ('{"message_id": "m", "payload": {}}'), ('{"producer": 1, "message_id": "m", "payload": {}}'),
+                          ('{"producer": "p", "message_id": 2, "payload": {}}'), ('{"producer": "p", "message_id": "m"}'),
+                          ('{"producer": "p", "message_id": "m", "message_type": 3, "payload": {}}'),
+                          ('{"producer": "p", "message_id": "m", "tenant": null, "payload": {}}'),
+                          ('{"producer": "p", "message_id": "m", "tenant": 4, "payload": {}}'),
+                          ('{"producer": "p", "message_id": "m", "payload": {}, "produced_at": 5}'),
+                          ('{"producer": "", "message_id": "m", "payload": {}}'), ('{"producer": "p", "message_id": " ", "payload": {}}'),
+                          ('{"producer": "p", "message_id": "m", "tenant": " ", "payload": {}}'),
+                          ('{"producer": "p\u001b", "message_id": "m", "payload": {}}'),
+                          ('{"producer": "p", "message_id": "m", "message_type": "", "payload": {}}'),
+                          ('{"producer": "p", "message_id": "m", "message_type": " ", "payload": {}}'),
+                          (jsonb_build_object('producer', 'p', 'message_id', repeat('m', 257), 'payload', '{}'::jsonb)),
+                          (jsonb_build_object('producer', 'p', 'message_id', 'm', 'message_type', repeat('t', 129),
+                                              'payload', '{}'::jsonb))) v(item),
+                  (VALUES (true), (false)) r(types_required)
+            WHERE inbox._batch_fields_ok(v.item, 'c', r.types_required)
+                  = pg_temp.batch_element_refused(v.item, r.types_required)),
+          0, 'batch: _batch_fields_ok accepts exactly the elements _check_batch raises nothing for');
+CREATE FUNCTION pg_temp.batch_plan(query text) RETURNS text LANGUAGE plpgsql AS $f$
+DECLARE
+    line text;
+    plan text := '';
+BEGIN
+    FOR line IN EXECUTE 'EXPLAIN (VERBOSE, COSTS OFF) ' || query LOOP
+        plan := plan || line || E'\n';
+    END LOOP;
+    RETURN plan;
+END
+$f$;
+CREATE TEMP TABLE batch_items (x jsonb, b boolean);
+SELECT unalike(pg_temp.batch_plan($$SELECT inbox._batch_fields_ok(x, 'c', b) FROM batch_items$$),
+               '%\_ok(%', 'batch: the fields rule''s accept test is inlined (the plan shows its expression, no call)');
 CREATE ROLE tap_apply_tenant_a NOLOGIN IN ROLE inbox_consumer;
 SELECT inbox.bind_consumer('tap-b', 'tap_apply_tenant_a', ARRAY['a'], 'pgTAP') \g /dev/null
 SET LOCAL ROLE tap_apply_tenant_a;
