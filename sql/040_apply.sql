@@ -651,7 +651,7 @@ BEGIN
           FROM inbox.handler h
           LEFT JOIN pg_proc p ON p.oid = h.handler
          WHERE h.consumer = _begin_apply_batch.consumer
-           AND h.message_type = ANY (ARRAY(SELECT x ->> 'message_type'
+           AND h.message_type = ANY (ARRAY(SELECT DISTINCT x ->> 'message_type'
                                              FROM jsonb_array_elements(_begin_apply_batch.messages) x));
     END IF;
     -- Every element at once: its fields, its hash, its handler and the version its claim carries,
