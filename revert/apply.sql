@@ -946,6 +946,8 @@ GRANT EXECUTE ON FUNCTION inbox._begin_apply(text, text, text, text, jsonb, text
 -- The handlers registered already (an upgrade) get their static calls now.
 DO $$ BEGIN PERFORM inbox._generate_dispatcher(); END $$;
 
+DROP FUNCTION inbox._check_batch(text, text, jsonb, boolean), inbox._batch_fields_ok(jsonb, text, boolean);
+DROP TYPE inbox._batch_element;
 DROP FUNCTION inbox._message_type_problem(text), inbox._message_type_ok(text);
 
 COMMIT;

@@ -8,8 +8,11 @@
 -- before it writes:
 -- identity (inbox._identity_ok / _check_identity), may the caller act as the consumer
 -- (inbox._authorize), produced_at (_check_produced_at), delivery (_delivery_ok / _check_delivery)
--- under the consumer's settings, then the retention heartbeat; claim_and_apply checks its handler
--- after produced_at, the batch before it. Each path writes the sequence out: the single paths fold
+-- under the consumer's settings, then the consumer setting (set_config) and the retention
+-- heartbeat; claim_and_apply and the batches check their handler after produced_at, before the
+-- delivery (whose version is the handler's). Each path evaluates the inlined accept tests and calls
+-- the raising function only when one says no; the batch asks each rule of the whole batch, and its
+-- error names the first element at fault. Each path writes the sequence out: the single paths fold
 -- authorization and settings into one query, and a shared PL/pgSQL step would cost a call per
 -- claim (docs/performance.md, "One claim core"). On every claim path an identity that meets an
 -- existing row is decided in inbox._claim_core.
@@ -460,24 +463,45 @@ CREATE OR REPLACE FUNCTION inbox.claim_bytea(
     SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    lookup record;
     settings inbox.consumer_config;
 BEGIN
-    PERFORM inbox._check_identity('inbox.claim_bytea', claim_bytea.consumer, claim_bytea.producer,
-                                  claim_bytea.message_id, claim_bytea.tenant);
-    PERFORM inbox._authorize('inbox.claim_bytea', claim_bytea.consumer, claim_bytea.tenant);
-    PERFORM inbox._check_produced_at('inbox.claim_bytea', claim_bytea.consumer, claim_bytea.producer,
-                                     claim_bytea.produced_at);
-    settings := inbox._settings(claim_bytea.consumer);
+    -- The pre-checks of inbox.claim: the inlined accept tests, the raising functions when one says no.
+    IF inbox._identity_ok(claim_bytea.consumer, claim_bytea.producer, claim_bytea.message_id, claim_bytea.tenant)
+       IS NOT TRUE THEN
+        PERFORM inbox._check_identity('inbox.claim_bytea', claim_bytea.consumer, claim_bytea.producer,
+                                      claim_bytea.message_id, claim_bytea.tenant);
+    END IF;
+    -- One query: may the caller act as the consumer (inbox._acting_as, inlined), and its settings.
+    SELECT a.allowed, c AS settings INTO lookup
+      FROM inbox._acting_as(claim_bytea.consumer, claim_bytea.tenant) a
+      LEFT JOIN inbox.consumer_config c ON c.consumer = claim_bytea.consumer;
+    IF lookup.allowed IS NOT TRUE THEN
+        PERFORM inbox._authorize('inbox.claim_bytea', claim_bytea.consumer, claim_bytea.tenant);
+    END IF;
+    IF claim_bytea.produced_at > now() THEN
+        PERFORM inbox._check_produced_at('inbox.claim_bytea', claim_bytea.consumer, claim_bytea.producer,
+                                         claim_bytea.produced_at);
+    END IF;
+    settings := lookup.settings;
+    IF settings IS NULL THEN
+        settings := inbox._default_settings(claim_bytea.consumer);
+    END IF;
+    IF inbox._delivery_ok(pg_catalog.octet_length(claim_bytea.payload), settings.max_payload_bytes,
+                          claim_bytea.handler_version) IS NOT TRUE THEN
+        PERFORM inbox._check_delivery('inbox.claim_bytea', pg_catalog.octet_length(claim_bytea.payload),
+                                      settings.max_payload_bytes, claim_bytea.handler_version);
+    END IF;
     PERFORM pg_catalog.set_config('inbox.consumer', claim_bytea.consumer, true);
     PERFORM pg_catalog.set_config('inbox.tenant', claim_bytea.tenant, true);
-    PERFORM inbox._check_delivery('inbox.claim_bytea', octet_length(claim_bytea.payload),
-                                  settings.max_payload_bytes, claim_bytea.handler_version);
+    -- Retention's heartbeat (sql/075_retention.sql), at most once a minute per consumer.
     IF settings.last_active_at IS NULL OR settings.last_active_at < now() - '60 seconds'::interval THEN
         PERFORM inbox._heartbeat(claim_bytea.consumer);
     END IF;
     RETURN inbox._claim_core(claim_bytea.consumer, claim_bytea.tenant, claim_bytea.producer, claim_bytea.message_id,
-                             sha256(claim_bytea.payload), claim_bytea.handler_version, claim_bytea.produced_at,
-                             NULL, claim_bytea.payload, settings.store_payloads, NULL, settings.purge_watermark);
+                             pg_catalog.sha256(claim_bytea.payload), claim_bytea.handler_version,
+                             claim_bytea.produced_at, NULL, claim_bytea.payload, settings.store_payloads, NULL,
+                             settings.purge_watermark);
 END
 $$;
 COMMENT ON FUNCTION inbox.claim_bytea(text, text, text, bytea, text, text, timestamptz) IS

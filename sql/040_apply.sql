@@ -452,11 +452,43 @@ COMMENT ON FUNCTION inbox.claim_and_apply(text, text, text, text, jsonb, text, t
 -- (more would overflow the per-backend subtransaction cache and slow every snapshot). Every element
 -- is validated, authorized and checked before the first is claimed; a bad one fails the call as a
 -- whole, so the caller's transaction keeps nothing of it. An empty array returns no rows.
--- inbox._batch_messages is the element-by-element validation: _begin_apply_batch checks the whole
+-- The fields rule of a batch element: an object with string producer and message_id, message_type
+-- a string when the batch runs handlers (else a string or null), tenant a string if given, a
+-- payload, produced_at a string or null if given; then the identity and the message type rules.
+-- Its accept test, inlined into _begin_apply_batch's query over the batch; inbox._check_batch
+-- raises the fault of the first element that fails it. (Whether produced_at reads as a timestamp
+-- is its cast's to say.)
+CREATE OR REPLACE FUNCTION inbox._batch_fields_ok(item jsonb, consumer text, types_required boolean) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN coalesce(
+        pg_catalog.jsonb_typeof(item) OPERATOR(pg_catalog.=) 'object'
+        AND pg_catalog.jsonb_typeof(item OPERATOR(pg_catalog.->) 'producer') OPERATOR(pg_catalog.=) 'string'
+        AND pg_catalog.jsonb_typeof(item OPERATOR(pg_catalog.->) 'message_id') OPERATOR(pg_catalog.=) 'string'
+        AND (NOT types_required
+             OR pg_catalog.jsonb_typeof(item OPERATOR(pg_catalog.->) 'message_type') OPERATOR(pg_catalog.=) 'string')
+        AND pg_catalog.jsonb_typeof(coalesce(item OPERATOR(pg_catalog.->) 'message_type', '""'::jsonb))
+            OPERATOR(pg_catalog.=) ANY (ARRAY['string', 'null'])
+        AND pg_catalog.jsonb_typeof(coalesce(item OPERATOR(pg_catalog.->) 'tenant', '""'::jsonb))
+            OPERATOR(pg_catalog.=) 'string'
+        AND item OPERATOR(pg_catalog.?) 'payload'
+        AND (NOT item OPERATOR(pg_catalog.?) 'produced_at'
+             OR pg_catalog.jsonb_typeof(item OPERATOR(pg_catalog.->) 'produced_at')
+                OPERATOR(pg_catalog.=) ANY (ARRAY['string', 'null']))
+        AND inbox._identity_ok(consumer, item OPERATOR(pg_catalog.->>) 'producer',
+                               item OPERATOR(pg_catalog.->>) 'message_id',
+                               coalesce(item OPERATOR(pg_catalog.->>) 'tenant', ''))
+        AND (item OPERATOR(pg_catalog.->>) 'message_type' IS NULL
+             OR inbox._message_type_ok(item OPERATOR(pg_catalog.->>) 'message_type')),
+        false);
+COMMENT ON FUNCTION inbox._batch_fields_ok(jsonb, text, boolean) IS
+    'internal: the batch element fields rule''s accept test (inlined into _begin_apply_batch); inbox._check_batch raises its faults';
+
+-- inbox._check_batch is the element-by-element validation: _begin_apply_batch checks the whole
 -- batch in one query and calls it only when that finds a fault, for the error naming the first one.
-CREATE OR REPLACE FUNCTION inbox._batch_messages(fn text, consumer text, messages jsonb, types_required boolean)
-    RETURNS TABLE (ordinal integer, producer text, message_id text, message_type text, payload jsonb, tenant text,
-                   produced_at timestamptz)
+-- (0.3.0: it replaced inbox._batch_messages, whose rows nobody read.)
+DROP FUNCTION IF EXISTS inbox._batch_messages(text, text, jsonb, boolean);
+CREATE OR REPLACE FUNCTION inbox._check_batch(fn text, consumer text, messages jsonb, types_required boolean)
+    RETURNS void
     LANGUAGE plpgsql STABLE
     SET search_path = pg_catalog, pg_temp
 AS $$
@@ -464,23 +496,27 @@ DECLARE
     n integer;
     item jsonb;
     what text;
+    producer text;
+    message_id text;
+    message_type text;
+    tenant text;
 BEGIN
-    IF _batch_messages.messages IS NULL THEN
+    IF _check_batch.messages IS NULL THEN
         RAISE EXCEPTION '%: messages must not be NULL', fn USING ERRCODE = 'null_value_not_allowed';
     END IF;
-    IF jsonb_typeof(_batch_messages.messages) <> 'array' THEN
+    IF jsonb_typeof(_check_batch.messages) <> 'array' THEN
         RAISE EXCEPTION '%: messages must be a JSON array of message objects', fn
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Each element: {"producer": ..., "message_id": ..., "message_type": ..., "payload": ..., "tenant"?: ..., "produced_at"?: ...}';
     END IF;
-    PERFORM inbox._check_identity(fn, _batch_messages.consumer, '-', '-', '');
-    n := jsonb_array_length(_batch_messages.messages);
+    PERFORM inbox._check_identity(fn, _check_batch.consumer, '-', '-', '');
+    n := jsonb_array_length(_check_batch.messages);
     IF n > 64 THEN
         RAISE EXCEPTION '%: a batch holds at most 64 messages, got %', fn, n
             USING ERRCODE = 'program_limit_exceeded', HINT = 'Split the batch.';
     END IF;
     FOR i IN 0 .. n - 1 LOOP
-        item := _batch_messages.messages -> i;
+        item := _check_batch.messages -> i;
         what := format('%s: messages[%s]', fn, i);
         IF jsonb_typeof(item) IS DISTINCT FROM 'object' THEN
             RAISE EXCEPTION '% must be an object', what USING ERRCODE = 'invalid_parameter_value';
@@ -500,27 +536,22 @@ BEGIN
         IF item ? 'produced_at' AND jsonb_typeof(item -> 'produced_at') NOT IN ('string', 'null') THEN
             RAISE EXCEPTION '%.produced_at must be a timestamp string', what USING ERRCODE = 'invalid_parameter_value';
         END IF;
-        ordinal := i + 1;
         producer := item ->> 'producer';
         message_id := item ->> 'message_id';
         message_type := item ->> 'message_type';
-        payload := item -> 'payload';
         tenant := coalesce(item ->> 'tenant', '');
-        -- The inlined fast checks; the raising functions (which name what is wrong) only when one
-        -- says no: each call of those sets their search_path, per element that would add up.
-        IF inbox._identity_ok(_batch_messages.consumer, producer, message_id, tenant) IS NOT TRUE THEN
-            PERFORM inbox._check_identity(what, _batch_messages.consumer, producer, message_id, tenant);
+        IF inbox._identity_ok(_check_batch.consumer, producer, message_id, tenant) IS NOT TRUE THEN
+            PERFORM inbox._check_identity(what, _check_batch.consumer, producer, message_id, tenant);
         END IF;
         IF message_type IS NOT NULL AND inbox._message_type_ok(message_type) IS NOT TRUE THEN
             PERFORM inbox._check_message_type(what, message_type);
         END IF;
-        produced_at := (item ->> 'produced_at')::timestamptz;
-        RETURN NEXT;
+        PERFORM (item ->> 'produced_at')::timestamptz;  -- an unreadable one raises here (22007)
     END LOOP;
 END
 $$;
-COMMENT ON FUNCTION inbox._batch_messages(text, text, jsonb, boolean) IS
-    'internal: the validated elements of a claim_and_apply_batch or claim_batch call, in order (raises on the first bad one)';
+COMMENT ON FUNCTION inbox._check_batch(text, text, jsonb, boolean) IS
+    'internal: raises the first fault of a claim_and_apply_batch or claim_batch call''s array and elements, in order';
 
 -- One element of a batch, as the definer half hands it to the invoker half: the message, the
 -- handler to call (claim_and_apply_batch) and what its claim came to. Dropped and created again
@@ -541,15 +572,39 @@ CREATE TYPE inbox._batch_step AS (
 );
 COMMENT ON TYPE inbox._batch_step IS 'internal: one element of a batch, its handler and its claim';
 
--- The definer half of the batch: every element validated, authorized and hashed first, then ONE
--- INSERT ... SELECT ... ON CONFLICT DO NOTHING claims all the identities the batch holds once (the
--- set-based claim: 50 single claims cost 1.9x a bare update's time, one statement 3.4x). Returns a
--- step per element, in order: 'claimed' with the handler call to make, or the outcome already
--- decided (duplicate, conflict, quarantined, expired), or 'repeat' for an identity an earlier
--- element of the same batch holds (decided after that one's handler ran, by claim_and_apply).
--- The checks run over the whole batch at once, in set-based queries; only when one of them says no
--- does an element-by-element pass run, which raises the error of the first element at fault, in
--- the order the checks always had (shape and identity, authorization, handler, clock, size).
+-- One element of a batch inside _begin_apply_batch, once its fields passed: what claim_and_apply's
+-- _begin_apply holds in its variables for its one message (the hash, the handler and the version
+-- the claim carries). Came in 0.3.0; nothing else uses it.
+DROP TYPE IF EXISTS inbox._batch_element;
+CREATE TYPE inbox._batch_element AS (
+    ordinal integer,
+    tenant text,
+    producer text,
+    message_id text,
+    message_type text,
+    payload jsonb,
+    produced_at timestamptz,
+    payload_hash bytea,
+    handler regprocedure,
+    handler_version text,
+    takes_context boolean
+);
+COMMENT ON TYPE inbox._batch_element IS 'internal: one element of a batch being claimed (inbox._begin_apply_batch)';
+
+-- The definer half of the batch: _begin_apply for up to 64 messages. The pre-checks in the order
+-- of the single path, each rule over the whole batch before the next (identity, authorize,
+-- produced_at, handler, delivery, then the consumer setting and the heartbeat); within a rule the
+-- error names the first element at fault. Each rule is asked of the whole batch in set-based
+-- queries, with the same accept tests as the single path; only when one says no does the raising
+-- function (_check_batch, _authorize, _check_produced_at, _check_handler, _check_delivery) run,
+-- element by element in order, for the error. Then ONE INSERT ... SELECT ... ON CONFLICT DO
+-- NOTHING claims all the identities the batch holds once (the set-based claim: 50 single claims
+-- cost 1.9x a bare update's time, one statement 3.4x); an element whose identity was there already
+-- is decided by inbox._claim_core (conflicted), as claim and _begin_apply decide theirs.
+-- Returns a step per element, in order: 'claimed' with the handler call to make, or the outcome
+-- already decided (duplicate, conflict, quarantined, expired), or 'repeat' for an identity an
+-- earlier element of the same batch holds (decided after that one's handler ran, by
+-- claim_and_apply).
 CREATE OR REPLACE FUNCTION inbox._begin_apply_batch(consumer text, messages jsonb, claim_version text)
     RETURNS SETOF inbox._batch_step
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -561,107 +616,74 @@ DECLARE
     fn constant text := CASE WHEN claim_version IS NULL THEN 'inbox.claim_and_apply_batch' ELSE 'inbox.claim_batch' END;
     with_handlers constant boolean := claim_version IS NULL;
     settings inbox.consumer_config;
+    handlers inbox.handler[];        -- the registered handlers of the batch's message types
+    handlers_may_run boolean;
+    elements inbox._batch_element[];  -- the batch, in order
+    e inbox._batch_element;
     n integer;
-    shapes_ok boolean;
-    handlers_ok boolean;
+    fields_ok boolean;
+    handlers_found boolean;
+    largest integer;                  -- the largest payload's size
     deliveries_ok boolean;
-    tenants text[];
-    producers text[];
-    ids text[];
-    types text[];
-    payloads jsonb[];
-    produced_texts text[];
-    produced timestamptz[];
-    handlers regprocedure[];
-    versions text[];
-    contexts boolean[];
-    hashes bytea[];
-    firsts boolean[];
-    handler_types text[];
-    handler_fns regprocedure[];
-    handler_versions text[];
-    handler_contexts boolean[];
-    versions_ok boolean;
-    inserted integer;
-    inserted_tenants text[];
-    inserted_producers text[];
-    inserted_ids text[];
-    claimed boolean[];
-    claims inbox.delivery_result[];
+    lowest_tenant text;               -- the same when the batch holds one tenant
+    highest_tenant text;
+    earliest timestamptz;
+    latest timestamptz;
+    inserted inbox.message[];         -- the rows the claim inserted
+    d record;
+    claims inbox.delivery_result[];   -- the claims not simply 'claimed', by ordinal
     claim inbox.delivery_result;
-    one text;
-    i integer;
 BEGIN
-    -- The array and the consumer (inbox._batch_messages names what is wrong).
+    -- The array and the consumer, at most 64 elements (inbox._check_batch names what is wrong).
     IF jsonb_typeof(_begin_apply_batch.messages) IS DISTINCT FROM 'array'
        OR inbox._identity_ok(_begin_apply_batch.consumer, '-', '-', '') IS NOT TRUE THEN
-        PERFORM FROM inbox._batch_messages(fn, _begin_apply_batch.consumer, _begin_apply_batch.messages, with_handlers);
+        PERFORM inbox._check_batch(fn, _begin_apply_batch.consumer, _begin_apply_batch.messages, with_handlers);
     END IF;
     IF jsonb_array_length(_begin_apply_batch.messages) > 64 THEN
-        PERFORM FROM inbox._batch_messages(fn, _begin_apply_batch.consumer, _begin_apply_batch.messages, with_handlers);
+        PERFORM inbox._check_batch(fn, _begin_apply_batch.consumer, _begin_apply_batch.messages, with_handlers);
     END IF;
     settings := inbox._settings(_begin_apply_batch.consumer);
-    -- Every element at once: its fields, its hash, whether its shape and identity pass
-    -- inbox._batch_messages and its size the limit. Aggregated from the rows in order (the
-    -- subquery's ORDER BY: no joins here).
-    SELECT count(*)::integer, bool_and(m.shape_ok),
-           bool_and(coalesce(inbox._payload_size(m.payload) <= settings.max_payload_bytes, false)),
-           array_agg(m.tenant), array_agg(m.producer), array_agg(m.message_id), array_agg(m.message_type),
-           array_agg(m.payload), array_agg(m.produced_text),
-           array_agg(inbox.payload_hash(m.payload, settings.hash_exclude_keys))
-      INTO n, shapes_ok, deliveries_ok, tenants, producers, ids, types, payloads, produced_texts, hashes
-      FROM (SELECT e.o, e.tenant, e.producer, e.message_id, e.message_type, e.payload, e.produced_text,
-                   coalesce(jsonb_typeof(e.item) = 'object'
-                            AND jsonb_typeof(e.item -> 'producer') = 'string'
-                            AND jsonb_typeof(e.item -> 'message_id') = 'string'
-                            AND (NOT with_handlers OR jsonb_typeof(e.item -> 'message_type') = 'string')
-                            AND jsonb_typeof(coalesce(e.item -> 'message_type', '""')) IN ('string', 'null')
-                            AND jsonb_typeof(coalesce(e.item -> 'tenant', '""')) = 'string'
-                            AND e.item ? 'payload'
-                            AND (NOT e.item ? 'produced_at' OR jsonb_typeof(e.item -> 'produced_at') IN ('string', 'null'))
-                            AND inbox._identity_ok(_begin_apply_batch.consumer, e.producer, e.message_id, e.tenant)
-                            AND (e.message_type IS NULL OR inbox._message_type_ok(e.message_type)),
-                            false) AS shape_ok
-              FROM (SELECT x.o, x.item, coalesce(x.item ->> 'tenant', '') AS tenant, x.item ->> 'producer' AS producer,
-                           x.item ->> 'message_id' AS message_id, x.item ->> 'message_type' AS message_type,
-                           x.item -> 'payload' AS payload, x.item ->> 'produced_at' AS produced_text
-                      FROM jsonb_array_elements(_begin_apply_batch.messages) WITH ORDINALITY x(item, o)) e
-             ORDER BY e.o) m;  -- the aggregates take the rows in this order (no join, no grouping)
-    -- The handlers: looked up once per message type the batch holds (each with whether it may
-    -- still run and whether its version passes), then spread over the elements.
+    -- Read, not checked yet: the handlers of the message types the batch names, once per type, with
+    -- whether each may still run (the rule of _begin_apply's lookup).
     IF with_handlers THEN
-        SELECT array_agg(h.message_type), array_agg(h.handler), array_agg(h.handler_version), array_agg(h.takes_context),
-               bool_and(p.oid IS NOT NULL AND NOT inbox._privileged_definer(p.prosecdef, p.proowner)),
-               bool_and(coalesce(inbox._delivery_ok(0, settings.max_payload_bytes, h.handler_version), false))
-          INTO handler_types, handler_fns, handler_versions, handler_contexts, handlers_ok, versions_ok
+        SELECT array_agg(h), bool_and(p.oid IS NOT NULL AND NOT inbox._privileged_definer(p.prosecdef, p.proowner))
+          INTO handlers, handlers_may_run
           FROM inbox.handler h
           LEFT JOIN pg_proc p ON p.oid = h.handler
-         WHERE h.consumer = _begin_apply_batch.consumer AND h.message_type = ANY (ARRAY(SELECT DISTINCT unnest(types)));
-        IF cardinality(handler_types) = 1 AND handler_types[1] = ALL (types) THEN
-            -- One message type (the usual batch).
-            handlers := array_fill(handler_fns[1], ARRAY[n]);
-            versions := array_fill(handler_versions[1], ARRAY[n]);
-            contexts := array_fill(handler_contexts[1], ARRAY[n]);
-        ELSE
-            SELECT array_agg(handler_fns[x.k]), array_agg(handler_versions[x.k]), array_agg(handler_contexts[x.k])
-              INTO handlers, versions, contexts
-              FROM (SELECT array_position(handler_types, t) AS k FROM unnest(types) t) x;
-            -- A message type without a handler: the error below names it.
-            handlers_ok := handlers_ok AND array_position(handlers, NULL) IS NULL;
-        END IF;
-    ELSE
-        handlers := array_fill(NULL::regprocedure, ARRAY[n]);
-        versions := array_fill(_begin_apply_batch.claim_version, ARRAY[n]);
-        contexts := array_fill(NULL::boolean, ARRAY[n]);
-        handlers_ok := true;
-        versions_ok := inbox._delivery_ok(0, settings.max_payload_bytes, _begin_apply_batch.claim_version);
+         WHERE h.consumer = _begin_apply_batch.consumer
+           AND h.message_type = ANY (ARRAY(SELECT DISTINCT x ->> 'message_type'
+                                             FROM jsonb_array_elements(_begin_apply_batch.messages) x));
     END IF;
-    deliveries_ok := deliveries_ok AND versions_ok;
-    IF shapes_ok IS NOT TRUE AND n > 0 THEN
-        -- Raises at the first element at fault.
-        PERFORM FROM inbox._batch_messages(fn, _begin_apply_batch.consumer, _begin_apply_batch.messages, with_handlers);
+    -- Every element at once: its fields, its hash, its handler and the version its claim carries,
+    -- and what the rules below ask of the whole batch. fields_ok: every element's fields pass
+    -- (inbox._batch_fields_ok; the window, in order); a produced_at is read only then, so that an
+    -- unreadable one raises only where the element-by-element pass would, at the first element at
+    -- fault. The aggregates take the rows in the subquery's order (the window's: no sort of its own).
+    SELECT count(*)::integer, bool_and(m.fields_ok), min(m.tenant), max(m.tenant), min(m.produced_at),
+           max(m.produced_at), bool_and(m.handler IS NOT NULL), max(inbox._payload_size(m.payload)),
+           array_agg(ROW(m.ordinal, m.tenant, m.producer, m.message_id, m.message_type, m.payload, m.produced_at,
+                         inbox.payload_hash(m.payload, settings.hash_exclude_keys), m.handler, m.handler_version,
+                         m.takes_context)::inbox._batch_element)
+      INTO n, fields_ok, lowest_tenant, highest_tenant, earliest, latest, handlers_found, largest, elements
+      FROM (SELECT f.ordinal, f.tenant, f.producer, f.message_id, f.message_type, f.payload,
+                   bool_and(f.fields_ok) OVER w AS fields_ok,
+                   CASE WHEN bool_and(f.fields_ok) OVER w THEN f.produced_text::timestamptz END AS produced_at,
+                   h.handler, coalesce(_begin_apply_batch.claim_version, h.handler_version) AS handler_version,
+                   h.takes_context
+              FROM (SELECT j.o::integer AS ordinal, coalesce(j.item ->> 'tenant', '') AS tenant,
+                           j.item ->> 'producer' AS producer, j.item ->> 'message_id' AS message_id,
+                           j.item ->> 'message_type' AS message_type, j.item -> 'payload' AS payload,
+                           j.item ->> 'produced_at' AS produced_text,
+                           inbox._batch_fields_ok(j.item, _begin_apply_batch.consumer, with_handlers) AS fields_ok
+                      FROM jsonb_array_elements(_begin_apply_batch.messages) WITH ORDINALITY j(item, o)) f
+              LEFT JOIN unnest(handlers) h ON h.message_type = f.message_type
+            WINDOW w AS (ORDER BY f.ordinal ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
+             ORDER BY f.ordinal) m;
+
+    -- 1. Identity: every element's fields (raises at the first element at fault).
+    IF fields_ok IS NOT TRUE AND n > 0 THEN
+        PERFORM inbox._check_batch(fn, _begin_apply_batch.consumer, _begin_apply_batch.messages, with_handlers);
     END IF;
-    produced := produced_texts::timestamptz[];  -- in order: the first unreadable one raises
     IF n = 0 THEN
         -- An empty batch writes nothing, but answers an unbound role as any call does.
         IF NOT inbox._may_act_as(_begin_apply_batch.consumer, NULL) THEN
@@ -669,105 +691,118 @@ BEGIN
         END IF;
         RETURN;
     END IF;
-    -- Who may act, for which tenants; the handlers as claim_and_apply checks them; the producer
-    -- clocks; the payload sizes: all before anything is written.
-    FOR one IN SELECT DISTINCT x FROM unnest(tenants) x LOOP
-        IF NOT inbox._may_act_as(_begin_apply_batch.consumer, one) THEN
-            PERFORM inbox._authorize(fn, _begin_apply_batch.consumer, one);
+    -- 2. Authorize: once per tenant, in the order of its first element (inbox._authorize raises,
+    -- or allows a caller no binding names).
+    IF lowest_tenant = highest_tenant THEN
+        IF NOT inbox._may_act_as(_begin_apply_batch.consumer, lowest_tenant) THEN
+            PERFORM inbox._authorize(fn, _begin_apply_batch.consumer, lowest_tenant);
         END IF;
-    END LOOP;
-    IF with_handlers AND handlers_ok IS NOT TRUE THEN
-        i := array_position(handlers, NULL);
-        IF i IS NOT NULL THEN
-            RAISE EXCEPTION '%: no handler registered for consumer % and message type %', fn,
-                quote_literal(_begin_apply_batch.consumer), quote_literal(types[i])
-                USING ERRCODE = 'undefined_object',
-                      HINT = 'An operator registers one: SELECT inbox.register_handler(consumer, message_type, ''f(jsonb)''::regprocedure, version).';
-        END IF;
-        FOR i IN SELECT min(x.i)::integer FROM unnest(handlers) WITH ORDINALITY x(h, i) GROUP BY x.h ORDER BY 1 LOOP
-            PERFORM inbox._check_handler(fn, handlers[i], _begin_apply_batch.consumer, types[i]);
-        END LOOP;
-    END IF;
-    IF now() < ANY (produced) OR deliveries_ok IS NOT TRUE THEN
-        FOR i IN 1 .. n LOOP
-            IF produced[i] > now() THEN
-                PERFORM inbox._check_produced_at(fn, _begin_apply_batch.consumer, producers[i], produced[i]);
-            END IF;
-            IF inbox._delivery_ok(inbox._payload_size(payloads[i]), settings.max_payload_bytes, versions[i]) IS NOT TRUE THEN
-                PERFORM inbox._check_delivery(fn, inbox._payload_size(payloads[i]), settings.max_payload_bytes, versions[i]);
+    ELSE
+        FOR d IN SELECT x.tenant FROM unnest(elements) x GROUP BY x.tenant ORDER BY min(x.ordinal) LOOP
+            IF NOT inbox._may_act_as(_begin_apply_batch.consumer, d.tenant) THEN
+                PERFORM inbox._authorize(fn, _begin_apply_batch.consumer, d.tenant);
             END IF;
         END LOOP;
     END IF;
+    -- 3. produced_at: an element ahead of the clock beyond the tolerance is refused.
+    IF latest > now() THEN
+        FOR e IN SELECT x.* FROM unnest(elements) x WHERE x.produced_at > now() ORDER BY x.ordinal LOOP
+            PERFORM inbox._check_produced_at(fn, _begin_apply_batch.consumer, e.producer, e.produced_at);
+        END LOOP;
+    END IF;
+    -- 4. The handler (claim_and_apply_batch): registered for every element's type, and still one
+    -- that may run.
+    IF with_handlers AND (handlers_found AND handlers_may_run) IS NOT TRUE THEN
+        FOREACH e IN ARRAY elements LOOP
+            IF e.handler IS NULL THEN
+                RAISE EXCEPTION '%: no handler registered for consumer % and message type %', fn,
+                    quote_literal(_begin_apply_batch.consumer), quote_literal(e.message_type)
+                    USING ERRCODE = 'undefined_object',
+                          HINT = 'An operator registers one: SELECT inbox.register_handler(consumer, message_type, ''f(jsonb)''::regprocedure, version).';
+            END IF;
+            PERFORM inbox._check_handler(fn, e.handler, _begin_apply_batch.consumer, e.message_type);
+        END LOOP;
+    END IF;
+    -- 5. Delivery: every payload within the consumer's limit and the version every claim carries a
+    -- name. Its accept test once per version, on the largest payload (it holds for every element
+    -- then): per element it would test the same version 50 times.
+    IF with_handlers THEN
+        deliveries_ok := (SELECT bool_and(coalesce(inbox._delivery_ok(largest, settings.max_payload_bytes,
+                                                                      h.handler_version), false))
+                            FROM unnest(handlers) h);
+    ELSE
+        deliveries_ok := inbox._delivery_ok(largest, settings.max_payload_bytes, _begin_apply_batch.claim_version);
+    END IF;
+    IF deliveries_ok IS NOT TRUE THEN
+        FOREACH e IN ARRAY elements LOOP
+            PERFORM inbox._check_delivery(fn, inbox._payload_size(e.payload), settings.max_payload_bytes,
+                                          e.handler_version);
+        END LOOP;
+    END IF;
+    -- 6. The consumer, and the tenant when the batch holds one (claim_and_apply_batch sets each
+    -- element's before its handler when it holds several), that enqueue_effect defaults to.
+    PERFORM set_config('inbox.consumer', _begin_apply_batch.consumer, true);
+    PERFORM set_config('inbox.tenant', CASE WHEN lowest_tenant = highest_tenant THEN lowest_tenant ELSE '' END, true);
+    -- 7. Retention's heartbeat (sql/075_retention.sql), at most once a minute per consumer.
     IF settings.last_active_at IS NULL OR settings.last_active_at < now() - '60 seconds'::interval THEN
         PERFORM inbox._heartbeat(_begin_apply_batch.consumer);
     END IF;
-    -- The consumer, and the tenant when the batch holds one (claim_and_apply_batch sets each
-    -- element's before its handler when it holds several), that enqueue_effect defaults to.
-    PERFORM set_config('inbox.consumer', _begin_apply_batch.consumer, true);
-    PERFORM set_config('inbox.tenant', CASE WHEN tenants[1] = ALL (tenants) THEN tenants[1] ELSE '' END, true);
 
     -- The claim of every identity the batch holds, in one statement, in the batch's order: a repeat
     -- of an identity within the batch meets the row its first element inserted and inserts nothing
     -- (ON CONFLICT DO NOTHING skips rows that conflict with rows the same statement inserted); it is
-    -- claimed later, after the first one's handler ran. claimed: per element, did it insert the row.
-    WITH claims AS (
+    -- claimed later, after the first one's handler ran.
+    WITH claimed AS (
         INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version,
                                    produced_at, processed_at)
-        SELECT _begin_apply_batch.consumer, x.t, x.p, x.m, x.h, x.v, x.pa, now()
-          FROM unnest(tenants, producers, ids, hashes, versions, produced) WITH ORDINALITY x(t, p, m, h, v, pa, o)
-         ORDER BY x.o  -- the first element of an identity inserts its row, whatever the plan
+        SELECT _begin_apply_batch.consumer, x.tenant, x.producer, x.message_id, x.payload_hash, x.handler_version,
+               x.produced_at, now()
+          FROM unnest(elements) x
+         ORDER BY x.ordinal  -- the first element of an identity inserts its row, whatever the plan
         ON CONFLICT ON CONSTRAINT message_pkey DO NOTHING
-        RETURNING message.tenant, message.producer, message.message_id)
-    SELECT count(*)::integer, array_agg(c.tenant), array_agg(c.producer), array_agg(c.message_id)
-      INTO inserted, inserted_tenants, inserted_producers, inserted_ids
-      FROM claims c;
-    IF inserted = n THEN
-        -- Every element inserted its row: n distinct identities, none claimed before (the usual batch).
-        firsts := array_fill(true, ARRAY[n]);
-        claimed := firsts;
-    ELSE
-        -- Which element is the first with its identity, and which of those inserted their row: not
-        -- claimed unless its row is among those inserted (never NULL, which would read as claimed).
-        SELECT array_agg(y.f ORDER BY y.o),
-               array_agg(y.f AND EXISTS (SELECT 1 FROM unnest(inserted_tenants, inserted_producers, inserted_ids) i(t, p, m)
-                                          WHERE i.t = y.t AND i.p = y.p AND i.m = y.m) ORDER BY y.o)
-          INTO firsts, claimed
-          FROM (SELECT x.o, x.t, x.p, x.m, row_number() OVER (PARTITION BY x.t, x.p, x.m ORDER BY x.o) = 1 AS f
-                  FROM unnest(tenants, producers, ids) WITH ORDINALITY x(t, p, m, o)) y;
-    END IF;
+        RETURNING message)
+    SELECT array_agg(c.message) INTO inserted FROM claimed c;
 
-    -- The elements that were not simply claimed: repeats, identities claimed before (duplicate,
-    -- conflict, quarantined), and those produced before the purge watermark (maybe purged already,
-    -- so expired, not new). The others' claims are made up in the query below.
-    claims := array_fill(NULL::inbox.delivery_result, ARRAY[n]);
-    IF (true = ALL (claimed)) IS NOT TRUE OR settings.purge_watermark > ANY (produced) THEN
-        FOR i IN 1 .. n LOOP
-            IF firsts[i] IS NOT TRUE THEN
-                claims[i] := ROW('repeat', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::inbox.delivery_result;
-            ELSIF claimed[i] IS NOT TRUE THEN
-                claims[i] := inbox._claim_core(_begin_apply_batch.consumer, tenants[i], producers[i], ids[i], hashes[i],
-                                               versions[i], produced[i], payloads[i], NULL, settings.store_payloads,
-                                               types[i], settings.purge_watermark, conflicted => true);
-            ELSIF produced[i] < settings.purge_watermark THEN
-                claim := inbox._expire_check(_begin_apply_batch.consumer, tenants[i], producers[i], ids[i], hashes[i],
-                                             versions[i], produced[i], types[i], payloads[i], NULL,
-                                             settings.store_payloads);
+    -- The elements that were not simply claimed: repeats, identities claimed before (decided by
+    -- inbox._claim_core: duplicate, conflict, quarantined), and those produced before the purge
+    -- watermark (maybe purged already, so expired, not new). Every other claim is made up below.
+    -- inserted: compared on the identity's columns (never NULL, which would read as claimed).
+    IF coalesce(cardinality(inserted), 0) < n OR earliest < settings.purge_watermark THEN
+        claims := array_fill(NULL::inbox.delivery_result, ARRAY[n]);
+        FOR d IN SELECT y.*
+                   FROM (SELECT x.*, row_number() OVER (PARTITION BY x.tenant, x.producer, x.message_id
+                                                            ORDER BY x.ordinal) = 1 AS first_of_identity,
+                                EXISTS (SELECT FROM unnest(inserted) i
+                                         WHERE i.tenant = x.tenant AND i.producer = x.producer
+                                           AND i.message_id = x.message_id) AS was_inserted
+                           FROM unnest(elements) x) y
+                  WHERE NOT (y.first_of_identity AND y.was_inserted)
+                     OR y.produced_at < settings.purge_watermark
+                  ORDER BY y.ordinal LOOP
+            IF NOT d.first_of_identity THEN
+                claims[d.ordinal] := ROW('repeat', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::inbox.delivery_result;
+            ELSIF NOT d.was_inserted THEN
+                claims[d.ordinal] := inbox._claim_core(_begin_apply_batch.consumer, d.tenant, d.producer, d.message_id,
+                                                       d.payload_hash, d.handler_version, d.produced_at, d.payload,
+                                                       NULL, settings.store_payloads, d.message_type,
+                                                       settings.purge_watermark, conflicted => true);
+            ELSE
+                claim := inbox._expire_check(_begin_apply_batch.consumer, d.tenant, d.producer, d.message_id,
+                                             d.payload_hash, d.handler_version, d.produced_at, d.message_type,
+                                             d.payload, NULL, settings.store_payloads);
                 IF claim.outcome IS NOT NULL THEN
-                    claims[i] := claim;
+                    claims[d.ordinal] := claim;
                 END IF;
             END IF;
         END LOOP;
     END IF;
     RETURN QUERY
-        SELECT x.o::integer, x.t, x.p, x.m, x.ty, x.pl, x.pa, x.h, x.c,
-               CASE WHEN x.r_outcome IS NULL
-                    THEN ROW('claimed', encode(x.hs, 'hex'), NULL, x.v, now(), NULL, NULL, NULL, NULL)::inbox.delivery_result
-                    ELSE ROW(x.r_outcome, x.r_sha, x.r_stored, x.r_version, x.r_at, x.r_qid, x.r_attempts, x.r_reason,
-                             x.r_error)::inbox.delivery_result END
-          FROM unnest(tenants, producers, ids, types, payloads, produced, handlers, contexts, hashes, versions, claims)
-               WITH ORDINALITY x(t, p, m, ty, pl, pa, h, c, hs, v, r_outcome, r_sha, r_stored, r_version, r_at, r_qid,
-                                 r_attempts, r_reason, r_error, o)
-         ORDER BY x.o;
+        SELECT x.ordinal, x.tenant, x.producer, x.message_id, x.message_type, x.payload, x.produced_at, x.handler,
+               x.takes_context,
+               coalesce(claims[x.ordinal],
+                        ROW('claimed', encode(x.payload_hash, 'hex'), NULL, x.handler_version, now(), NULL, NULL, NULL,
+                            NULL)::inbox.delivery_result)
+          FROM unnest(elements) x;  -- in order: a scan of the array
 END
 $$;
 COMMENT ON FUNCTION inbox._begin_apply_batch(text, jsonb, text) IS

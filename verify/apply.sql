@@ -41,12 +41,13 @@ BEGIN
 END
 $verify$;
 
-SELECT 'inbox._is_transient(text)'::regprocedure, 'inbox._batch_messages(text, text, jsonb, boolean)'::regprocedure,
+SELECT 'inbox._is_transient(text)'::regprocedure, 'inbox._check_batch(text, text, jsonb, boolean)'::regprocedure,
+       'inbox._batch_fields_ok(jsonb, text, boolean)'::regprocedure,
        'inbox._check_handler(text, regprocedure, text, text)'::regprocedure,
        'inbox._run_handler(regprocedure, boolean, jsonb, inbox.message_context)'::regprocedure,
        'inbox._run_handler_batch(regprocedure, boolean, jsonb[], inbox.message_context[])'::regprocedure,
        'inbox._generate_dispatcher()'::regprocedure, 'inbox._begin_apply_batch(text, jsonb, text)'::regprocedure,
-       'inbox._privileged_definer(boolean, oid)'::regprocedure, 'inbox._batch_step'::regtype,
+       'inbox._privileged_definer(boolean, oid)'::regprocedure, 'inbox._batch_step'::regtype, 'inbox._batch_element'::regtype,
        'inbox.claim_batch(text, jsonb, text)'::regprocedure,
        'inbox._unclaim(text, text, text, text)'::regprocedure;
 SELECT 1 / (p.prosrc LIKE '%inbox._acting_as(%')::integer FROM pg_catalog.pg_proc p

@@ -7,7 +7,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(148);
+SELECT plan(157);
 
 -- ------------------------------------------------------------------ fixtures
 \ir write_counter.psql
@@ -580,8 +580,8 @@ SELECT is(public.tap_writes(), :w0::bigint,
           'batch: a bad element anywhere: nothing written for any element, not even the valid ones before it');
 SELECT is(tapdom.calls(), :calls0::bigint, 'batch: a bad element anywhere: no handler ran');
 
--- An unknown message type or an oversize payload is found only when its element's turn comes
--- (earlier elements have run); the error then undoes the whole statement.
+-- An unknown message type or an oversize payload anywhere refuses the whole batch before anything
+-- is written.
 SELECT throws_ok($$SELECT * FROM inbox.claim_and_apply_batch('tap-b', '[
                      {"producer": "p", "message_id": "w1", "message_type": "credit", "payload": {"account": "acc-w", "amount": 1}},
                      {"producer": "p", "message_id": "w2", "message_type": "nope", "payload": {}}]')$$,
@@ -596,6 +596,109 @@ SELECT throws_ok(format($$SELECT * FROM inbox.claim_and_apply_batch('tap-small',
                  '54000', format('inbox.claim_and_apply_batch: payload is %s bytes, the consumer''s limit is 100 bytes',
                                  octet_length((jsonb_build_object('k', repeat('x', 200)))::text)),
                  'batch: an element over the consumer''s payload limit is 54000');
+
+-- A batch with several bad elements: the error is the first rule's in the single path's order
+-- (fields, authorize, produced_at, handler, delivery), and within a rule the first element's.
+SELECT throws_ok(format($$SELECT * FROM inbox.claim_and_apply_batch('tap-small', %L)$$,
+                        jsonb_build_array(
+                            jsonb_build_object('producer', 'p', 'message_id', 'o1', 'message_type', 'nope',
+                                               'payload', jsonb_build_object('k', repeat('x', 200))),
+                            '{"producer": "p", "message_id": "o2", "message_type": "credit", "payload": {},
+                              "produced_at": "2999-01-01T00:00:00Z"}'::jsonb)),
+                 '22008', format('inbox.claim_and_apply_batch: produced_at %s is ahead of the database clock (%s) by more than %s',
+                                 '2999-01-01T00:00:00Z'::timestamptz, now(), '5 minutes'::interval),
+                 'batch order: a produced_at ahead (element 2) before an unknown handler and a size (element 1)');
+SELECT throws_ok(format($$SELECT * FROM inbox.claim_and_apply_batch('tap-small', %L)$$,
+                        jsonb_build_array(
+                            jsonb_build_object('producer', 'p', 'message_id', 'o1', 'message_type', 'credit',
+                                               'payload', jsonb_build_object('k', repeat('x', 200))),
+                            '{"producer": "p", "message_id": "o2", "message_type": "nope", "payload": {}}'::jsonb,
+                            '{"producer": "p", "message_id": "o3", "message_type": "nope2", "payload": {}}'::jsonb)),
+                 '42704', 'inbox.claim_and_apply_batch: no handler registered for consumer ''tap-small'' and message type ''nope''',
+                 'batch order: the first unknown message type (element 2) before a size (element 1)');
+SELECT throws_ok(format($$SELECT * FROM inbox.claim_and_apply_batch('tap-small', %L)$$,
+                        jsonb_build_array(
+                            '{"producer": "p", "message_id": "o1", "message_type": "credit", "payload": {}}'::jsonb,
+                            jsonb_build_object('producer', 'p', 'message_id', 'o2', 'message_type', 'credit',
+                                               'payload', jsonb_build_object('k', repeat('x', 300))),
+                            jsonb_build_object('producer', 'p', 'message_id', 'o3', 'message_type', 'credit',
+                                               'payload', jsonb_build_object('k', repeat('x', 200))))),
+                 '54000', format('inbox.claim_and_apply_batch: payload is %s bytes, the consumer''s limit is 100 bytes',
+                                 octet_length((jsonb_build_object('k', repeat('x', 300)))::text)),
+                 'batch order: of two payloads over the limit, the first element''s');
+SELECT throws_ok($$SELECT * FROM inbox.claim_batch('tap-b', '[
+                     {"producer": "p", "message_id": "o1", "payload": {}, "produced_at": "yesterday-ish"},
+                     {"producer": "p", "message_id": "", "payload": {}}]', 'v1')$$,
+                 '22007', 'invalid input syntax for type timestamp with time zone: "yesterday-ish"',
+                 'batch order: an unreadable produced_at (element 1) before an empty message_id (element 2)');
+SELECT throws_ok($$SELECT * FROM inbox.claim_batch('tap-b', '[
+                     {"producer": "p", "message_id": "", "payload": {}},
+                     {"producer": "p", "message_id": "o2", "payload": {}, "produced_at": "yesterday-ish"}]', 'v1')$$,
+                 '22023', 'inbox.claim_batch: messages[0]: message_id must not be empty',
+                 'batch order: an empty message_id (element 1) before an unreadable produced_at (element 2)');
+SELECT throws_ok($$SELECT * FROM inbox.claim_batch('tap-b', '[
+                     {"producer": "p", "message_id": "o1", "payload": {}, "produced_at": "2999-01-01T00:00:00Z"},
+                     {"producer": "p", "message_id": "o2", "payload": {}}]', ' ')$$,
+                 '22008', format('inbox.claim_batch: produced_at %s is ahead of the database clock (%s) by more than %s',
+                                 '2999-01-01T00:00:00Z'::timestamptz, now(), '5 minutes'::interval),
+                 'batch order: a produced_at ahead before a blank version (claim_batch)');
+-- The fields rule: its accept test (inlined into the batch's query) accepts exactly the elements
+-- inbox._check_batch raises nothing for, over elements that reach each of its branches.
+CREATE FUNCTION pg_temp.batch_element_refused(item jsonb, types_required boolean) RETURNS boolean
+    LANGUAGE plpgsql AS $f$
+BEGIN
+    PERFORM inbox._check_batch('f', 'c', jsonb_build_array(item), types_required);
+    RETURN false;
+EXCEPTION WHEN OTHERS THEN
+    RETURN true;
+END
+$f$;
+SELECT is((SELECT count(*)::integer
+             FROM (VALUES ('{"producer": "p", "message_id": "m", "message_type": "t", "payload": {}}'::jsonb),
+                          ('{"producer": "p", "message_id": "m", "payload": null, "tenant": "t", "produced_at": null}'),
+                          ('{"producer": "p", "message_id": "m", "message_type": null, "payload": 1, "produced_at": "2020-01-01"}'),
+                          ('[]'), ('"p"'), ('{"message_id": "m", "payload": {}}'), ('{"producer": 1, "message_id": "m", "payload": {}}'),
+                          ('{"producer": "p", "message_id": 2, "payload": {}}'), ('{"producer": "p", "message_id": "m"}'),
+                          ('{"producer": "p", "message_id": "m", "message_type": 3, "payload": {}}'),
+                          ('{"producer": "p", "message_id": "m", "tenant": null, "payload": {}}'),
+                          ('{"producer": "p", "message_id": "m", "tenant": 4, "payload": {}}'),
+                          ('{"producer": "p", "message_id": "m", "payload": {}, "produced_at": 5}'),
+                          ('{"producer": "", "message_id": "m", "payload": {}}'), ('{"producer": "p", "message_id": " ", "payload": {}}'),
+                          ('{"producer": "p", "message_id": "m", "tenant": " ", "payload": {}}'),
+                          ('{"producer": "p\u001b", "message_id": "m", "payload": {}}'),
+                          ('{"producer": "p", "message_id": "m", "message_type": "", "payload": {}}'),
+                          ('{"producer": "p", "message_id": "m", "message_type": " ", "payload": {}}'),
+                          (jsonb_build_object('producer', 'p', 'message_id', repeat('m', 257), 'payload', '{}'::jsonb)),
+                          (jsonb_build_object('producer', 'p', 'message_id', 'm', 'message_type', repeat('t', 129),
+                                              'payload', '{}'::jsonb))) v(item),
+                  (VALUES (true), (false)) r(types_required)
+            WHERE inbox._batch_fields_ok(v.item, 'c', r.types_required)
+                  = pg_temp.batch_element_refused(v.item, r.types_required)),
+          0, 'batch: _batch_fields_ok accepts exactly the elements _check_batch raises nothing for');
+CREATE FUNCTION pg_temp.batch_plan(query text) RETURNS text LANGUAGE plpgsql AS $f$
+DECLARE
+    line text;
+    plan text := '';
+BEGIN
+    FOR line IN EXECUTE 'EXPLAIN (VERBOSE, COSTS OFF) ' || query LOOP
+        plan := plan || line || E'\n';
+    END LOOP;
+    RETURN plan;
+END
+$f$;
+CREATE TEMP TABLE batch_items (x jsonb, b boolean);
+SELECT unalike(pg_temp.batch_plan($$SELECT inbox._batch_fields_ok(x, 'c', b) FROM batch_items$$),
+               '%\_ok(%', 'batch: the fields rule''s accept test is inlined (the plan shows its expression, no call)');
+CREATE ROLE tap_apply_tenant_a NOLOGIN IN ROLE inbox_consumer;
+SELECT inbox.bind_consumer('tap-b', 'tap_apply_tenant_a', ARRAY['a'], 'pgTAP') \g /dev/null
+SET LOCAL ROLE tap_apply_tenant_a;
+SELECT throws_ok($$SELECT * FROM inbox.claim_batch('tap-b', '[
+                     {"producer": "p", "message_id": "o1", "payload": {}, "tenant": "a"},
+                     {"producer": "p", "message_id": "o2", "payload": {}, "tenant": "z"},
+                     {"producer": "p", "message_id": "o3", "payload": {}, "tenant": "y"}]', 'v1')$$,
+                 '42501', 'inbox.claim_batch: role tap_apply_tenant_a may not act as consumer ''tap-b'' for tenant ''z''',
+                 'batch order: of two tenants refused, the first element''s');
+RESET ROLE;
 
 -- ------------------------------------------------------------------ static dispatch
 -- register_handler writes inbox._run_handler with a static, schema-qualified call per registered
