@@ -114,12 +114,11 @@ def _fetch(conn: BaseDatabaseWrapper, query: str, params: Sequence[Any] | None =
     return tuple(row)
 
 
-def _claim(raw: psycopg.Connection[Any], params: Sequence[Any], prepare: bool) -> tuple[Any, ...]:
+def _claim(raw: psycopg.Connection[Any], params: Sequence[Any], prepare: bool, pipeline: bool) -> tuple[Any, ...]:
     """inbox.claim on the psycopg connection under Django's, inside the atomic() block Django just
-    opened: in pipeline mode psycopg's BEGIN and the claim travel in one round trip, with the
-    parameters bound server-side (Django's cursor class binds them into the query text). Always
-    pipelined, unlike pginbox.Inbox's default to a local server: measured, Django's path is no
-    faster without it (docs/performance.md).
+    opened, with the parameters bound server-side (Django's cursor class binds them into the query
+    text). pipeline: psycopg's BEGIN and the claim travel in one round trip (pginbox.Inbox's rule:
+    by default only to a server on another machine).
 
     prepare: prepare the claim on the server session (the statement is parsed and planned once per
     connection, not per message), also where Django left `prepare_threshold` at its default, None.
@@ -130,7 +129,7 @@ def _claim(raw: psycopg.Connection[Any], params: Sequence[Any], prepare: bool) -
         raw.prepare_threshold = _PREPARE_THRESHOLD
     try:
         with psycopg.Cursor(raw) as cur:
-            if _PIPELINE:
+            if pipeline:
                 with raw.pipeline():
                     cur.execute(queries.CLAIM, params, prepare=prepare)
             else:
@@ -213,6 +212,8 @@ class DjangoInbox:
 
     consumer, handler_version, retry, raise_on_failure: as for pginbox.Inbox.
     using   the Django database alias (DATABASES key) whose connection runs the claim and the handler.
+    pipeline  as for pginbox.Inbox: True sends BEGIN and the claim in one round trip (psycopg's
+            pipeline mode); None (the default) does so only to a server on another machine.
     """
 
     def __init__(
@@ -223,6 +224,7 @@ class DjangoInbox:
         retry: RetryPolicy | None = None,
         raise_on_failure: bool = False,
         using: str = DEFAULT_DB_ALIAS,
+        pipeline: bool | None = None,
     ) -> None:
         _core.check_names(consumer, handler_version)
         self.consumer = consumer
@@ -230,6 +232,7 @@ class DjangoInbox:
         self.retry = retry if retry is not None else RetryPolicy()
         self.raise_on_failure = raise_on_failure
         self.using = using
+        self.pipeline = pipeline if _PIPELINE else False
         self._schema_version: int | None = None
         #: whether `handle` prepares its claim (decided on first use, see _prepare; False for good
         #: once a pooler shows itself)
@@ -368,7 +371,7 @@ class DjangoInbox:
         params = _core.claim_params(self.consumer, self.handler_version, message)
         try:
             with transaction.atomic(using=self.using):
-                row = _claim(raw, params, self._prepare_claim)
+                row = _claim(raw, params, self._prepare_claim, _core.use_pipeline(self.pipeline, raw.info))
                 xid, pid = row[9], raw.info.backend_pid
                 result = _core.result_from_row(row)
                 if result.outcome is Outcome.CLAIMED:

@@ -419,15 +419,19 @@ def credit_orm(msg: Message) -> None:
     Entry.objects.create(account_id=1, message_id=msg.message_id, amount=msg.payload["amount"])
 
 
-def test_handle_prepares_its_claim_and_nothing_of_djangos(djdb: DjangoDb, admin: psycopg.Connection[Any]) -> None:
+@pytest.mark.parametrize("pipeline", [None, True], ids=["default", "pipeline"])
+def test_handle_prepares_its_claim_and_nothing_of_djangos(
+    djdb: DjangoDb, admin: psycopg.Connection[Any], pipeline: bool | None
+) -> None:
     """Django leaves prepare_threshold at None (for poolers): DjangoInbox still prepares its claim,
     once per connection, as pginbox.Inbox does, and only the claim: the ORM's statements stay
-    unprepared, and the connection's threshold is Django's again after each message."""
+    unprepared, and the connection's threshold is Django's again after each message. Pipelined or
+    not (the default to this local server: not)."""
     from django.db import connection
 
     from pginbox.integrations.django import DjangoInbox
 
-    inbox = DjangoInbox(consumer="billing", handler_version="v1")
+    inbox = DjangoInbox(consumer="billing", handler_version="v1", pipeline=pipeline)
     ids = [uid() for _ in range(7)]
     assert [inbox.handle(message(i), credit_orm).outcome for i in ids] == [Outcome.APPLIED] * 7
     assert inbox.handle(message(ids[0]), credit_orm).outcome is Outcome.DUPLICATE
