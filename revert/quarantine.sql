@@ -22,6 +22,8 @@ SET LOCAL ROLE inbox_owner;
 -- This version's _begin_repair returns (plan, handler_owner): dropped so that the released one can be created.
 DROP FUNCTION inbox._begin_repair(bigint, text);
 DROP TYPE inbox._repair_call;
+-- New in this version: the repair's claim, also called by python_repair (reverted before this change).
+DROP FUNCTION inbox._settle_hold(text, inbox.quarantine, text);
 
 -- Locks an open entry for a decision; rejects a missing note, an unknown id or a closed entry.
 CREATE OR REPLACE FUNCTION inbox._lock_open_entry(fn text, quarantine_id bigint, note text) RETURNS inbox.quarantine

@@ -113,6 +113,40 @@ END
 $$;
 COMMENT ON FUNCTION inbox.release(bigint, text) IS 'Lift the hold on a failed or expired message: its next delivery is processed normally (an expired one: that one only)';
 
+-- A repair's claim, the same for inbox.repair and inbox.begin_granted_repair: the quarantine hold
+-- (the entry's identity in inbox.message, status 'quarantined') turns into a processed claim with
+-- the version of the handler that repairs it. An expired entry recorded before 0.2.0 has no hold
+-- row: the operator vouches that the delivery is new, and the repair claims it now (unless a
+-- released delivery claimed it meanwhile). 55000 when the identity is no longer held (another
+-- delivery or decision processed it), in the name of fn, the function the caller reports. Runs
+-- inside its callers' SECURITY DEFINER functions; executable by its owner only.
+CREATE OR REPLACE FUNCTION inbox._settle_hold(fn text, entry inbox.quarantine, handler_version text) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE inbox.message m
+       SET status = 'processed', payload_sha256 = coalesce(entry.payload_sha256, m.payload_sha256),
+           handler_version = _settle_hold.handler_version, processed_at = now()
+     WHERE m.consumer = entry.consumer AND m.tenant = entry.tenant AND m.producer = entry.producer
+       AND m.message_id = entry.message_id AND m.status = 'quarantined';
+    IF NOT FOUND AND entry.kind = 'expired' THEN
+        INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version,
+                                   processed_at)
+        VALUES (entry.consumer, entry.tenant, entry.producer, entry.message_id, entry.payload_sha256,
+                _settle_hold.handler_version, now())
+        ON CONFLICT ON CONSTRAINT message_pkey DO NOTHING;
+    END IF;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '%: identity of entry % is no longer held by quarantine', fn, entry.quarantine_id
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Another delivery or decision processed it meanwhile: look at the entry with pginbox quarantine show.';
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION inbox._settle_hold(text, inbox.quarantine, text) IS
+    'internal: a repair''s claim: the quarantine hold becomes a processed claim (55000 if it is gone)';
+
 -- The first half of repair: checks the entry can be repaired, turns the quarantine hold into a
 -- processed claim with the current handler version, closes the entry as recovered and returns the
 -- handler call and the rights it runs with (its owner's). All of it rolls back with the handler if
@@ -164,25 +198,7 @@ BEGIN
     handler_owner := inbox._check_operator_run('inbox.repair', entry.consumer, entry.tenant, plan.handler,
                                                entry.recorded_by, false);
 
-    -- The hold turns into a processed claim. An expired entry recorded before 0.2.0 has no hold
-    -- row: the operator vouches that the delivery is new, and repair claims it now (unless a
-    -- released delivery claimed it meanwhile).
-    UPDATE inbox.message m
-       SET status = 'processed', payload_sha256 = coalesce(entry.payload_sha256, m.payload_sha256),
-           handler_version = version, processed_at = now()
-     WHERE m.consumer = entry.consumer AND m.tenant = entry.tenant AND m.producer = entry.producer
-       AND m.message_id = entry.message_id AND m.status = 'quarantined';
-    IF NOT FOUND AND entry.kind = 'expired' THEN
-        INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version,
-                                   processed_at)
-        VALUES (entry.consumer, entry.tenant, entry.producer, entry.message_id, entry.payload_sha256, version, now())
-        ON CONFLICT ON CONSTRAINT message_pkey DO NOTHING;
-    END IF;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'inbox.repair: identity of entry % is no longer held by quarantine', entry.quarantine_id
-            USING ERRCODE = 'object_not_in_prerequisite_state',
-                  HINT = 'Another delivery or decision processed it meanwhile: look at the entry with pginbox quarantine show.';
-    END IF;
+    PERFORM inbox._settle_hold('inbox.repair', entry, version);
     PERFORM inbox._close_entry(entry, 'repair', 'recovered', _begin_repair.note);
 
     plan.claim := ROW('claimed', pg_catalog.encode(entry.payload_sha256, 'hex'), NULL, version, now(),
@@ -260,7 +276,8 @@ COMMENT ON FUNCTION inbox.repair(bigint, text) IS
     'Run a quarantined message through the current handler now: applied (entry recovered) | failed (entry stays open)';
 
 REVOKE ALL ON FUNCTION inbox.discard(bigint, text), inbox.release(bigint, text), inbox.repair(bigint, text),
-    inbox._begin_repair(bigint, text), inbox._repair_failed(bigint, text, text, text) FROM PUBLIC;
+    inbox._settle_hold(text, inbox.quarantine, text), inbox._begin_repair(bigint, text),
+    inbox._repair_failed(bigint, text, text, text) FROM PUBLIC;
 -- The halves of repair are repair's alone: a database upgraded from 0.2.0 granted them to operators.
 REVOKE ALL ON FUNCTION inbox._begin_repair(bigint, text), inbox._repair_failed(bigint, text, text, text)
     FROM inbox_operator;

@@ -203,24 +203,8 @@ DECLARE
 BEGIN
     g := inbox._redeem_grant('inbox.begin_granted_repair', begin_granted_repair.grant_id, begin_granted_repair.handler);
     SELECT q.* INTO entry FROM inbox.quarantine q WHERE q.quarantine_id = g.quarantine_id;
-    -- The hold turns into a processed claim (as inbox.repair does); an expired entry recorded
-    -- before 0.2.0 has no hold row: claimed now, unless a released delivery claimed it meanwhile.
-    UPDATE inbox.message m
-       SET status = 'processed', payload_sha256 = coalesce(entry.payload_sha256, m.payload_sha256),
-           handler_version = g.handler_version, processed_at = now()
-     WHERE m.consumer = entry.consumer AND m.tenant = entry.tenant AND m.producer = entry.producer
-       AND m.message_id = entry.message_id AND m.status = 'quarantined';
-    IF NOT FOUND AND entry.kind = 'expired' THEN
-        INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version, processed_at)
-        VALUES (entry.consumer, entry.tenant, entry.producer, entry.message_id, entry.payload_sha256, g.handler_version,
-                now())
-        ON CONFLICT ON CONSTRAINT message_pkey DO NOTHING;
-    END IF;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'inbox.begin_granted_repair: identity of entry % is no longer held by quarantine', entry.quarantine_id
-            USING ERRCODE = 'object_not_in_prerequisite_state',
-                  HINT = 'Another delivery or decision processed it meanwhile: look at the entry with pginbox quarantine show.';
-    END IF;
+    -- The hold turns into a processed claim, as in inbox.repair (sql/050_quarantine.sql).
+    PERFORM inbox._settle_hold('inbox.begin_granted_repair', entry, g.handler_version);
     UPDATE inbox.quarantine q SET status = 'recovered', decided_at = now(), decided_by = g.granted_by
      WHERE q.quarantine_id = entry.quarantine_id;
     PERFORM inbox._grant_decision(g, 'recovered', NULL, NULL);

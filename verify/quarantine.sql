@@ -23,6 +23,13 @@ BEGIN
     IF NOT pg_catalog.has_function_privilege('inbox_operator', 'inbox.release(bigint, text)', 'EXECUTE') THEN
         RAISE EXCEPTION 'inbox_operator cannot execute inbox.release(bigint, text)';
     END IF;
+    IF pg_catalog.has_function_privilege('public', 'inbox._settle_hold(text, inbox.quarantine, text)', 'EXECUTE') THEN
+        RAISE EXCEPTION 'PUBLIC can execute inbox._settle_hold(text, inbox.quarantine, text)';
+    END IF;
+    IF pg_catalog.has_function_privilege('inbox_operator', 'inbox._settle_hold(text, inbox.quarantine, text)', 'EXECUTE')
+       OR pg_catalog.has_function_privilege('inbox_consumer', 'inbox._settle_hold(text, inbox.quarantine, text)', 'EXECUTE') THEN
+        RAISE EXCEPTION 'a group role can execute inbox._settle_hold(text, inbox.quarantine, text), the claim of the repairs';
+    END IF;
     IF pg_catalog.has_function_privilege('public', 'inbox._begin_repair(bigint, text)', 'EXECUTE') THEN
         RAISE EXCEPTION 'PUBLIC can execute inbox._begin_repair(bigint, text)';
     END IF;
@@ -50,5 +57,10 @@ SELECT 1 / (p.prosecdef AND pg_catalog.strpos(p.prosrc, 'inbox._run_for_operator
  WHERE p.oid = 'inbox.repair(bigint, text)'::regprocedure;
 SELECT 1 / (p.prosrc LIKE '%inbox._check_operator_run(%')::integer FROM pg_catalog.pg_proc p
  WHERE p.oid = 'inbox._begin_repair(bigint, text)'::regprocedure;
+-- The hold becomes a processed claim by one rule (0.3.0): inbox._settle_hold, invoker, owner only.
+SELECT 1 / (p.prosrc LIKE '%inbox._settle_hold(%')::integer FROM pg_catalog.pg_proc p
+ WHERE p.oid = 'inbox._begin_repair(bigint, text)'::regprocedure;
+SELECT 1 / (NOT p.prosecdef)::integer FROM pg_catalog.pg_proc p
+ WHERE p.oid = 'inbox._settle_hold(text, inbox.quarantine, text)'::regprocedure;
 
 ROLLBACK;
