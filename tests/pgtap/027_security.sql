@@ -8,7 +8,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(347);
+SELECT plan(348);
 
 -- ================================================================== catalog meta-tests
 SELECT set_eq($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.pg_proc p
@@ -360,7 +360,8 @@ SELECT throws_ok(c.sql, '42501', 'permission denied for function ' || c.fn, 'con
         (8, '_claim_core', $$SELECT inbox._claim_core('c', '', 'p', 'm', '\x00', 'v', NULL, '{}', NULL, true)$$),
         (9, '_settings', $$SELECT inbox._settings('c')$$),
         (10, '_quarantine_failure', $$SELECT inbox._quarantine_failure(NULL::inbox.attempt, 'X', 'e', 0, '{}', NULL, true)$$),
-        (11, '_lock_open_entry', $$SELECT inbox._lock_open_entry('f', 1, 'n')$$)
+        (11, '_lock_open_entry', $$SELECT inbox._lock_open_entry('f', 1, 'n')$$),
+        (12, '_settle_hold', $$SELECT inbox._settle_hold('f', NULL::inbox.quarantine, 'v')$$)
        ) AS c(ord, fn, sql)
  ORDER BY c.ord;
 RESET ROLE;

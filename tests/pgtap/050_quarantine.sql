@@ -7,7 +7,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(83);
+SELECT plan(98);
 
 -- ------------------------------------------------------------------ fixtures
 \ir write_counter.psql
@@ -288,11 +288,76 @@ SELECT is((SELECT count(*)::integer FROM inbox.quarantine_decision), 10,
 SELECT throws_ok(format($$SELECT inbox.discard(%s, E'\t\n')$$, :f_blank), '22023',
                  'inbox.discard: a decision needs a note saying why', 'discard: a note of tabs and newlines is 22023');
 
+-- ================================================================== the hold is gone
+-- inbox._settle_hold, the claim of every repair (inbox.repair, inbox.begin_granted_repair: its test
+-- is in 121_python_repair.sql): the entry is open but its identity is no longer held by quarantine.
+-- Nothing in pginbox takes the hold away from an open entry; here a hand-made row does.
+CREATE FUNCTION pg_temp.error_of(statement text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    state text;
+    message text;
+    hint text;
+BEGIN
+    EXECUTE statement;
+    RETURN 'no error';
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, message = MESSAGE_TEXT, hint = PG_EXCEPTION_HINT;
+    RETURN format('%s: %s (HINT: %s)', state, message, hint);
+END
+$$;
+SELECT quarantine_id AS gone_failure
+  FROM inbox.record_failure('tap-q', 'p', 'm10', '{"m": "m10"}', 'X1', message_type => 'thing') \gset
+DELETE FROM inbox.message WHERE consumer = 'tap-q' AND message_id = 'm10';
+-- An expired entry whose identity a delivery processed meanwhile (the pre-0.2.0 entry has no hold row).
+INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version, status, processed_at)
+VALUES ('tap-q', '', 'p', 'm11', inbox.payload_hash('{"m": "m11"}'), 'v1', 'processed', now());
+INSERT INTO inbox.quarantine (consumer, tenant, producer, message_id, kind, message_type, payload_sha256, payload,
+                              reason_code, handler_version, recorded_by)
+VALUES ('tap-q', '', 'p', 'm11', 'expired', 'thing', inbox.payload_hash('{"m": "m11"}'), '{"m": "m11"}', 'expired', 'v1',
+        session_user)
+RETURNING quarantine_id AS gone_expired \gset
+SELECT tapq.calls() AS calls0 \gset
+SELECT public.tap_writes('quarantine_decision') AS d0 \gset
+SELECT is(pg_temp.error_of(format($$SELECT inbox.repair(%s, 'the hold is gone')$$, :gone_failure)),
+          format('55000: inbox.repair: identity of entry %s is no longer held by quarantine (HINT: Another delivery or '
+                 'decision processed it meanwhile: look at the entry with pginbox quarantine show.)', :gone_failure),
+          'repair: a failure entry whose hold is gone is 55000, with its hint');
+SELECT is(pg_temp.error_of(format($$SELECT inbox.repair(%s, 'the hold is gone')$$, :gone_expired)),
+          format('55000: inbox.repair: identity of entry %s is no longer held by quarantine (HINT: Another delivery or '
+                 'decision processed it meanwhile: look at the entry with pginbox quarantine show.)', :gone_expired),
+          'repair: an expired entry whose identity was processed meanwhile is 55000, with its hint');
+SELECT is((SELECT array_agg(status ORDER BY quarantine_id) FROM inbox.quarantine
+            WHERE quarantine_id IN (:gone_failure, :gone_expired)), ARRAY['open', 'open'],
+          'repair: the entries whose hold is gone stay open');
+SELECT is((SELECT (status, handler_version)::text FROM inbox.message WHERE consumer = 'tap-q' AND message_id = 'm11'),
+          '(processed,v1)', 'repair: the identity processed meanwhile is left as it was');
+SELECT is(tapq.calls() - :calls0, 0::bigint, 'repair: no handler ran for an entry whose hold is gone');
+SELECT is(public.tap_writes('quarantine_decision'), :d0::bigint, 'repair: no audit row was even tried');
+-- An expired entry recorded before 0.2.0, no hold row and the identity never processed: the repair
+-- claims it (the operator vouches that the delivery is new).
+INSERT INTO inbox.quarantine (consumer, tenant, producer, message_id, kind, message_type, payload_sha256, payload,
+                              reason_code, handler_version, recorded_by)
+VALUES ('tap-q', '', 'p', 'm12', 'expired', 'thing', inbox.payload_hash('{"m": "m12"}'), '{"m": "m12"}', 'expired', 'v1',
+        session_user)
+RETURNING quarantine_id AS unheld_expired \gset
+SELECT is((SELECT (outcome, handler_version)::text FROM inbox.repair(:unheld_expired, 'new, never delivered since')),
+          '(applied,v4)', 'repair: an expired entry without a hold row is claimed and applied');
+SELECT is((SELECT (status, handler_version, payload_sha256 = inbox.payload_hash('{"m": "m12"}'))::text
+             FROM inbox.message WHERE consumer = 'tap-q' AND message_id = 'm12'),
+          '(processed,v4,t)', 'repair: its identity is processed now, with the repairing version and the stored hash');
+SELECT is((SELECT status FROM inbox.quarantine WHERE quarantine_id = :unheld_expired), 'recovered',
+          'repair: the expired entry without a hold row is recovered');
+
 -- ================================================================== signatures
 SELECT is_definer('inbox', f, ARRAY['bigint', 'text'], 'inbox.' || f || ' is SECURITY DEFINER')
   FROM unnest(ARRAY['discard', 'release', 'repair']) f;
 SELECT isnt_definer('inbox', '_begin_repair', ARRAY['bigint', 'text'],
                     'inbox._begin_repair is repair''s own half (0.3.0): not SECURITY DEFINER, executable by its owner only');
+SELECT isnt_definer('inbox', '_settle_hold', ARRAY['text', 'inbox.quarantine', 'text'],
+                    'inbox._settle_hold, the claim of the repairs, is not SECURITY DEFINER: it runs inside its callers');
+SELECT ok(NOT has_function_privilege(r, 'inbox._settle_hold(text, inbox.quarantine, text)', 'EXECUTE'),
+          format('%s cannot execute inbox._settle_hold', r))
+  FROM unnest(ARRAY['public', 'inbox_consumer', 'inbox_operator', 'inbox_reader', 'inbox_runner']) r;
 SELECT function_returns('inbox', 'repair', ARRAY['bigint', 'text'], 'inbox.delivery_result',
                         'inbox.repair returns inbox.delivery_result');
 SELECT function_returns('inbox', 'discard', ARRAY['bigint', 'text'], 'inbox.quarantine', 'inbox.discard returns the entry');

@@ -8,7 +8,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(42);
+SELECT plan(44);
 
 -- ------------------------------------------------------------------ fixtures
 CREATE ROLE tap_pr_operator NOLOGIN;
@@ -182,6 +182,27 @@ SELECT throws_like($$SELECT inbox.begin_granted_repair((SELECT id FROM g WHERE n
 RESET ROLE;
 SELECT is((SELECT status FROM inbox.quarantine WHERE quarantine_id = (SELECT id FROM entry WHERE name = 'expires')), 'open',
           'the expired grant''s entry stays open');
+
+-- ------------------------------------------------------------------ the hold is gone
+-- The claim is inbox.repair's (inbox._settle_hold), in this function's name. Nothing in pginbox
+-- takes the hold away from an open entry; here the row is deleted by hand.
+SET ROLE tap_pr_login;
+INSERT INTO entry SELECT 'gone', quarantine_id FROM inbox.record_failure('tap-pr', 'p', 'm5', '{"n": 7}', 'X1');
+RESET ROLE;
+SET ROLE tap_pr_operator;
+INSERT INTO g SELECT 'gone', grant_id FROM inbox.grant_repair((SELECT id FROM entry WHERE name = 'gone'), 'svc:credit', 'n');
+RESET ROLE;
+DELETE FROM inbox.message WHERE consumer = 'tap-pr' AND message_id = 'm5';
+SET ROLE tap_pr_login;
+SELECT throws_ok(format($$SELECT inbox.begin_granted_repair(%s, 'svc:credit')$$, (SELECT id FROM g WHERE name = 'gone')),
+                 '55000',
+                 format('inbox.begin_granted_repair: identity of entry %s is no longer held by quarantine',
+                        (SELECT id FROM entry WHERE name = 'gone')),
+                 'a grant whose entry''s hold is gone is refused (55000), in begin_granted_repair''s name');
+RESET ROLE;
+SELECT results_eq($$SELECT q.status, g.redeemed_at IS NULL FROM inbox.quarantine q JOIN inbox.repair_grant g USING (quarantine_id)
+                     WHERE g.grant_id = (SELECT id FROM g WHERE name = 'gone')$$,
+                  $$VALUES ('open'::text, true)$$, 'the refused redemption leaves the entry open and the grant unused');
 
 -- ------------------------------------------------------------------ privileges
 SELECT function_privs_are('inbox', 'grant_repair', ARRAY['bigint', 'text', 'text', 'text', 'interval'], r, p,
