@@ -53,6 +53,7 @@ FILES: Sequence[tuple[str, str]] = (
     ("tests/python/integration/test_library_async.py", "tests/python/integration/test_library.py"),
     ("tests/python/_library_child_async.py", "tests/python/_library_child.py"),
     ("python/pginbox/integrations/sqlalchemy_async.py", "python/pginbox/integrations/sqlalchemy.py"),
+    ("python/pginbox/ops/handler_run_async.py", "python/pginbox/ops/handler_run.py"),
     ("python/pginbox/ops/granted_repair_async.py", "python/pginbox/ops/granted_repair.py"),
     ("python/pginbox/ops/python_replay_async.py", "python/pginbox/ops/python_replay.py"),
 )
@@ -85,6 +86,9 @@ NAMES: dict[str, str] = {
     "abarrier_once": "barrier_once",
     "ACursor": "Cursor",
     "_library_child_async": "_library_child",
+    # the operator paths' handler runner (pginbox.ops.handler_run) and its module
+    "AsyncHandlerRun": "HandlerRun",
+    "handler_run_async": "handler_run",
 }
 
 #: Dotted names renamed as a whole (before NAMES); the async module imports what they need
