@@ -31,12 +31,8 @@ import psycopg
 from psycopg.rows import dict_row
 
 from pginbox.client import shared as _core
-from pginbox.client.drive import drive
 from pginbox.client.outcomes import Message
-from pginbox.client.protocol import Protocol
 from pginbox.client.retry import RetryPolicy
-from pginbox.client.shared import CallCost
-from pginbox.errors import RetriesExhausted
 from pginbox.ops.granted_repair_async import (
     BEGIN_SQL,
     FAILED_SQL,
@@ -48,7 +44,7 @@ from pginbox.ops.granted_repair_async import (
     grant,
     redeem_async,
 )
-from pginbox.ops.handler_run import judge, reconnect_args, transient_kind
+from pginbox.ops.handler_run import HandlerRun, judge
 
 __all__ = ["AsyncHandler", "Grant", "Handler", "Redemption", "grant", "redeem", "redeem_async"]
 
@@ -103,31 +99,11 @@ def _redeem(
     conn: psycopg.Connection[Any], grant_id: int, spec: str, handler: Handler, retry: RetryPolicy | None
 ) -> Redemption:
     """What `redeem` does, on `conn`; a connection opened to replace a lost one is closed on return."""
-    current = [conn]
-
-    def attempt() -> dict[str, Any] | _HandlerFailed:
-        if current[0].closed:
-            current[0] = psycopg.connect(**reconnect_args(current[0]))
-        try:
-            return _attempt(current[0], grant_id, spec, handler)
-        except _HandlerFailed as failed:
-            return failed
-
-    protocol = Protocol(retry or RetryPolicy(), classify=lambda exc: transient_kind(exc, current[0]))
-    try:
-        try:
-            outcome = drive(protocol.retry(attempt, CallCost()))
-        except RetriesExhausted as exc:
-            exc.add_note(f"pginbox: repair grant {grant_id}")
-            raise
-        except psycopg.Error as exc:
-            raise _refused(f"cannot run repair grant {grant_id}", exc) from exc
+    with HandlerRun(conn, retry, f"repair grant {grant_id}", _refused) as run:
+        outcome = run.transaction(lambda c: _attempt(c, grant_id, spec, handler), _HandlerFailed)
         if isinstance(outcome, _HandlerFailed):
-            return _record_failure(current[0], grant_id, spec, outcome.error)
+            return _record_failure(run.conn, grant_id, spec, outcome.error)
         return Redemption(grant_id, outcome["quarantine_id"], "recovered", spec, outcome["handler_version"])
-    finally:
-        if current[0] is not conn:
-            current[0].close()
 
 
 def redeem(

@@ -36,13 +36,10 @@ import psycopg
 from psycopg.rows import dict_row
 
 from pginbox.client import shared as _core
-from pginbox.client.drive import drive_async
 from pginbox.client.outcomes import Message
-from pginbox.client.protocol import Protocol
 from pginbox.client.retry import RetryPolicy
-from pginbox.client.shared import CallCost
-from pginbox.errors import OperatorError, RetriesExhausted, server_message
-from pginbox.ops.handler_run import judge, reconnect_args, transient_kind
+from pginbox.errors import OperatorError, server_message
+from pginbox.ops.handler_run_async import AsyncHandlerRun, judge
 from pginbox.ops.json_values import jsonable
 
 # @ async: what has no asyncio in it is defined once, here; the sync module imports it
@@ -211,31 +208,11 @@ async def _redeem(
     conn: psycopg.AsyncConnection[Any], grant_id: int, spec: str, handler: AsyncHandler, retry: RetryPolicy | None
 ) -> Redemption:
     """What `redeem` does, on `conn`; a connection opened to replace a lost one is closed on return."""
-    current = [conn]
-
-    async def attempt() -> dict[str, Any] | _HandlerFailed:
-        if current[0].closed:
-            current[0] = await psycopg.AsyncConnection.connect(**reconnect_args(current[0]))
-        try:
-            return await _attempt(current[0], grant_id, spec, handler)
-        except _HandlerFailed as failed:
-            return failed
-
-    protocol = Protocol(retry or RetryPolicy(), classify=lambda exc: transient_kind(exc, current[0]))
-    try:
-        try:
-            outcome = await drive_async(protocol.retry(attempt, CallCost()))
-        except RetriesExhausted as exc:
-            exc.add_note(f"pginbox: repair grant {grant_id}")
-            raise
-        except psycopg.Error as exc:
-            raise _refused(f"cannot run repair grant {grant_id}", exc) from exc
+    async with AsyncHandlerRun(conn, retry, f"repair grant {grant_id}", _refused) as run:
+        outcome = await run.transaction(lambda c: _attempt(c, grant_id, spec, handler), _HandlerFailed)
         if isinstance(outcome, _HandlerFailed):
-            return await _record_failure(current[0], grant_id, spec, outcome.error)
+            return await _record_failure(run.conn, grant_id, spec, outcome.error)
         return Redemption(grant_id, outcome["quarantine_id"], "recovered", spec, outcome["handler_version"])
-    finally:
-        if current[0] is not conn:
-            await current[0].close()
 
 
 # @ async: the asyncio flavour opens (and closes) a connection of its own

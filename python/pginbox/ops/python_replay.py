@@ -32,13 +32,9 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from pginbox.client.drive import drive
 from pginbox.client.outcomes import Message
-from pginbox.client.protocol import Protocol
 from pginbox.client.retry import RetryPolicy
-from pginbox.client.shared import CallCost
-from pginbox.errors import RetriesExhausted
-from pginbox.ops.handler_run import judge, reconnect_args, transient_kind
+from pginbox.ops.handler_run import HandlerRun, judge
 from pginbox.ops.python_replay_async import (
     BEGIN_SQL,
     FAILED_SQL,
@@ -104,32 +100,15 @@ def _run_plan(
     progress: Callable[[PythonRun], None] | None,
 ) -> PythonRun:
     """What `run_plan` does, on `conn`; a connection opened to replace a lost one is closed on return."""
-    current = [conn]
-    protocol = Protocol(retry or RetryPolicy(), classify=lambda exc: transient_kind(exc, current[0]))
     run = PythonRun(plan_id, spec)
-
-    def attempt() -> dict[str, Any] | _HandlerFailed:
-        if current[0].closed:
-            current[0] = psycopg.connect(**reconnect_args(current[0]))
-        try:
-            return _attempt(current[0], plan_id, spec, handler)
-        except _HandlerFailed as failed:
-            return failed
-
-    try:
+    with HandlerRun(conn, retry, f"replay plan {plan_id}", _refused) as runner:
         while max_items is None or run.applied_now + run.failed_now < max_items:
-            try:
-                outcome = drive(protocol.retry(attempt, CallCost()))
-            except RetriesExhausted as exc:
-                exc.add_note(f"pginbox: replay plan {plan_id}")
-                raise
-            except psycopg.Error as exc:
-                raise _refused(f"cannot run replay plan {plan_id}", exc) from exc
+            outcome = runner.transaction(lambda c: _attempt(c, plan_id, spec, handler), _HandlerFailed)
             params: dict[str, Any] = {}
             recorded = False
             if isinstance(outcome, _HandlerFailed):
                 params = _failure_params(plan_id, spec, outcome)
-                recorded = _record_failure(current[0], plan_id, params)
+                recorded = _record_failure(runner.conn, plan_id, params)
             if _counted(run, outcome, recorded, params):
                 break
             if progress is not None:
@@ -137,9 +116,6 @@ def _run_plan(
         if progress is not None:
             progress(run)
         return run
-    finally:
-        if current[0] is not conn:
-            current[0].close()
 
 
 def run_plan(

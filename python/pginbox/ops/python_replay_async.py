@@ -37,13 +37,10 @@ import psycopg
 from psycopg.rows import dict_row
 
 from pginbox.client import shared as _core
-from pginbox.client.drive import drive_async
 from pginbox.client.outcomes import Message
-from pginbox.client.protocol import Protocol
 from pginbox.client.retry import RetryPolicy
-from pginbox.client.shared import CallCost
-from pginbox.errors import ReplayError, RetriesExhausted, server_message
-from pginbox.ops.handler_run import judge, reconnect_args, transient_kind
+from pginbox.errors import ReplayError, server_message
+from pginbox.ops.handler_run_async import AsyncHandlerRun, judge
 
 # @ async: what has no asyncio in it is defined once, here; the sync module imports it
 __all__ = ["AsyncHandler", "PythonRun", "create_plan", "run_plan_async"]
@@ -235,32 +232,15 @@ async def _run_plan(
     progress: Callable[[PythonRun], None] | None,
 ) -> PythonRun:
     """What `run_plan` does, on `conn`; a connection opened to replace a lost one is closed on return."""
-    current = [conn]
-    protocol = Protocol(retry or RetryPolicy(), classify=lambda exc: transient_kind(exc, current[0]))
     run = PythonRun(plan_id, spec)
-
-    async def attempt() -> dict[str, Any] | _HandlerFailed:
-        if current[0].closed:
-            current[0] = await psycopg.AsyncConnection.connect(**reconnect_args(current[0]))
-        try:
-            return await _attempt(current[0], plan_id, spec, handler)
-        except _HandlerFailed as failed:
-            return failed
-
-    try:
+    async with AsyncHandlerRun(conn, retry, f"replay plan {plan_id}", _refused) as runner:
         while max_items is None or run.applied_now + run.failed_now < max_items:
-            try:
-                outcome = await drive_async(protocol.retry(attempt, CallCost()))
-            except RetriesExhausted as exc:
-                exc.add_note(f"pginbox: replay plan {plan_id}")
-                raise
-            except psycopg.Error as exc:
-                raise _refused(f"cannot run replay plan {plan_id}", exc) from exc
+            outcome = await runner.transaction(lambda c: _attempt(c, plan_id, spec, handler), _HandlerFailed)
             params: dict[str, Any] = {}
             recorded = False
             if isinstance(outcome, _HandlerFailed):
                 params = _failure_params(plan_id, spec, outcome)
-                recorded = await _record_failure(current[0], plan_id, params)
+                recorded = await _record_failure(runner.conn, plan_id, params)
             if _counted(run, outcome, recorded, params):
                 break
             if progress is not None:
@@ -268,9 +248,6 @@ async def _run_plan(
         if progress is not None:
             progress(run)
         return run
-    finally:
-        if current[0] is not conn:
-            await current[0].close()
 
 
 # @ async: the asyncio flavour opens (and closes) a connection of its own
