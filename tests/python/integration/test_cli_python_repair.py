@@ -30,11 +30,13 @@ from psycopg.conninfo import conninfo_to_dict
 from test_cli import Entries, _apply, cli, fails
 from test_cli import entries as entries  # the fixture
 
-from pginbox import Message
+from pginbox import Message, RetriesExhausted, RetryPolicy
 from pginbox.cli import main
 from pginbox.ops import granted_repair as granted
 
 HANDLER = "billing_handlers:credit"
+#: a transient error (serialization_failure) raised in the handler's transaction
+CONFLICT = "DO $$ BEGIN RAISE EXCEPTION 'conflict' USING ERRCODE = '40001'; END $$"
 
 
 @pytest.fixture
@@ -394,3 +396,38 @@ def test_a_connection_lost_inside_the_handler_is_replaced_and_the_repair_runs_on
     assert conn.execute("SELECT message_id, login FROM repair_log").fetchall() == [("m-2", role)]
     assert state(conn, entries.missing_2)[:3] == ("recovered", 1, 7)
     assert logins_gone(conn, str(role))
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_transient_error_every_time_gives_up_naming_the_grant(
+    flavour: str, entries: Entries, service: str, conn: psycopg.Connection[Any]
+) -> None:
+    """A handler whose transaction fails with a transient error each time: retried up to the
+    policy's max_attempts, then RetriesExhausted noting the grant (both flavours); nothing is
+    written, the grant is not used, and the entry stays quarantined."""
+    conn.execute("INSERT INTO acct (id) VALUES (2)")
+    issued = granted.grant(conn, entries.missing_2, HANDLER, "n")
+    calls: list[int] = []
+    policy = RetryPolicy(max_attempts=2, base_delay=0.0)
+
+    def handler(cur: psycopg.Cursor[Any], message: Message) -> None:
+        calls.append(1)
+        cur.execute(CONFLICT)
+
+    async def ahandler(cur: psycopg.AsyncCursor[Any], message: Message) -> None:
+        calls.append(1)
+        await cur.execute(CONFLICT)
+
+    with pytest.raises(RetriesExhausted) as caught:
+        if flavour == "sync":
+            with psycopg.connect(service, autocommit=True, prepare_threshold=None) as consumer:
+                granted.redeem(consumer, issued.grant_id, HANDLER, handler, retry=policy)
+        else:
+            asyncio.run(granted.redeem_async(service, issued.grant_id, HANDLER, ahandler, retry=policy))
+    assert len(calls) == 2
+    assert caught.value.sqlstate == "40001"
+    assert caught.value.__notes__ == [f"pginbox: repair grant {issued.grant_id}"]
+    assert state(conn, entries.missing_2)[:2] == ("open", 0)
+    with psycopg.connect(service, autocommit=True, prepare_threshold=None) as consumer:
+        done = granted.redeem(consumer, issued.grant_id, HANDLER, credit)
+    assert done.result == "recovered" and state(conn, entries.missing_2)[:3] == ("recovered", 1, 7)

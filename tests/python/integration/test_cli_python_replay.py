@@ -36,10 +36,10 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import Jsonb
 from test_cli import Entries, cli, fails
 from test_cli import entries as entries  # the fixture
-from test_cli_python_repair import KillOnce, logins_gone
+from test_cli_python_repair import CONFLICT, KillOnce, logins_gone
 from test_cli_python_repair import service as service  # the fixture: the billing service's login
 
-from pginbox import Message
+from pginbox import Message, RetriesExhausted, RetryPolicy
 from pginbox.cli import main
 from pginbox.ops import python_replay
 
@@ -400,6 +400,46 @@ def test_a_connection_lost_inside_an_item_is_replaced_and_the_item_applied_once(
     assert (run.status, run.applied_now, run.failed_now, run.skipped_now) == ("completed", 5, 0, 1)
     assert logged(conn) == {f"r-{n}": 1 for n in range(1, 6)}
     assert logins_gone(conn, str(conninfo_to_dict(service)["user"]))
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_transient_error_every_time_gives_up_naming_the_plan(
+    flavour: str,
+    history: list[dict[str, Any]],
+    service: str,
+    conn: psycopg.Connection[Any],
+    operator: str,
+    tmp_path: Path,
+) -> None:
+    """An item whose transaction fails with a transient error each time: retried up to the
+    policy's max_attempts, then RetriesExhausted noting the plan (both flavours); the item is still
+    pending, and the next run applies every item once."""
+    plan_id = new_plan(operator, history, tmp_path=tmp_path)
+    calls: list[int] = []
+    policy = RetryPolicy(max_attempts=2, base_delay=0.0)
+
+    def handler(cur: psycopg.Cursor[Any], message: Message) -> None:
+        calls.append(1)
+        cur.execute(CONFLICT)
+
+    async def ahandler(cur: psycopg.AsyncCursor[Any], message: Message) -> None:
+        calls.append(1)
+        await cur.execute(CONFLICT)
+
+    with pytest.raises(RetriesExhausted) as caught:
+        if flavour == "sync":
+            with psycopg.connect(service, autocommit=True, prepare_threshold=None) as runner:
+                python_replay.run_plan(runner, plan_id, HANDLER, handler, retry=policy)
+        else:
+            asyncio.run(python_replay.run_plan_async(service, plan_id, HANDLER, ahandler, retry=policy))
+    assert len(calls) == 2
+    assert caught.value.sqlstate == "40001"
+    assert caught.value.__notes__ == [f"pginbox: replay plan {plan_id}"]
+    assert logged(conn) == {}
+    with psycopg.connect(service, autocommit=True, prepare_threshold=None) as runner:
+        run = python_replay.run_plan(runner, plan_id, HANDLER, recredit)
+    assert (run.status, run.applied_now, run.failed_now, run.skipped_now) == ("completed", 5, 0, 1)
+    assert logged(conn) == {f"r-{n}": 1 for n in range(1, 6)}
 
 
 def test_the_documented_commands(
