@@ -322,13 +322,12 @@ class DjangoInbox:
     def _prepare(self, conn: BaseDatabaseWrapper) -> psycopg.Connection[Any]:
         """The psycopg connection; on first use, the schema check and whether `handle` prepares its
         claim: yes, as pginbox.Inbox does, unless the database's OPTIONS set `prepare_threshold`
-        (then None means never, a number always) or a connection pooler answered the login (one
-        query, in the caller's transaction if there is one: nothing is rolled back)."""
+        (then None means never, a number always) or a connection pooler answered the login (told
+        by the schema check's own answer: no query more)."""
         raw = _raw(conn)
         if self._schema_version is None:
             try:
                 row = _fetch(conn, queries.SCHEMA_CHECK)
-                pooled = pooler.differs(raw.info.backend_pid, _fetch(conn, pooler.BACKEND_PID)[0])
             except DjangoError as exc:
                 inner = _psycopg_error(exc)
                 translated = (
@@ -339,7 +338,9 @@ class DjangoInbox:
                 raise
             options: Mapping[str, Any] = conn.settings_dict.get("OPTIONS") or {}
             wanted = options["prepare_threshold"] is not None if "prepare_threshold" in options else True
-            self._prepare_claim = wanted and not pooled
+            # The schema check returns the server session's pid: a pooler answered the login when
+            # it is not the pid the login got (as pginbox.Inbox detects it).
+            self._prepare_claim = wanted and not pooler.differs(raw.info.backend_pid, row[3])
             self._schema_version = _core.check_schema_version(row[:3], _core.describe(raw.info))
         return raw
 
