@@ -42,7 +42,7 @@ from helpers_docs import Block, blocks
 from psycopg import sql
 from test_doc_sql import as_script
 from test_doc_sql import sql_blocks as sql_api_sql_blocks
-from test_doc_sql_transcripts import CONFLICT_1, PSQL_OPTIONS, statements
+from test_doc_sql_transcripts import PSQL_OPTIONS, statements
 
 from pginbox.devtools.cluster import find_bindir
 
@@ -113,6 +113,10 @@ SHIPPING = "SELECT inbox.bind_consumer('shipping', 'docs_svc', note => 'the cons
 ORD_20 = """SELECT inbox.claim('shipping', 'orders', 'ord-20', '{"order": 20}')"""
 ORD_21 = """SELECT inbox.claim('shipping', 'orders', 'ord-21', '{"order": 21}')"""
 A_1_LOCKED = "SELECT FROM app.account WHERE account_id = 'A-1' FOR UPDATE"
+CONFLICT_1 = (
+    "SELECT outcome, quarantine_id, reason_code\n"
+    """  FROM inbox.claim_and_apply('billing', 'orders', 'evt-1', 'credit', '{"account": "A-1", "amount": 250}');"""
+)
 
 # The run of §2, in its order: the page's, except the conflict of §6.1 (its prose says where it ran).
 RUN: list[Session | Step] = [
