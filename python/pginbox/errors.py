@@ -70,6 +70,7 @@ __all__ = [
     "SimulationError",
     "SqitchError",
     "SqitchScriptError",
+    "database_error",
     "missing_grant",
     "server_message",
     "with_sqlstate",
@@ -100,6 +101,21 @@ def server_message(exc: psycopg.Error) -> str:
     if diag.message_hint:
         text = f"{text.rstrip('.')}. {diag.message_hint.rstrip('.')}."
     return text
+
+
+def database_error(exc: BaseException, *, context: bool = True) -> psycopg.Error | None:
+    """The database error behind `exc`: itself, or the nearest in its chain of causes (`raise ...
+    from`, __cause__). With `context`, an error raised without `from` while another was being
+    handled leads on to that one (__context__); without it, only causes count (Django raises its
+    own classes `from` the driver's, and an error Django raises itself is not the driver's)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, psycopg.Error):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or (current.__context__ if context else None)
+    return None
 
 
 def missing_grant(exc: psycopg.Error) -> bool:

@@ -22,7 +22,7 @@ from typing import Final
 import psycopg
 from psycopg import sql
 
-from pginbox.errors import SQLSTATE_NAMES, PginboxError, SqitchError
+from pginbox.errors import SQLSTATE_NAMES, PginboxError, SqitchError, database_error
 
 __all__ = ["COMMAND_ROLES", "GROUP_ROLES", "database_error", "describe", "role_needed"]
 
@@ -65,18 +65,6 @@ COMMAND_ROLES: Final[Mapping[str, str]] = {
 _DENIED: Final = re.compile(
     r"permission denied for (function|procedure|table|view|relation|sequence|schema) ([\w.\"]+)", re.IGNORECASE
 )
-
-
-def database_error(exc: BaseException) -> psycopg.Error | None:
-    """The database error behind `exc`: itself, or the nearest in its chain of causes."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, psycopg.Error):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
 
 
 def _lookup_roles(dsn: str, kind: str, name: str) -> tuple[list[str], str | None]:

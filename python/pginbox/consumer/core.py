@@ -46,7 +46,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 import psycopg
 from prometheus_client import CollectorRegistry
@@ -56,6 +56,7 @@ from pginbox.brokers import make_broker
 from pginbox.brokers.port import Broker, Delivery, Progress, ProgressStore
 from pginbox.brokers.wire import FENCED, Action, BadInput, action_for, parse_message
 from pginbox.client.async_inbox import AsyncHandler, AsyncInbox
+from pginbox.client.durability import Durability
 from pginbox.client.inbox import Inbox
 from pginbox.client.outcomes import Message, Outcome, Result
 from pginbox.client.retry import RetryPolicy
@@ -251,30 +252,56 @@ def _fix(exc: BaseException) -> str:
     return "see the error; every message would fail the same way"
 
 
+class _PoolOptions(TypedDict):
+    conninfo: str
+    min_size: int
+    max_size: int
+    open: bool
+    timeout: float
+    kwargs: dict[str, Any]
+    name: str
+
+
+def _pool_options(c: Consumer) -> _PoolOptions:
+    """A runner's pool (AsyncConnectionPool or ConnectionPool; the caller adds `configure`): one
+    connection, opened by the runner, named after the consumer."""
+    return _PoolOptions(
+        conninfo=c.dsn,
+        min_size=1,
+        max_size=1,
+        open=False,
+        timeout=c.database_timeout,
+        kwargs={"application_name": f"pginbox-consume:{c.config.consumer}"},
+        name=f"pginbox-consume-{c.config.consumer}",
+    )
+
+
+class _InboxOptions(TypedDict):
+    consumer: str
+    handler_version: str
+    retry: RetryPolicy
+    batch_size: int
+    durability: Durability
+
+
+def _inbox_options(c: Consumer) -> _InboxOptions:
+    """A runner's AsyncInbox or Inbox, from the consume settings."""
+    return _InboxOptions(
+        consumer=c.config.consumer,
+        handler_version=c.config.handler_version,
+        retry=c.retry,
+        batch_size=c.config.prefetch,
+        durability=c.config.durability,
+    )
+
+
 class _AsyncRunner:
     """SQL handlers and async Python handlers: AsyncInbox on the consumer's event loop."""
 
     def __init__(self, consumer: Consumer, handler: AsyncHandler | None) -> None:
-        c = consumer
-        self.pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            c.dsn,
-            min_size=1,
-            max_size=1,
-            open=False,
-            timeout=c.database_timeout,
-            kwargs={"application_name": f"pginbox-consume:{c.config.consumer}"},
-            name=f"pginbox-consume-{c.config.consumer}",
-            configure=self._configure,
-        )
-        self.consumer = c
-        self.inbox = AsyncInbox(
-            self.pool,
-            consumer=c.config.consumer,
-            handler_version=c.config.handler_version,
-            retry=c.retry,
-            batch_size=c.config.prefetch,
-            durability=c.config.durability,
-        )
+        self.consumer = consumer
+        self.pool: AsyncConnectionPool[Any] = AsyncConnectionPool(configure=self._configure, **_pool_options(consumer))
+        self.inbox = AsyncInbox(self.pool, **_inbox_options(consumer))
         self.handler = handler
 
     async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
@@ -309,26 +336,9 @@ class _ThreadRunner:
     """Plain (def) Python handlers: pginbox.Inbox with a plain psycopg connection, in a thread."""
 
     def __init__(self, consumer: Consumer, handler: Handler) -> None:
-        c = consumer
-        self.pool: ConnectionPool[Any] = ConnectionPool(
-            c.dsn,
-            min_size=1,
-            max_size=1,
-            open=False,
-            timeout=c.database_timeout,
-            kwargs={"application_name": f"pginbox-consume:{c.config.consumer}"},
-            name=f"pginbox-consume-{c.config.consumer}",
-            configure=self._configure,
-        )
-        self.consumer = c
-        self.inbox = Inbox(
-            self.pool,
-            consumer=c.config.consumer,
-            handler_version=c.config.handler_version,
-            retry=c.retry,
-            batch_size=c.config.prefetch,
-            durability=c.config.durability,
-        )
+        self.consumer = consumer
+        self.pool: ConnectionPool[Any] = ConnectionPool(configure=self._configure, **_pool_options(consumer))
+        self.inbox = Inbox(self.pool, **_inbox_options(consumer))
         self.handler = handler
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:

@@ -43,7 +43,7 @@ from pginbox.client.outcomes import Message, Outcome, Result
 from pginbox.client.protocol import Protocol, Transient, applied, commit_lost, judge_handler, raise_if_failed
 from pginbox.client.retry import RetryPolicy, TransientKind, classify
 from pginbox.client.shared import Failure
-from pginbox.errors import PginboxError
+from pginbox.errors import PginboxError, database_error
 
 __all__ = ["DjangoHandler", "DjangoInbox", "enqueue"]
 
@@ -61,15 +61,8 @@ _PREPARE_THRESHOLD = 5
 
 def _psycopg_error(exc: BaseException) -> BaseException:
     """The psycopg error behind a Django database error (Django raises its own classes `from` the
-    driver's): what reason codes and SQLSTATEs come from."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, psycopg.Error):
-            return current
-        seen.add(id(current))
-        current = current.__cause__
-    return exc
+    driver's, so causes only): what reason codes and SQLSTATEs come from; `exc` when there is none."""
+    return database_error(exc, context=False) or exc
 
 
 def _lost(exc: BaseException, conn: BaseDatabaseWrapper) -> bool:

@@ -41,6 +41,7 @@ from pginbox.client.outcomes import Message
 from pginbox.client.retry import RetryPolicy
 from pginbox.errors import ReplayError, server_message
 from pginbox.ops.handler_run_async import AsyncHandlerRun, judge
+from pginbox.ops.replay import _execute_one, _plan_params
 
 # @ async: what has no asyncio in it is defined once, here; the sync module imports it
 __all__ = ["AsyncHandler", "PythonRun", "create_plan", "run_plan_async"]
@@ -101,21 +102,12 @@ def _refused(what: str, exc: psycopg.Error) -> ReplayError:
 def create_plan(
     conn: psycopg.Connection[Any], name: str, consumer: str, message_type: str, handler: str, version: str, note: str
 ) -> int:
-    """inbox.create_python_replay_plan, committed on return (the operator's connection); the plan_id."""
-    params = {
-        "name": name,
-        "consumer": consumer,
-        "message_type": message_type,
-        "handler": handler,
-        "version": version,
-        "note": note,
-    }
-    try:
-        with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-            row = cur.execute(CREATE_SQL, params).fetchone()
-    except psycopg.Error as exc:
-        raise _refused(f"cannot create replay plan {name!r}", exc) from exc
-    assert row is not None
+    """inbox.create_python_replay_plan, committed on return (the operator's connection); the plan_id.
+    The same parameters and statement handling as pginbox.ops.replay.create_plan; a refusal is
+    told as the Python plans' others are (_refused)."""
+    params = _plan_params(name, consumer, message_type, handler, version, note)
+    what = f"cannot create replay plan {name!r}"
+    row = _execute_one(conn, CREATE_SQL, params, what, lambda exc, text: _refused(text, exc))
     return int(row["plan_id"])
 
 

@@ -122,13 +122,20 @@ def _error(exc: psycopg.Error, what: str) -> ReplayError:
     return cls(f"{what}: {server_message(exc)}", sqlstate=state)
 
 
-def _execute_one(conn: psycopg.Connection[Any], query: str, params: Mapping[str, Any], what: str) -> Row:
-    """Runs one statement in its own transaction; returns its one row."""
+def _execute_one(
+    conn: psycopg.Connection[Any],
+    query: str,
+    params: Mapping[str, Any],
+    what: str,
+    error: Callable[[psycopg.Error, str], ReplayError] = _error,
+) -> Row:
+    """Runs one statement in its own transaction; returns its one row. A database error raises
+    error(exc, what) [default: _error, the SQL plans' translation]."""
     try:
         with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
             row = cur.execute(query, params).fetchone()
     except psycopg.Error as exc:
-        raise _error(exc, what) from exc
+        raise error(exc, what) from exc
     assert row is not None
     return row
 
@@ -231,7 +238,14 @@ def create_plan(
     conn: psycopg.Connection[Any], name: str, consumer: str, message_type: str, handler: str, version: str, note: str
 ) -> int:
     """inbox.create_replay_plan; returns the new plan_id."""
-    params = {
+    params = _plan_params(name, consumer, message_type, handler, version, note)
+    return int(_execute_one(conn, CREATE_PLAN, params, f"create replay plan {name!r}")["plan_id"])
+
+
+def _plan_params(name: str, consumer: str, message_type: str, handler: str, version: str, note: str) -> Row:
+    """The bind parameters of a new plan: CREATE_PLAN's, and pginbox.ops.python_replay_async's
+    CREATE_SQL (a plan for a Python handler)."""
+    return {
         "name": name,
         "consumer": consumer,
         "message_type": message_type,
@@ -239,7 +253,6 @@ def create_plan(
         "version": version,
         "note": note,
     }
-    return int(_execute_one(conn, CREATE_PLAN, params, f"create replay plan {name!r}")["plan_id"])
 
 
 def read_items(lines: Iterable[str]) -> Iterator[Row]:

@@ -7,6 +7,7 @@ import importlib
 import inspect
 import pkgutil
 
+import psycopg
 import pytest
 
 import pginbox
@@ -68,3 +69,19 @@ def test_operator_errors_name_the_condition() -> None:
     assert str(errors.OperatorError("odd", sqlstate="XX999")) == "odd [SQLSTATE XX999]"
     assert str(errors.OperatorError("no database involved")) == "no database involved"
     assert issubclass(errors.ReplayError, errors.OperatorError)
+
+
+def test_database_error_follows_causes_and_with_context_the_errors_being_handled() -> None:
+    db = psycopg.errors.UniqueViolation("duplicate key")
+    caused = errors.ReplayError("refused")
+    caused.__cause__ = db
+    handled = RuntimeError("raised while handling it")
+    handled.__context__ = db
+    assert errors.database_error(db) is db
+    assert errors.database_error(caused) is db and errors.database_error(caused, context=False) is db
+    assert errors.database_error(handled) is db
+    assert errors.database_error(handled, context=False) is None
+    looped = ValueError("a cycle")
+    looped.__cause__ = RuntimeError("back")
+    looped.__cause__.__cause__ = looped
+    assert errors.database_error(looped) is None
