@@ -10,12 +10,14 @@
 -- (inbox._authorize), produced_at (_check_produced_at), delivery (_delivery_ok / _check_delivery)
 -- under the consumer's settings, then the consumer setting (set_config) and the retention
 -- heartbeat; claim_and_apply and the batches check their handler after produced_at, before the
--- delivery (whose version is the handler's). Each path evaluates the inlined accept tests and calls
+-- delivery (whose version is the handler's). The single paths set the consumer setting in the
+-- query that authorizes: a later check that refuses raises, which takes the setting back. Each path evaluates the inlined accept tests and calls
 -- the raising function only when one says no; the batch asks each rule of the whole batch, and its
 -- error names the first element at fault. Each path writes the sequence out: the single paths fold
 -- authorization and settings into one query, and a shared PL/pgSQL step would cost a call per
--- claim (docs/performance.md, "One claim core"). On every claim path an identity that meets an
--- existing row is decided in inbox._claim_core.
+-- claim (docs/performance.md, "One claim core"). The claim itself, the identity's INSERT and the
+-- decision on an existing row, is inbox._claim_core on every single path; the batch makes one
+-- set-based INSERT and decides the rows it met there.
 BEGIN;
 
 SET LOCAL search_path = pg_catalog, pg_temp;
@@ -50,6 +52,17 @@ CREATE OR REPLACE FUNCTION inbox._has_control(value text) RETURNS boolean
     RETURN value OPERATOR(pg_catalog.~) '[\x01-\x1f\x7f-\x9f]';
 COMMENT ON FUNCTION inbox._has_control(text) IS 'internal: true for a string with a control character (C0, DEL, C1)';
 
+-- The accept tests' shape of a name: no control character and not blank, in one regular
+-- expression (a character that is neither a control character nor a space; every other character
+-- btrim would take off a blank name is a control character). _blank and _has_control say which of
+-- the two a refused name breaks. One function in the accept tests instead of three: PL/pgSQL builds
+-- an inlined test's expression again in every transaction, one ACL check per function in it
+-- (docs/performance.md, "One claim core"). Inlined.
+CREATE OR REPLACE FUNCTION inbox._name_ok(value text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN value OPERATOR(pg_catalog.~) '^[^\x01-\x1f\x7f-\x9f]*[^\x01-\x20\x7f-\x9f][^\x01-\x1f\x7f-\x9f]*$';
+COMMENT ON FUNCTION inbox._name_ok(text) IS 'internal: true for a string with a character other than a space and no control character';
+
 -- Each validation rule is a pair of inlined SQL functions, side by side: _x_ok, the accept test
 -- that the hot paths and the batch evaluate (the planner inlines it into their expression), and
 -- _x_problem, which starts from that test and otherwise names the first fault in the rule's order
@@ -78,14 +91,11 @@ COMMENT ON FUNCTION inbox._raise_problem(text, text[]) IS 'internal: raises a ru
 -- with control characters, 22001 too long).
 CREATE OR REPLACE FUNCTION inbox._identity_ok(consumer text, producer text, message_id text, tenant text) RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    RETURN NOT inbox._blank(consumer) AND NOT inbox._blank(producer) AND NOT inbox._blank(message_id)
-       AND (tenant OPERATOR(pg_catalog.=) '' OR NOT inbox._blank(tenant))
-       AND pg_catalog.octet_length(consumer) OPERATOR(pg_catalog.<=) 128
-       AND pg_catalog.octet_length(producer) OPERATOR(pg_catalog.<=) 128
-       AND pg_catalog.octet_length(tenant) OPERATOR(pg_catalog.<=) 128
-       AND pg_catalog.octet_length(message_id) OPERATOR(pg_catalog.<=) 256
-       AND NOT inbox._has_control(consumer OPERATOR(pg_catalog.||) producer OPERATOR(pg_catalog.||) message_id
-                                  OPERATOR(pg_catalog.||) tenant);
+    RETURN inbox._name_ok(consumer) AND inbox._name_ok(producer) AND inbox._name_ok(message_id)
+       AND (tenant OPERATOR(pg_catalog.=) '' OR inbox._name_ok(tenant))
+       AND GREATEST(pg_catalog.octet_length(consumer), pg_catalog.octet_length(producer),
+                    pg_catalog.octet_length(tenant)) OPERATOR(pg_catalog.<=) 128
+       AND pg_catalog.octet_length(message_id) OPERATOR(pg_catalog.<=) 256;
 COMMENT ON FUNCTION inbox._identity_ok(text, text, text, text) IS 'internal: the identity rule''s accept test (inlined into the hot paths)';
 
 CREATE OR REPLACE FUNCTION inbox._identity_problem(consumer text, producer text, message_id text, tenant text)
@@ -175,8 +185,8 @@ COMMENT ON FUNCTION inbox._settings(text) IS 'internal: a consumer''s settings, 
 CREATE OR REPLACE FUNCTION inbox._delivery_ok(payload_size integer, max_payload_bytes integer, handler_version text)
     RETURNS boolean
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    RETURN payload_size OPERATOR(pg_catalog.<=) max_payload_bytes AND NOT inbox._blank(handler_version)
-       AND pg_catalog.octet_length(handler_version) OPERATOR(pg_catalog.<=) 128 AND NOT inbox._has_control(handler_version);
+    RETURN payload_size OPERATOR(pg_catalog.<=) max_payload_bytes AND inbox._name_ok(handler_version)
+       AND pg_catalog.octet_length(handler_version) OPERATOR(pg_catalog.<=) 128;
 COMMENT ON FUNCTION inbox._delivery_ok(integer, integer, text) IS 'internal: the delivery rule''s accept test (inlined into the hot paths)';
 
 CREATE OR REPLACE FUNCTION inbox._delivery_problem(payload_size integer, max_payload_bytes integer, handler_version text)
@@ -270,11 +280,9 @@ COMMENT ON FUNCTION inbox._check_produced_at(text, text, text, timestamptz) IS
 -- prior SELECT, decides who owns first processing. At READ COMMITTED a concurrent claimer waits
 -- for the first one to commit (then sees it) or abort (then claims). At REPEATABLE READ and above
 -- PostgreSQL raises 40001 instead: the caller retries the whole transaction and sees a duplicate.
--- Every delivery path decides a claimed identity here: claim and claim_and_apply's _begin_apply
--- once their first-delivery INSERT met an existing row (conflicted => true: that INSERT is not
--- made twice), claim_bytea for every delivery, and the batch for its elements that its set-based
--- INSERT did not claim. claim and _begin_apply keep their first-delivery INSERT inline: calling
--- this function for it costs a PL/pgSQL call per claim (docs/performance.md, "One claim core").
+-- Every delivery path claims here: claim, claim_bytea and claim_and_apply's _begin_apply for every
+-- delivery, and the batch for the elements its set-based INSERT met an existing row for
+-- (conflicted => true: that INSERT is not made twice).
 -- purge_watermark: the consumer's (its settings); a first delivery produced before it may be a
 -- purged one (inbox._expire_check). message_type, purge_watermark and conflicted came in 0.3.0;
 -- their defaults keep a 0.2.0 caller (apply@v0.2.0, after a revert of apply alone) as it was.
@@ -291,8 +299,7 @@ DECLARE
     existing inbox.message;
 BEGIN
     -- A purge may delete the existing row between our INSERT and our SELECT: then try again.
-    -- conflicted: the caller's own INSERT of this row met an existing one just now (claim,
-    -- _begin_apply, the batch): look it up first.
+    -- conflicted: the batch's own INSERT of this row met an existing one just now: look it up first.
     FOR round IN 1..3 LOOP
         IF round > 1 OR NOT _claim_core.conflicted THEN
             INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version,
@@ -394,13 +401,18 @@ DECLARE
     lookup record;
     settings inbox.consumer_config;
     hash bytea;
-    expired inbox.delivery_result;
 BEGIN
     IF inbox._identity_ok(claim.consumer, claim.producer, claim.message_id, claim.tenant) IS NOT TRUE THEN
         PERFORM inbox._check_identity('inbox.claim', claim.consumer, claim.producer, claim.message_id, claim.tenant);
     END IF;
-    -- One query: may the caller act as the consumer (inbox._acting_as, inlined), and its settings.
-    SELECT a.allowed, c AS settings INTO lookup
+    -- One query: may the caller act as the consumer (inbox._acting_as, inlined), its settings, and
+    -- the consumer and tenant this transaction claims for: inbox.enqueue_effect enqueues under them
+    -- by default (it checks the caller may act as them: the settings only choose). Set here, not by
+    -- a statement of their own after the checks (each PERFORM is a query); a check that refuses
+    -- raises, and the error takes them back with the (sub)transaction.
+    SELECT a.allowed, c AS settings, pg_catalog.set_config('inbox.consumer', claim.consumer, true) AS consumer_set,
+           pg_catalog.set_config('inbox.tenant', claim.tenant, true) AS tenant_set
+      INTO lookup
       FROM inbox._acting_as(claim.consumer, claim.tenant) a
       LEFT JOIN inbox.consumer_config c ON c.consumer = claim.consumer;
     IF lookup.allowed IS NOT TRUE THEN
@@ -418,38 +430,15 @@ BEGIN
         PERFORM inbox._check_delivery('inbox.claim', inbox._payload_size(claim.payload), settings.max_payload_bytes,
                                       claim.handler_version);
     END IF;
-    -- The consumer and tenant this transaction claims for: inbox.enqueue_effect enqueues under them
-    -- by default (it checks the caller may act as them: the settings only choose).
-    PERFORM pg_catalog.set_config('inbox.consumer', claim.consumer, true);
-    PERFORM pg_catalog.set_config('inbox.tenant', claim.tenant, true);
     hash := inbox.payload_hash(claim.payload, settings.hash_exclude_keys);
     -- Retention's heartbeat (sql/075_retention.sql), at most once a minute per consumer.
     IF settings.last_active_at IS NULL OR settings.last_active_at < now() - '60 seconds'::interval THEN
         PERFORM inbox._heartbeat(claim.consumer);
     END IF;
-    -- The first delivery, inline: it is the path every message takes once.
-    INSERT INTO inbox.message (consumer, tenant, producer, message_id, payload_sha256, handler_version,
-                               produced_at, processed_at)
-    VALUES (claim.consumer, claim.tenant, claim.producer, claim.message_id, hash, claim.handler_version,
-            claim.produced_at, now())
-    ON CONFLICT ON CONSTRAINT message_pkey DO NOTHING;
-    IF FOUND THEN
-        -- Produced before the purge watermark: maybe purged already, so expired, not new.
-        IF claim.produced_at < settings.purge_watermark THEN
-            expired := inbox._expire_check(claim.consumer, claim.tenant, claim.producer, claim.message_id, hash,
-                                           claim.handler_version, claim.produced_at, NULL, claim.payload, NULL,
-                                           settings.store_payloads);
-            IF expired.outcome IS NOT NULL THEN
-                RETURN expired;
-            END IF;
-        END IF;
-        RETURN ROW('claimed', pg_catalog.encode(hash, 'hex'), NULL, claim.handler_version, now(), NULL, NULL, NULL,
-                   NULL)::inbox.delivery_result;
-    END IF;
-    -- Claimed before (or by a concurrent claimer): the outcome is decided in inbox._claim_core.
+    -- The claim, as on every delivery path (inbox._claim_core).
     RETURN inbox._claim_core(claim.consumer, claim.tenant, claim.producer, claim.message_id, hash,
                              claim.handler_version, claim.produced_at, claim.payload, NULL, settings.store_payloads,
-                             NULL, settings.purge_watermark, conflicted => true);
+                             NULL, settings.purge_watermark);
 END
 $$;
 COMMENT ON FUNCTION inbox.claim(text, text, text, jsonb, text, text, timestamptz) IS
@@ -472,8 +461,12 @@ BEGIN
         PERFORM inbox._check_identity('inbox.claim_bytea', claim_bytea.consumer, claim_bytea.producer,
                                       claim_bytea.message_id, claim_bytea.tenant);
     END IF;
-    -- One query: may the caller act as the consumer (inbox._acting_as, inlined), and its settings.
-    SELECT a.allowed, c AS settings INTO lookup
+    -- One query: may the caller act as the consumer, its settings, the consumer and tenant claimed
+    -- for (as in inbox.claim).
+    SELECT a.allowed, c AS settings,
+           pg_catalog.set_config('inbox.consumer', claim_bytea.consumer, true) AS consumer_set,
+           pg_catalog.set_config('inbox.tenant', claim_bytea.tenant, true) AS tenant_set
+      INTO lookup
       FROM inbox._acting_as(claim_bytea.consumer, claim_bytea.tenant) a
       LEFT JOIN inbox.consumer_config c ON c.consumer = claim_bytea.consumer;
     IF lookup.allowed IS NOT TRUE THEN
@@ -492,8 +485,6 @@ BEGIN
         PERFORM inbox._check_delivery('inbox.claim_bytea', pg_catalog.octet_length(claim_bytea.payload),
                                       settings.max_payload_bytes, claim_bytea.handler_version);
     END IF;
-    PERFORM pg_catalog.set_config('inbox.consumer', claim_bytea.consumer, true);
-    PERFORM pg_catalog.set_config('inbox.tenant', claim_bytea.tenant, true);
     -- Retention's heartbeat (sql/075_retention.sql), at most once a minute per consumer.
     IF settings.last_active_at IS NULL OR settings.last_active_at < now() - '60 seconds'::interval THEN
         PERFORM inbox._heartbeat(claim_bytea.consumer);
@@ -864,6 +855,6 @@ GRANT EXECUTE ON FUNCTION inbox._blank(text), inbox._has_control(text) TO inbox_
 -- inbox._check_identity runs with its caller's rights (the consumers' invoker functions call it):
 -- the rule and the raise it calls too.
 GRANT EXECUTE ON FUNCTION inbox._identity_ok(text, text, text, text), inbox._identity_problem(text, text, text, text),
-    inbox._raise_problem(text, text[]) TO inbox_consumer;
+    inbox._name_ok(text), inbox._raise_problem(text, text[]) TO inbox_consumer;
 
 COMMIT;

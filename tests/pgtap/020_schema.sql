@@ -7,7 +7,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(93);
+SELECT plan(94);
 
 -- ------------------------------------------------------------------ schema, tables, types
 SELECT has_schema('inbox', 'schema inbox exists');
@@ -224,28 +224,53 @@ SELECT throws_ok($$SELECT inbox._check_identity('f', 'c', 'p', repeat('é', 129)
 -- Each rule is an inlined accept test (_x_ok) and its faults (_x_problem): over inputs that hit
 -- every branch, the test accepts exactly when there is no fault, and a fault is a SQLSTATE, a
 -- message and a hint or none.
-SELECT is((SELECT count(*)::integer FROM (VALUES ('c', 'p', 'm', ''), ('c', 'p', 'm', 't'), (NULL, 'p', 'm', ''),
-                                                 ('c', NULL, 'm', ''), ('c', 'p', NULL, ''), ('c', 'p', 'm', NULL),
-                                                 ('', 'p', 'm', ''), ('c', '', 'm', ''), ('c', 'p', '', ''),
-                                                 (' ', 'p', 'm', ''), ('c', E'\t', 'm', ''), ('c', 'p', ' ', ''),
-                                                 ('c', 'p', 'm', ' '), (E'c\n', 'p', 'm', ''), ('c', E'p\x1b', 'm', ''),
-                                                 ('c', 'p', E'm\r', ''), ('c', 'p', 'm', E't\x7f'),
-                                                 (repeat('c', 129), 'p', 'm', ''), ('c', repeat('p', 129), 'm', ''),
-                                                 ('c', 'p', 'm', repeat('t', 129)), ('c', 'p', repeat('m', 257), ''),
-                                                 (repeat('c', 128), repeat('p', 128), repeat('m', 256), repeat('t', 128))
-                                         ) v(c, p, m, t)
+-- The inputs, also against the rule stated independently of the accept test (_problem starts from
+-- the accept test, so agreeing with it cannot catch a test that accepts too much).
+CREATE TEMP TABLE pgtap_identities (c text, p text, m text, t text);
+INSERT INTO pgtap_identities VALUES ('c', 'p', 'm', ''), ('c', 'p', 'm', 't'), (NULL, 'p', 'm', ''),
+    ('c', NULL, 'm', ''), ('c', 'p', NULL, ''), ('c', 'p', 'm', NULL),
+    ('', 'p', 'm', ''), ('c', '', 'm', ''), ('c', 'p', '', ''),
+    (' ', 'p', 'm', ''), ('c', E'\t', 'm', ''), ('c', 'p', ' ', ''),
+    ('c', 'p', 'm', ' '), (E'c\n', 'p', 'm', ''), ('c', E'p\x1b', 'm', ''),
+    ('c', 'p', E'm\r', ''), ('c', 'p', 'm', E't\x7f'),
+    (repeat('c', 129), 'p', 'm', ''), ('c', repeat('p', 129), 'm', ''),
+    ('c', 'p', 'm', repeat('t', 129)), ('c', 'p', repeat('m', 257), ''),
+    (repeat('c', 128), repeat('p', 128), repeat('m', 256), repeat('t', 128)),
+    -- the shapes of _name_ok's expression: spaces around and inside,
+    -- blanks made of several whitespace characters, C1 controls and a
+    -- no-break space (printable), bytes against characters
+    (' c ', 'p q', 'm', ' t'), ('   ', 'p', 'm', ''), ('c', E' \t ', 'm', ''),
+    ('c', 'p', E'\x0b', ''), ('c', 'p', 'm', E'\t'), (E'c\u0085', 'p', 'm', ''),
+    ('c', E'p\u009f', 'm', ''), (E'\u00a0', 'p', 'm', E'\u00a0'),
+    (repeat('é', 64), 'p', 'm', ''), (repeat('é', 65), 'p', 'm', ''),
+    ('c', 'p', 'm', repeat('é', 65)), ('c', 'p', 'm', E't\u0080');
+SELECT is((SELECT count(*)::integer FROM pgtap_identities v
             WHERE (inbox._identity_ok(v.c, v.p, v.m, v.t) IS TRUE) <> (inbox._identity_problem(v.c, v.p, v.m, v.t) IS NULL)
                OR cardinality(inbox._identity_problem(v.c, v.p, v.m, v.t)) NOT IN (3)),
           0, '_identity_ok accepts exactly what _identity_problem finds no fault in');
+SELECT is((SELECT count(*)::integer FROM pgtap_identities v
+            WHERE (inbox._identity_ok(v.c, v.p, v.m, v.t) IS TRUE)
+                  <> ((NOT inbox._blank(v.c) AND NOT inbox._blank(v.p) AND NOT inbox._blank(v.m)
+                       AND (v.t = '' OR NOT inbox._blank(v.t)) AND NOT inbox._has_control(v.c || v.p || v.m || v.t)
+                       AND octet_length(v.c) <= 128 AND octet_length(v.p) <= 128 AND octet_length(v.t) <= 128
+                       AND octet_length(v.m) <= 256) IS TRUE)),
+          0, '_identity_ok is the identity rule: names not blank, no control characters, within their lengths');
 SELECT is((SELECT count(*)::integer FROM (VALUES (1, 'v'), (NULL, 'v'), (11, 'v'), (1, NULL), (1, ''), (1, ' '),
-                                                 (1, repeat('v', 129)), (1, E'v\n'), (10, repeat('v', 128))) v(size, version)
+                                                 (1, repeat('v', 129)), (1, E'v\n'), (10, repeat('v', 128)), (1, E' \t'),
+                                                 (1, 'v 2'), (1, E'v\u0085'), (1, E'\u00a0'), (1, repeat('é', 65))) v(size, version)
             WHERE (inbox._delivery_ok(v.size, 10, v.version) IS TRUE) <> (inbox._delivery_problem(v.size, 10, v.version) IS NULL)
-               OR cardinality(inbox._delivery_problem(v.size, 10, v.version)) NOT IN (2, 3)),
-          0, '_delivery_ok accepts exactly what _delivery_problem finds no fault in');
-SELECT is((SELECT count(*)::integer FROM (VALUES ('t'), (NULL), (''), (' '), (E't\n'), (repeat('t', 129)), (repeat('t', 128))) v(t)
+               OR cardinality(inbox._delivery_problem(v.size, 10, v.version)) NOT IN (2, 3)
+               OR (inbox._delivery_ok(v.size, 10, v.version) IS TRUE)
+                  <> ((v.size <= 10 AND NOT inbox._blank(v.version) AND NOT inbox._has_control(v.version)
+                       AND octet_length(v.version) <= 128) IS TRUE)),
+          0, '_delivery_ok accepts exactly what _delivery_problem finds no fault in, and is the delivery rule');
+SELECT is((SELECT count(*)::integer FROM (VALUES ('t'), (NULL), (''), (' '), (E't\n'), (repeat('t', 129)), (repeat('t', 128)),
+                                                 ('  '), (E'\r '), ('t t'), (E't\u009f'), (repeat('é', 65))) v(t)
             WHERE (inbox._message_type_ok(v.t) IS TRUE) <> (inbox._message_type_problem(v.t) IS NULL)
-               OR cardinality(inbox._message_type_problem(v.t)) NOT IN (3)),
-          0, '_message_type_ok accepts exactly what _message_type_problem finds no fault in');
+               OR cardinality(inbox._message_type_problem(v.t)) NOT IN (3)
+               OR (inbox._message_type_ok(v.t) IS TRUE)
+                  <> ((NOT inbox._blank(v.t) AND NOT inbox._has_control(v.t) AND octet_length(v.t) <= 128) IS TRUE)),
+          0, '_message_type_ok accepts exactly what _message_type_problem finds no fault in, and is the rule');
 SELECT throws_ok($$SELECT inbox._check_delivery('f', 11, 10, 'v')$$, '54000',
                  'f: payload is 11 bytes, the consumer''s limit is 10 bytes', '_check_delivery raises the size fault');
 SELECT throws_ok($$SELECT inbox._check_message_type('f', NULL)$$, '22004',

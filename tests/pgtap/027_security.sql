@@ -149,7 +149,7 @@ SELECT set_eq(format($$SELECT p.proname::text COLLATE "default" FROM pg_catalog.
         ('inbox_consumer', ARRAY['claim', 'claim_bytea', 'claim_and_apply', 'claim_and_apply_batch', 'claim_batch', 'record_start',
                                  'record_failure', '_begin_apply', '_check_identity', '_check_message_type',
                                  '_identity_ok', '_identity_problem', '_message_type_ok', '_message_type_problem',
-                                 '_raise_problem',
+                                 '_name_ok', '_raise_problem',
                                  '_reason_code', 'payload_hash', 'schema_version', 'schema_release', 'enqueue_effect',
                                  'effect_id',
                                  '_check_text', 'versioned_consumer', '_is_transient',

@@ -7,7 +7,7 @@
 SET client_min_messages = warning;
 
 BEGIN;
-SELECT plan(176);
+SELECT plan(179);
 
 -- ------------------------------------------------------------------ fixtures
 \ir write_counter.psql
@@ -520,6 +520,31 @@ SELECT throws_ok($$SELECT inbox.record_start('tap-cfg', 'p', 'r9', payload => js
                                  octet_length((jsonb_build_object('k', repeat('x', 300)))::text)),
                  'record_start: a payload over the consumer''s limit is 54000');
 SELECT is(public.tap_writes(), :w0::bigint, 'record_start: none of the rejected calls above tried to write');
+
+-- ================================================================== the consumer setting
+-- The single paths set inbox.consumer and inbox.tenant in the query that authorizes; a check after
+-- it that refuses raises, and the raise takes them back with the (sub)transaction.
+SELECT is((SELECT current_setting('inbox.consumer') || '/' || current_setting('inbox.tenant')
+             FROM inbox.claim('tap-guc', 'p', 'g1', '{}', tenant => 't1')),
+          'tap-guc/t1', 'claim: sets inbox.consumer and inbox.tenant to the consumer and tenant claimed for');
+DO $$
+BEGIN
+    PERFORM inbox.claim('tap-guc-2', 'p', 'g2', '{}', tenant => 't2', produced_at => now() + interval '1 day');
+EXCEPTION WHEN datetime_field_overflow THEN
+    NULL;
+END
+$$;
+SELECT is(current_setting('inbox.consumer') || '/' || current_setting('inbox.tenant'), 'tap-guc/t1',
+          'claim: refused after its authorizing query (produced_at), it leaves the settings as they were');
+DO $$
+BEGIN
+    PERFORM inbox.claim_bytea('tap-guc-2', 'p', 'g3', '\x00', handler_version => ' ', tenant => 't2');
+EXCEPTION WHEN invalid_parameter_value THEN
+    NULL;
+END
+$$;
+SELECT is(current_setting('inbox.consumer') || '/' || current_setting('inbox.tenant'), 'tap-guc/t1',
+          'claim_bytea: refused after its authorizing query (handler_version), it leaves the settings as they were');
 
 -- ================================================================== signatures and definers
 SELECT is_definer('inbox', f, 'inbox.' || f || ' is SECURITY DEFINER (it writes owner-only tables)')
