@@ -764,6 +764,6 @@ GRANT EXECUTE ON FUNCTION inbox._blank(text) TO inbox_consumer, inbox_operator;
 REVOKE EXECUTE ON FUNCTION inbox._identity_ok(text, text, text, text) FROM inbox_consumer;
 DROP FUNCTION inbox._identity_problem(text, text, text, text), inbox._delivery_problem(integer, integer, text),
     inbox._raise_problem(text, text[]);
-DROP FUNCTION inbox._has_control(text);
+DROP FUNCTION inbox._has_control(text), inbox._name_ok(text);
 
 COMMIT;

@@ -250,8 +250,8 @@ def rework_drill(dest: Path) -> Path:
     if not plan_entries(project)[-1].startswith("@"):
         # Changes were reworked since the release: a second rework needs a tag in between.
         sqitch_in(project, "tag", "drill-base", "-n", "rework drill: what HEAD has since the release")
-    first_delivery = "    -- The first delivery, inline: it is the path every message takes once.\n"
-    rework(project, "claim", "030_claim.sql", first_delivery, "    PERFORM 1;  -- rework drill\n" + first_delivery)
+    claim_line = "    -- The claim, as on every delivery path (inbox._claim_core).\n"
+    rework(project, "claim", "030_claim.sql", claim_line, "    PERFORM 1;  -- rework drill\n" + claim_line)
     rework(
         project,
         "outbox",
