@@ -105,16 +105,21 @@ def server_message(exc: psycopg.Error) -> str:
 
 def database_error(exc: BaseException, *, context: bool = True) -> psycopg.Error | None:
     """The database error behind `exc`: itself, or the nearest in its chain of causes (`raise ...
-    from`, __cause__). With `context`, an error raised without `from` while another was being
-    handled leads on to that one (__context__); without it, only causes count (Django raises its
-    own classes `from` the driver's, and an error Django raises itself is not the driver's)."""
+    from`, __cause__; a SQLAlchemy DBAPIError's `orig` first). With `context`, an error raised
+    without `from` while another was being handled leads on to that one (__context__); without it,
+    only causes count (Django raises its own classes `from` the driver's, and an error Django raises
+    itself is not the driver's)."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         if isinstance(current, psycopg.Error):
             return current
         seen.add(id(current))
-        current = current.__cause__ or (current.__context__ if context else None)
+        orig = getattr(current, "orig", None)
+        if isinstance(orig, BaseException):
+            current = orig
+        else:
+            current = current.__cause__ or (current.__context__ if context else None)
     return None
 
 

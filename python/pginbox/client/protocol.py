@@ -33,12 +33,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final, TypeVar
 
-import psycopg
-
 from pginbox.client.outcomes import Message, Outcome, Result
 from pginbox.client.retry import RetryPolicy, TransientKind
 from pginbox.client.shared import CallCost, Failure, StatsCounter, discard_awaitable, error_key
-from pginbox.errors import CommitOutcomeUnknown, HandlerProtocolError, RetriesExhausted
+from pginbox.errors import CommitOutcomeUnknown, HandlerProtocolError, RetriesExhausted, database_error
 
 __all__ = [
     "Call",
@@ -344,15 +342,7 @@ class Protocol:
 
 def _sqlstate_error(error: BaseException) -> BaseException:
     """The driver's error behind `error` (SQLAlchemy and Django wrap it), for messages."""
-    current: BaseException | None = error
-    seen: set[int] = set()
-    while current is not None and id(current) not in seen:
-        if isinstance(current, psycopg.Error):
-            return current
-        seen.add(id(current))
-        orig = getattr(current, "orig", None)
-        current = orig if isinstance(orig, BaseException) else current.__cause__
-    return error
+    return database_error(error, context=False) or error
 
 
 def applied(claim: Result) -> Result:

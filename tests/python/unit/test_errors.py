@@ -85,3 +85,7 @@ def test_database_error_follows_causes_and_with_context_the_errors_being_handled
     looped.__cause__ = RuntimeError("back")
     looped.__cause__.__cause__ = looped
     assert errors.database_error(looped) is None
+    # SQLAlchemy's DBAPIError carries the driver's error as `orig`.
+    wrapped = RuntimeError("(psycopg.errors.UniqueViolation) duplicate key")
+    wrapped.orig = db  # type: ignore[attr-defined]
+    assert errors.database_error(wrapped, context=False) is db
