@@ -11,11 +11,12 @@
 -- under the consumer's settings, then the consumer setting (set_config) and the retention
 -- heartbeat; claim_and_apply and the batches check their handler after produced_at, before the
 -- delivery (whose version is the handler's). The single paths set the consumer setting in the
--- query that authorizes: a later check that refuses raises, which takes the setting back. Each path evaluates the inlined accept tests and calls
--- the raising function only when one says no; the batch asks each rule of the whole batch, and its
--- error names the first element at fault. Each path writes the sequence out: the single paths fold
--- authorization and settings into one query, and a shared PL/pgSQL step would cost a call per
--- claim (docs/performance.md, "One claim core"). The claim itself, the identity's INSERT and the
+-- query that authorizes: a later check that refuses raises, which takes the setting back. Each
+-- path evaluates the inlined accept tests and calls the raising function only when one says no;
+-- the batch asks each rule of the whole batch, and its error names the first element at fault.
+-- Each path writes the sequence out: the single paths fold authorization and settings into one
+-- query, and a shared PL/pgSQL step costs every claim (docs/performance.md, "One claim core" and
+-- "The pre-checks in the claim core too"). The claim itself, the identity's INSERT and the
 -- decision on an existing row, is inbox._claim_core on every single path; the batch makes one
 -- set-based INSERT and decides the rows it met there.
 BEGIN;
