@@ -278,18 +278,8 @@ SELECT throws_ok($$SELECT inbox._check_message_type('f', NULL)$$, '22004',
 -- The accept tests are inlined where the hot paths and the batch use them: the plan shows the
 -- expression, not a call.
 CREATE TEMP TABLE pgtap_rule_args (c text, p text, m text, t text, n integer);
-CREATE FUNCTION pg_temp.pgtap_plan(query text) RETURNS text LANGUAGE plpgsql AS $plan$
-DECLARE
-    line text;
-    plan text := '';
-BEGIN
-    FOR line IN EXECUTE 'EXPLAIN (VERBOSE, COSTS OFF) ' || query LOOP
-        plan := plan || line || E'\n';
-    END LOOP;
-    RETURN plan;
-END
-$plan$;
-SELECT unalike(pg_temp.pgtap_plan($$SELECT inbox._identity_ok(c, p, m, t), inbox._delivery_ok(n, n, t),
+\ir plan_text.psql
+SELECT unalike(pg_temp.plan_text($$SELECT inbox._identity_ok(c, p, m, t), inbox._delivery_ok(n, n, t),
                                           inbox._message_type_ok(t) FROM pgtap_rule_args$$),
                '%\_ok(%', 'the accept tests are inlined (the plan shows their expressions, no call)');
 

@@ -675,19 +675,9 @@ SELECT is((SELECT count(*)::integer
             WHERE inbox._batch_fields_ok(v.item, 'c', r.types_required)
                   = pg_temp.batch_element_refused(v.item, r.types_required)),
           0, 'batch: _batch_fields_ok accepts exactly the elements _check_batch raises nothing for');
-CREATE FUNCTION pg_temp.batch_plan(query text) RETURNS text LANGUAGE plpgsql AS $f$
-DECLARE
-    line text;
-    plan text := '';
-BEGIN
-    FOR line IN EXECUTE 'EXPLAIN (VERBOSE, COSTS OFF) ' || query LOOP
-        plan := plan || line || E'\n';
-    END LOOP;
-    RETURN plan;
-END
-$f$;
+\ir plan_text.psql
 CREATE TEMP TABLE batch_items (x jsonb, b boolean);
-SELECT unalike(pg_temp.batch_plan($$SELECT inbox._batch_fields_ok(x, 'c', b) FROM batch_items$$),
+SELECT unalike(pg_temp.plan_text($$SELECT inbox._batch_fields_ok(x, 'c', b) FROM batch_items$$),
                '%\_ok(%', 'batch: the fields rule''s accept test is inlined (the plan shows its expression, no call)');
 CREATE ROLE tap_apply_tenant_a NOLOGIN IN ROLE inbox_consumer;
 SELECT inbox.bind_consumer('tap-b', 'tap_apply_tenant_a', ARRAY['a'], 'pgTAP') \g /dev/null

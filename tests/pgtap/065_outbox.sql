@@ -1041,20 +1041,10 @@ SELECT is((SELECT pg_catalog.pg_get_indexdef('inbox.outbox_consumer_undelivered_
 -- The fast check stays inlined (a helper that is not would be planned again in every transaction).
 SET LOCAL plan_cache_mode = force_generic_plan;
 PREPARE tap_effect_ok(text, jsonb, timestamptz) AS SELECT inbox._effect_ok($1, 'd', 10, $2, NULL, $3);
-CREATE FUNCTION pg_temp.plan_of(statement text) RETURNS text LANGUAGE plpgsql AS $$
-DECLARE
-    line text;
-    plan text := '';
-BEGIN
-    FOR line IN EXECUTE 'EXPLAIN (VERBOSE, COSTS OFF) ' || statement LOOP
-        plan := plan || line || E'\n';
-    END LOOP;
-    RETURN plan;
-END
-$$;
-SELECT unalike(pg_temp.plan_of($$EXECUTE tap_effect_ok('e', '{"X-A": "b"}', now())$$), '%\_effect\_ok%',
+\ir plan_text.psql
+SELECT unalike(pg_temp.plan_text($$EXECUTE tap_effect_ok('e', '{"X-A": "b"}', now())$$), '%\_effect\_ok%',
               '_effect_ok is inlined by the planner');
-SELECT unalike(pg_temp.plan_of($$EXECUTE tap_effect_ok('e', '{"X-A": "b"}', now())$$), '%\_headers\_ok%',
+SELECT unalike(pg_temp.plan_text($$EXECUTE tap_effect_ok('e', '{"X-A": "b"}', now())$$), '%\_headers\_ok%',
               '_headers_ok is inlined by the planner');
 DEALLOCATE tap_effect_ok;
 RESET plan_cache_mode;
