@@ -83,6 +83,22 @@ class KillOnce:
             self.conn.execute("SELECT pg_terminate_backend(%s, 5000)", (self.killed[0],))
 
 
+class ConflictEveryTime:
+    """A handler (`handler`, `ahandler` for asyncio) whose transaction fails with a transient error (40001) every
+    time it runs; `calls` counts the runs."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def handler(self, cur: psycopg.Cursor[Any], message: Message) -> None:
+        self.calls += 1
+        cur.execute(CONFLICT)
+
+    async def ahandler(self, cur: psycopg.AsyncCursor[Any], message: Message) -> None:
+        self.calls += 1
+        await cur.execute(CONFLICT)
+
+
 def state(conn: psycopg.Connection[Any], quarantine_id: int) -> tuple[Any, ...]:
     row = conn.execute(
         "SELECT q.status, (SELECT count(*) FROM repair_log), (SELECT balance FROM acct WHERE id = 2),"
@@ -407,24 +423,15 @@ def test_a_transient_error_every_time_gives_up_naming_the_grant(
     written, the grant is not used, and the entry stays quarantined."""
     conn.execute("INSERT INTO acct (id) VALUES (2)")
     issued = granted.grant(conn, entries.missing_2, HANDLER, "n")
-    calls: list[int] = []
+    conflict = ConflictEveryTime()
     policy = RetryPolicy(max_attempts=2, base_delay=0.0)
-
-    def handler(cur: psycopg.Cursor[Any], message: Message) -> None:
-        calls.append(1)
-        cur.execute(CONFLICT)
-
-    async def ahandler(cur: psycopg.AsyncCursor[Any], message: Message) -> None:
-        calls.append(1)
-        await cur.execute(CONFLICT)
-
     with pytest.raises(RetriesExhausted) as caught:
         if flavour == "sync":
             with psycopg.connect(service, autocommit=True, prepare_threshold=None) as consumer:
-                granted.redeem(consumer, issued.grant_id, HANDLER, handler, retry=policy)
+                granted.redeem(consumer, issued.grant_id, HANDLER, conflict.handler, retry=policy)
         else:
-            asyncio.run(granted.redeem_async(service, issued.grant_id, HANDLER, ahandler, retry=policy))
-    assert len(calls) == 2
+            asyncio.run(granted.redeem_async(service, issued.grant_id, HANDLER, conflict.ahandler, retry=policy))
+    assert conflict.calls == 2
     assert caught.value.sqlstate == "40001"
     assert caught.value.__notes__ == [f"pginbox: repair grant {issued.grant_id}"]
     assert state(conn, entries.missing_2)[:2] == ("open", 0)

@@ -36,7 +36,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import Jsonb
 from test_cli import Entries, cli, fails
 from test_cli import entries as entries  # the fixture
-from test_cli_python_repair import CONFLICT, KillOnce, logins_gone
+from test_cli_python_repair import ConflictEveryTime, KillOnce, logins_gone
 from test_cli_python_repair import service as service  # the fixture: the billing service's login
 
 from pginbox import Message, RetriesExhausted, RetryPolicy
@@ -415,24 +415,15 @@ def test_a_transient_error_every_time_gives_up_naming_the_plan(
     policy's max_attempts, then RetriesExhausted noting the plan (both flavours); the item is still
     pending, and the next run applies every item once."""
     plan_id = new_plan(operator, history, tmp_path=tmp_path)
-    calls: list[int] = []
+    conflict = ConflictEveryTime()
     policy = RetryPolicy(max_attempts=2, base_delay=0.0)
-
-    def handler(cur: psycopg.Cursor[Any], message: Message) -> None:
-        calls.append(1)
-        cur.execute(CONFLICT)
-
-    async def ahandler(cur: psycopg.AsyncCursor[Any], message: Message) -> None:
-        calls.append(1)
-        await cur.execute(CONFLICT)
-
     with pytest.raises(RetriesExhausted) as caught:
         if flavour == "sync":
             with psycopg.connect(service, autocommit=True, prepare_threshold=None) as runner:
-                python_replay.run_plan(runner, plan_id, HANDLER, handler, retry=policy)
+                python_replay.run_plan(runner, plan_id, HANDLER, conflict.handler, retry=policy)
         else:
-            asyncio.run(python_replay.run_plan_async(service, plan_id, HANDLER, ahandler, retry=policy))
-    assert len(calls) == 2
+            asyncio.run(python_replay.run_plan_async(service, plan_id, HANDLER, conflict.ahandler, retry=policy))
+    assert conflict.calls == 2
     assert caught.value.sqlstate == "40001"
     assert caught.value.__notes__ == [f"pginbox: replay plan {plan_id}"]
     assert logged(conn) == {}
