@@ -29,7 +29,6 @@ from typing import Any, TypeVar, cast
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg import pq
-from psycopg.conninfo import make_conninfo
 from psycopg.rows import TupleRow, tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTimeout
@@ -37,10 +36,11 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTi
 from pginbox import pooler
 from pginbox.client import queries
 from pginbox.client import shared as _core
+from pginbox.client.connection import conninfo_of, handler_verdict
 from pginbox.client.drive import drive
 from pginbox.client.durability import WAIT_DURABLE, Durability
 from pginbox.client.outcomes import InboxStats, Message, Outcome, Result
-from pginbox.client.protocol import Protocol, Transient, applied, commit_lost, judge_handler, raise_if_failed
+from pginbox.client.protocol import Protocol, Transient, applied, commit_lost, raise_if_failed
 from pginbox.client.retry import RetryPolicy, TransientKind, classify
 from pginbox.client.shared import BeforeCommit, CallCost, ChunkHook, Failure
 from pginbox.errors import NotDurable, PginboxError
@@ -58,7 +58,6 @@ Conn = psycopg.Connection[Any]
 Handler = Callable[[psycopg.Cursor[Any], Message], object]
 
 _IDLE = pq.TransactionStatus.IDLE
-_INERROR = pq.TransactionStatus.INERROR
 _PIPELINE = psycopg.Pipeline.is_supported()
 
 
@@ -501,16 +500,7 @@ class Inbox:
         finally:
             with suppress(psycopg.Error):
                 hcur.close()
-        status = conn.pgconn.transaction_status
-        verdict = judge_handler(
-            error,
-            returned,
-            transient=None if error is None else classify(error),
-            lost=conn.closed if error is None else _core.connection_lost(error, conn),
-            failed_tx=status == _INERROR,
-            ended_tx=status == _IDLE,
-            client="Inbox",
-        )
+        verdict = handler_verdict(conn, error, returned, client="Inbox")
         if verdict is None:
             return None
         if isinstance(verdict, Transient):
@@ -730,8 +720,7 @@ class Inbox:
 
     def _snapshot_connection(self, conn: Conn) -> None:
         """What `_reconnect` needs to open a connection like the given one."""
-        info = conn.info
-        self._conninfo = make_conninfo(info.dsn, **({"password": info.password} if info.password else {}))
+        self._conninfo = conninfo_of(conn)
         self._conn_settings = (conn.autocommit, conn.isolation_level, conn.prepare_threshold, conn.row_factory)
 
     def _reconnect(self) -> Conn:

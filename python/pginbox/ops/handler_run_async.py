@@ -21,11 +21,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.conninfo import make_conninfo
 
 from pginbox.client import shared as _core
+from pginbox.client.connection import conninfo_of, handler_verdict
 from pginbox.client.drive import drive_async
-from pginbox.client.protocol import Protocol, Transient, judge_handler
+from pginbox.client.protocol import Protocol, Transient
 from pginbox.client.retry import RetryPolicy, TransientKind, classify
 from pginbox.client.shared import CallCost
 from pginbox.errors import RetriesExhausted
@@ -44,16 +44,7 @@ def judge(
     """The end of a handler that ran in `conn`'s transaction: None when it may commit; the error
     to record (the transaction rolls back) when it failed. A transient error is raised as it is:
     the transaction rolls back and the caller's Protocol.retry runs it again."""
-    status = conn.pgconn.transaction_status
-    verdict = judge_handler(
-        error,
-        returned,
-        transient=None if error is None else classify(error),
-        lost=conn.closed if error is None else _core.connection_lost(error, conn),
-        failed_tx=status == psycopg.pq.TransactionStatus.INERROR,
-        ended_tx=status == psycopg.pq.TransactionStatus.IDLE,
-        client=client,
-    )
+    verdict = handler_verdict(conn, error, returned, client=client)
     if isinstance(verdict, Transient):
         raise verdict.error
     return verdict
@@ -72,9 +63,8 @@ def reconnect_args(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any])
     """The arguments of psycopg's connect (sync or asyncio) that open a connection like `conn`, which
     was lost: its parameters (the password too, which `info.dsn` leaves out), autocommit and
     prepare_threshold. The next attempt runs on that one."""
-    info = conn.info
     return {
-        "conninfo": make_conninfo(info.dsn, **({"password": info.password} if info.password else {})),
+        "conninfo": conninfo_of(conn),
         "autocommit": conn.autocommit,
         "prepare_threshold": conn.prepare_threshold,
     }
